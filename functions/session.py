@@ -1,0 +1,52 @@
+"""onnxruntime sessions for parts, created once per file and cached by their owner."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+__all__ = ["SessionCache", "make_session"]
+
+
+def make_session(path: str | Path, *, intra_op_threads: int = 0) -> ort.InferenceSession:
+    """A CPU session for ``path``; ``intra_op_threads`` 0 lets onnxruntime choose (all cores)."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if intra_op_threads > 0:
+        so.intra_op_num_threads = intra_op_threads
+        so.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
+
+
+class SessionCache:
+    """Sessions keyed by resolved file path; safe to share between threads."""
+
+    def __init__(self, *, intra_op_threads: int = 0) -> None:
+        self._threads = intra_op_threads
+        self._sessions: dict[Path, ort.InferenceSession] = {}
+        self._lock = threading.Lock()
+
+    def get(self, path: str | Path) -> ort.InferenceSession:
+        key = Path(path).resolve()
+        with self._lock:
+            sess = self._sessions.get(key)
+            if sess is None:
+                sess = make_session(key, intra_op_threads=self._threads)
+                self._sessions[key] = sess
+            return sess
+
+    def input_names(self, path: str | Path) -> list[str]:
+        return [i.name for i in self.get(path).get_inputs()]
+
+    def run(self, path: str | Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        sess = self.get(path)
+        feeds = {i.name: np.ascontiguousarray(inputs[i.name]) for i in sess.get_inputs()}
+        names = [o.name for o in sess.get_outputs()]
+        return dict(zip(names, sess.run(names, feeds), strict=True))
+
+    def __len__(self) -> int:
+        return len(self._sessions)

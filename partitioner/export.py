@@ -1,0 +1,192 @@
+"""Writing a plan into a bundle: one ONNX file per part, plan.json, manifest.json, source.onnx.
+
+Export verifies before it writes: the bundle is assembled in a temporary directory next to the target,
+run through the in-process executor on random inputs, compared with the unsplit model, and only then
+moved into place. A bundle that does not reproduce the model is never left on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import onnx
+
+from functions.bundle import MANIFEST_SCHEMA, sha256_file
+from functions.plan import Function, ModelInfo, Part, Plan, Stage, TensorSpec
+from partitioner.errors import ExportError, NotSplittable, SpecError
+from partitioner.graph import LayerGraph
+from partitioner.parts import StageCut, cut_stage
+from partitioner.spec import StageSpec, parse_stages
+
+__all__ = ["DEFAULT_TOLERANCE", "build_plan", "export_bundle", "save_model", "stage_record", "write_stage_files"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOLERANCE = 1e-4
+_EXTERNAL_DATA_ABOVE = 1_800_000_000
+# Placeholder memory sizing until a planner decides: runtime base + 1.5 x (weights + activations).
+_RUNTIME_BASE_MB = 160
+
+
+def save_model(model: onnx.ModelProto, path: Path) -> None:
+    """Save a model, switching to an external data file above protobuf's 2 GB limit."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if model.ByteSize() > _EXTERNAL_DATA_ABOVE:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
+
+
+def stage_record(cut: StageCut, index: int, functions: Sequence[str]) -> tuple[Stage, dict[str, onnx.ModelProto]]:
+    """The plan's Stage for a cut, with part k on ``functions[k]``, and the files it needs."""
+    files: dict[str, onnx.ModelProto] = {}
+    parts = []
+    for k, pm in enumerate(cut.parts):
+        rel = f"parts/s{index:02d}_p{k:02d}.onnx"
+        files[rel] = pm.model
+        outputs = (pm.output,) if cut.join != "none" else tuple(o.name for o in cut.outputs)
+        region = pm.output_region if cut.join != "none" else None
+        parts.append(Part(k, functions[k % len(functions)], rel, pm.inputs, outputs, region))
+    epilogue = None
+    if cut.epilogue is not None:
+        epilogue = f"parts/s{index:02d}_epilogue.onnx"
+        files[epilogue] = cut.epilogue
+    stage = Stage(index, (cut.first, cut.last), cut.split, cut.inputs, cut.outputs, tuple(parts), cut.join,  # type: ignore[arg-type]
+                  cut.joined, epilogue)
+    return stage, files
+
+
+def write_stage_files(root: Path, files: Mapping[str, onnx.ModelProto]) -> None:
+    for rel, model in files.items():
+        save_model(model, root / rel)
+
+
+def _memory_mb(lg: LayerGraph, cuts: Sequence[StageCut], fn_index: int) -> int:
+    need = 0
+    for cut in cuts:
+        for k, pm in enumerate(cut.parts):
+            if k != fn_index:
+                continue
+            weights = sum(t.ByteSize() for t in pm.model.graph.initializer)
+            acts = sum(lg.tensors[x.name].dtype.itemsize * _numel(x.region) for x in pm.inputs)
+            need = max(need, weights + 3 * acts)
+    mb = _RUNTIME_BASE_MB + 1.5 * need / 2**20
+    return int(-(-mb // 64) * 64)
+
+
+def _numel(region: Sequence[tuple[int, int]]) -> int:
+    n = 1
+    for a, b in region:
+        n *= b - a
+    return n
+
+
+def build_plan(lg: LayerGraph, stages: Sequence[StageSpec], *, source_sha256: str,
+               progress: Callable[[str], None] | None = None) -> tuple[Plan, dict[str, onnx.ModelProto]]:
+    """Cut every stage and assemble the plan (function k runs part k of every stage)."""
+    cuts: list[StageCut] = []
+    for first, last, split in stages:
+        if progress:
+            progress(f"cutting units {first}-{last} ({split})")
+        try:
+            cuts.append(cut_stage(lg, first, last, split))
+        except NotSplittable as e:
+            raise SpecError(f"units {first}-{last} cannot be split as {split}: {e}") from e
+    width = max(len(c.parts) for c in cuts)
+    names = ["master"] + [f"worker-{k}" for k in range(1, width)]
+    functions = tuple(Function(n, _memory_mb(lg, cuts, k)) for k, n in enumerate(names))
+    files: dict[str, onnx.ModelProto] = {}
+    records = []
+    for i, cut in enumerate(cuts):
+        stage, f = stage_record(cut, i, names)
+        records.append(stage)
+        files.update(f)
+    info = ModelInfo(
+        name=lg.name,
+        sha256=source_sha256,
+        inputs=tuple(TensorSpec(x, lg.tensors[x].dtype.name, lg.tensors[x].shape) for x in lg.inputs),
+        outputs=tuple(TensorSpec(x, lg.tensors[x].dtype.name, lg.tensors[x].shape) for x in lg.outputs),
+    )
+    plan = Plan(model=info, functions=functions, stages=tuple(records))
+    plan.validate()
+    return plan, files
+
+
+def export_bundle(
+    model: str | Path | onnx.ModelProto | LayerGraph,
+    stages: str | Sequence[StageSpec],
+    out: str | Path,
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    seeds: Sequence[int] = (0, 1),
+    tolerance: float = DEFAULT_TOLERANCE,
+    overwrite: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """Cut ``model`` as ``stages`` say, verify the parts reproduce it, and write the bundle to ``out``.
+
+    Raises SpecError for a stage spec that does not fit the model, ExportError if the parts do not
+    reproduce the model within ``tolerance`` (relative to max(1, max|output|)); nothing is written then.
+    """
+    from partitioner.verify import verify_bundle  # verify imports export's helpers
+
+    lg = model if isinstance(model, LayerGraph) else LayerGraph.load(model, input_shapes)
+    if lg.source_path is not None:
+        source_sha = sha256_file(lg.source_path)
+    else:
+        source_sha = hashlib.sha256(lg.model.SerializeToString()).hexdigest() if lg.model.ByteSize() < 2**31 else ""
+    specs = parse_stages(stages, len(lg.units)) if isinstance(stages, str) else list(stages)
+    plan, files = build_plan(lg, specs, source_sha256=source_sha, progress=progress)
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise ExportError(f"{out} exists; remove it or pass overwrite")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        if progress:
+            progress(f"writing {len(files)} part files")
+        write_stage_files(tmp, files)
+        save_model(lg.model, tmp / "source.onnx")
+        plan.save(tmp / "plan.json")
+        _write_manifest(tmp, source_sha, lg.source_path)
+        if progress:
+            progress("verifying the parts against the unsplit model")
+        report = verify_bundle(tmp, seeds=seeds, check_hashes=False)
+        if report.max_rel_err > tolerance or not report.ok:
+            raise ExportError(
+                f"the parts do not reproduce the model: max relative error {report.max_rel_err:.3g} > {tolerance:g}"
+                f"{' (' + report.error + ')' if report.error else ''}; no bundle written"
+            )
+        manifest = json.loads((tmp / "manifest.json").read_text())
+        manifest["verification"] = {"seeds": list(seeds), "max_rel_err": report.max_rel_err, "tolerance": tolerance}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    log.info("wrote bundle %s (%d stages, %d parts)", out, len(plan.stages), sum(len(s.parts) for s in plan.stages))
+    return out
+
+
+def _write_manifest(root: Path, source_sha: str, model: object) -> None:
+    files = {
+        str(p.relative_to(root)): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in ("manifest.json", "plan.json")
+    }
+    files["plan.json"] = sha256_file(root / "plan.json")
+    manifest = {
+        "schema": MANIFEST_SCHEMA,
+        "source": {"file": str(model) if isinstance(model, str | Path) else None, "sha256": source_sha},
+        "files": files,
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

@@ -1,0 +1,325 @@
+"""Load an ONNX model and bring it into the form the partitioner works on.
+
+The result is a new ModelProto (the caller's model is never touched) with:
+- initializers no longer listed among the graph inputs (IR < 4 style),
+- Constant nodes turned into initializers,
+- every dynamic input dimension fixed (batch defaults to 1, the rest from ``input_shapes``),
+- shape-only and constant-only subgraphs folded into initializers,
+- a static shape and dtype known for every tensor.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import helper, numpy_helper, shape_inference
+
+from partitioner.errors import ModelError
+
+__all__ = ["MIN_OPSET", "load_model", "normalize_model", "parse_input_shapes"]
+
+log = logging.getLogger(__name__)
+
+MIN_OPSET = 11
+# Folding a node whose output would exceed this many elements is skipped: folding is for shape
+# arithmetic and small constant transforms, not for materialising big tensors.
+_FOLD_MAX_ELEMENTS = 1 << 24
+
+
+def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """Parse ``name=1x3x224x224`` strings (the CLI's ``--input-shape``)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        name, sep, dims = spec.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name] = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            raise ModelError(f"bad --input-shape {spec!r}; write it as NAME=1x3x224x224") from None
+    return out
+
+
+def load_model(
+    source: str | Path | onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> onnx.ModelProto:
+    """Load ``source`` (a path or a ModelProto) and return it normalised (see the module docstring)."""
+    if isinstance(source, onnx.ModelProto):
+        model = copy.deepcopy(source)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ModelError(f"{path}: no such file")
+        try:
+            model = onnx.load(str(path), load_external_data=True)
+        except DecodeError as e:
+            raise ModelError(f"{path} is not a valid ONNX file (truncated or not ONNX?): {e}") from e
+        except (OSError, ValueError) as e:
+            raise ModelError(f"{path} could not be loaded: {e}") from e
+    return normalize_model(model, input_shapes, _inplace=True)
+
+
+def normalize_model(
+    model: onnx.ModelProto,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    *,
+    _inplace: bool = False,
+) -> onnx.ModelProto:
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"expected onnx.ModelProto, got {type(model).__name__}")
+    if not _inplace:
+        model = copy.deepcopy(model)
+    opset = _default_opset(model)
+    if opset < MIN_OPSET:
+        raise ModelError(
+            f"model uses opset {opset}; flatpack needs opset {MIN_OPSET} or newer "
+            "(convert with onnx.version_converter.convert_version(model, 17))"
+        )
+    if len(model.graph.node) == 0:
+        raise ModelError("model graph has no nodes")
+    g = model.graph
+    init_names = {t.name for t in g.initializer}
+    real_inputs = [i for i in g.input if i.name not in init_names]
+    del g.input[:]
+    g.input.extend(real_inputs)
+    _constants_to_initializers(g)
+    _fix_input_shapes(g, dict(input_shapes or {}))
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        raise ModelError(f"model fails the ONNX checker: {_first_line(e)}") from e
+    model = _infer(model)
+    model = _fold_constants(model)
+    model = _infer(model)
+    _require_static_shapes(model)
+    return model
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    raise ModelError("model imports no default-domain opset")
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _constants_to_initializers(g: onnx.GraphProto) -> None:
+    keep = []
+    for node in g.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            attr = node.attribute[0] if node.attribute else None
+            if attr is None:
+                raise ModelError(f"Constant node {node.name!r} has no value")
+            if attr.name == "value":
+                t = copy.deepcopy(attr.t)
+            elif attr.name in ("value_float", "value_int"):
+                dtype = np.float32 if attr.name == "value_float" else np.int64
+                t = numpy_helper.from_array(np.array(helper.get_attribute_value(attr), dtype=dtype))
+            elif attr.name in ("value_floats", "value_ints"):
+                dtype = np.float32 if attr.name == "value_floats" else np.int64
+                t = numpy_helper.from_array(np.array(list(helper.get_attribute_value(attr)), dtype=dtype))
+            else:
+                raise ModelError(f"Constant node {node.name!r} uses unsupported attribute {attr.name!r}")
+            t.name = node.output[0]
+            g.initializer.append(t)
+        else:
+            keep.append(node)
+    del g.node[:]
+    g.node.extend(keep)
+
+
+def _fix_input_shapes(g: onnx.GraphProto, shapes: dict[str, Sequence[int]]) -> None:
+    names = [i.name for i in g.input]
+    unknown = sorted(set(shapes) - set(names))
+    if unknown:
+        raise ModelError(f"--input-shape names unknown input(s) {unknown}; the model's inputs are {names}")
+    for inp in g.input:
+        tt = inp.type.tensor_type
+        if not tt.HasField("shape"):
+            if inp.name not in shapes:
+                raise ModelError(f"input {inp.name!r} has no shape; give one with --input-shape {inp.name}=...")
+            tt.shape.SetInParent()
+            for _ in shapes[inp.name]:
+                tt.shape.dim.add()
+        dims = tt.shape.dim
+        if inp.name in shapes:
+            want = list(shapes[inp.name])
+            if len(want) != len(dims):
+                raise ModelError(
+                    f"--input-shape {inp.name} has rank {len(want)} but the model's input has rank {len(dims)}"
+                )
+            for d, v in zip(dims, want, strict=True):
+                if d.HasField("dim_value") and d.dim_value != v:
+                    raise ModelError(f"--input-shape {inp.name}: dim {d.dim_value} is fixed by the model, not {v}")
+                d.Clear()
+                d.dim_value = int(v)
+            continue
+        for axis, d in enumerate(dims):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                continue
+            if axis == 0:
+                d.Clear()
+                d.dim_value = 1  # batch: serving is one request at a time
+            else:
+                label = d.dim_param or "?"
+                raise ModelError(
+                    f"input {inp.name!r} has a dynamic dimension {label!r} at axis {axis}; "
+                    f"fix it with --input-shape {inp.name}=" + "x".join(
+                        str(x.dim_value) if x.HasField("dim_value") else "N" for x in dims
+                    )
+                )
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    # Shape inference keeps the old value_info around; start clean so stale dynamic shapes don't survive.
+    del model.graph.value_info[:]
+    for o in model.graph.output:
+        o.type.tensor_type.ClearField("shape")
+    try:
+        if model.ByteSize() > 1_800_000_000:
+            return _infer_large(model)
+        return shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
+        raise ModelError(f"shape inference failed: {_first_line(e)}") from e
+
+
+def _infer_large(model: onnx.ModelProto) -> onnx.ModelProto:
+    # Protobuf can't serialise > 2 GB; infer on a weightless copy whose initializers keep dims/dtypes.
+    light = copy.deepcopy(model)
+    for t in light.graph.initializer:
+        t.ClearField("raw_data")
+        t.ClearField("float_data")
+        t.ClearField("int64_data")
+        t.ClearField("int32_data")
+        t.ClearField("double_data")
+        info = helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        light.graph.input.append(info)
+    del light.graph.initializer[:]
+    inferred = shape_inference.infer_shapes(light, strict_mode=True, data_prop=True)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    return model
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        tt = vi.type.tensor_type
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            out[vi.name] = tuple(int(d.dim_value) for d in tt.shape.dim)
+    for t in model.graph.initializer:
+        out[t.name] = tuple(int(d) for d in t.dims)
+    return out
+
+
+def _fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Evaluate nodes whose inputs are all known: constants, or Shape/Size of statically shaped tensors."""
+    from onnx.reference import ReferenceEvaluator
+
+    g = model.graph
+    shapes = _static_shapes(model)
+    consts: dict[str, np.ndarray] = {}
+    new_inits: list[onnx.TensorProto] = []
+    keep: list[onnx.NodeProto] = []
+    opsets = list(model.opset_import)
+    graph_outputs = {o.name for o in g.output}
+
+    init_by_name = {t.name: t for t in g.initializer}
+
+    def const_fast(name: str) -> np.ndarray | None:
+        if name in consts:
+            return consts[name]
+        t = init_by_name.get(name)
+        if t is None:
+            return None
+        n = int(np.prod(t.dims)) if len(t.dims) else 1
+        if n > _FOLD_MAX_ELEMENTS:
+            return None
+        consts[name] = numpy_helper.to_array(t)
+        return consts[name]
+
+    for node in g.node:
+        foldable = node.domain in ("", "ai.onnx") and not node.op_type.startswith("Random") and not any(
+            o in graph_outputs for o in node.output
+        )
+        values: list[np.ndarray] | None = None
+        if foldable and node.op_type in ("Shape", "Size") and node.input[0] in shapes:
+            shape = shapes[node.input[0]]
+            if node.op_type == "Size":
+                values = [np.array(int(np.prod(shape)), dtype=np.int64)]
+            else:
+                attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+                start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+                values = [np.array(shape[start:end], dtype=np.int64)]
+        elif foldable and node.op_type not in ("Shape", "Size"):
+            ins = [const_fast(i) if i else None for i in node.input]
+            if all(x is not None or not name for x, name in zip(ins, node.input, strict=True)) and node.input:
+                try:
+                    sub = helper.make_model(
+                        helper.make_graph(
+                            [node],
+                            "fold",
+                            [
+                                helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
+                                for n, x in zip(node.input, ins, strict=True)
+                                if n and x is not None
+                            ],
+                            [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output],
+                        ),
+                        opset_imports=opsets,
+                    )
+                    feeds = {n: x for n, x in zip(node.input, ins, strict=True) if n and x is not None}
+                    values = list(ReferenceEvaluator(sub).run(None, feeds))
+                except Exception as e:  # noqa: BLE001 - any failure just means "don't fold this node"
+                    log.debug("not folding %s (%s): %s", node.name, node.op_type, e)
+                    values = None
+                if values is not None and any(np.asarray(v).size > _FOLD_MAX_ELEMENTS for v in values):
+                    values = None
+        if values is None:
+            keep.append(node)
+            continue
+        for name, v in zip(node.output, values, strict=False):
+            if not name:
+                continue
+            arr = np.asarray(v)
+            consts[name] = arr
+            t = numpy_helper.from_array(arr, name)
+            new_inits.append(t)
+            init_by_name[name] = t
+    if new_inits:
+        log.debug("folded %d constant tensors", len(new_inits))
+        del g.node[:]
+        g.node.extend(keep)
+        g.initializer.extend(new_inits)
+        _drop_unused_initializers(g)
+    return model
+
+
+def _drop_unused_initializers(g: onnx.GraphProto) -> None:
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    keep = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+
+
+def _require_static_shapes(model: onnx.ModelProto) -> None:
+    shapes = _static_shapes(model)
+    for node in model.graph.node:
+        for name in [*node.input, *node.output]:
+            if name and name not in shapes:
+                raise ModelError(
+                    f"tensor {name!r} ({node.op_type} node {node.name!r}) has no static shape after shape "
+                    "inference; fix dynamic input dimensions with --input-shape NAME=1x3x224x224"
+                )

@@ -1,0 +1,42 @@
+"""Which split families a unit or group admits, found by trying a two-way cut of each family."""
+
+from __future__ import annotations
+
+from functions.plan import Split
+from partitioner.errors import NotSplittable
+from partitioner.graph import LayerGraph
+from partitioner.parts import CutStage
+
+__all__ = ["group_families", "unit_families"]
+
+
+def group_families(lg: LayerGraph, first: int, last: int) -> list[str]:
+    """Families that cut units first..last two ways (the smallest real split of each family)."""
+    cs = CutStage(lg, first, last)
+    out = []
+    try:
+        _, spatial = cs.axes()
+    except NotSplittable:
+        return out
+    trials = [Split("spatial", (2, 1)), Split("spatial", (1, 2)) if len(spatial) > 1 else None, Split("channel", (2,))]
+    seen = set()
+    for split in trials:
+        if split is None or split.family in seen:
+            continue
+        try:
+            cs.check(split)
+        except NotSplittable:
+            continue
+        seen.add(split.family)
+        out.append(split.family)
+    try:
+        family = cs.family_of_reduction()
+        cs.check(Split(family, (2,)))
+        out.append(family)
+    except NotSplittable:
+        pass
+    return out
+
+
+def unit_families(lg: LayerGraph, index: int) -> list[str]:
+    return group_families(lg, index, index)

@@ -1,0 +1,489 @@
+"""Cutting a stage (a run of units) into part models, one ONNX graph per part.
+
+For spatial and channel splits each part computes one box of the stage's output: the engine walks the
+stage's nodes backwards, asking each op's rule (``partitioner.rules``) which input boxes it needs,
+then rebuilds the nodes forwards on exactly those boxes, slicing weights and cropping wherever an op
+computed more than its consumer reads. For reduction and heads splits each part computes a partial sum
+of the stage's last heavy op over one range of its reduction axis (Megatron's row-parallel GEMM); the
+ops after it form the stage's *epilogue*, run by the master on the summed tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from functions.plan import PartInput, Split, TensorSpec
+from partitioner.errors import NotSplittable
+from partitioner.graph import LayerGraph
+from partitioner.regions import Box, even_ranges, full, is_full, shape_of, union
+from partitioner.rules import _SKIP, Backward, NodeCtx, _copy, rule_for
+
+__all__ = ["CutStage", "PartModel", "StageCut", "cut_stage", "extract_model"]
+
+log = logging.getLogger(__name__)
+
+MAX_GRID = 8
+
+
+@dataclass(frozen=True)
+class PartModel:
+    model: onnx.ModelProto
+    inputs: tuple[PartInput, ...]
+    output: str
+    output_region: Box
+    flops: int
+
+
+@dataclass(frozen=True)
+class StageCut:
+    """A stage cut into parts: everything export needs to write it into a bundle."""
+
+    first: int
+    last: int
+    split: Split
+    inputs: tuple[str, ...]
+    outputs: tuple[TensorSpec, ...]
+    parts: tuple[PartModel, ...]
+    join: str  # "none" | "place" | "sum"
+    joined: TensorSpec | None
+    epilogue: onnx.ModelProto | None
+    whole: onnx.ModelProto | None = None  # the unsplit stage (only for join "none")
+
+
+class CutStage:
+    """Cuts units ``first..last`` of a layer graph. One instance per stage; options are tried on it."""
+
+    def __init__(self, lg: LayerGraph, first: int, last: int) -> None:
+        self.lg = lg
+        self.first, self.last = first, last
+        self.outputs = lg.stage_outputs(first, last)
+        self.nodes = lg.stage_nodes(first, last)
+        self.inputs = tuple(lg.external_inputs(self.nodes))
+        self._opset = next((i.version for i in lg.model.opset_import if i.domain in ("", "ai.onnx")), 17)
+
+    # -- layout -------------------------------------------------------------------------------
+
+    @property
+    def output(self) -> str:
+        if len(self.outputs) != 1:
+            raise NotSplittable(f"units {self.first}-{self.last} produce {len(self.outputs)} tensors; "
+                                "only a single-output stage can be split")
+        return self.outputs[0]
+
+    def axes(self) -> tuple[int | None, tuple[int, ...]]:
+        """(channel axis, spatial axes) of the stage output."""
+        shape = self.lg.tensors[self.output].shape
+        rank = len(shape)
+        has_conv = any(self.lg.nodes[i].op_type in ("Conv", "MaxPool", "AveragePool") for i in self.nodes)
+        if rank >= 4:
+            return 1, (2, 3)
+        if rank == 3:
+            return (1, (2,)) if has_conv else (2, (1,))
+        if rank == 2:
+            return 1, (0,)
+        return None, ()
+
+    def boxes(self, split: Split) -> list[Box]:
+        """Output boxes of the parts of a spatial or channel split, in part order (row-major tiles)."""
+        shape = self.lg.tensors[self.output].shape
+        channel, spatial = self.axes()
+        try:
+            if split.family == "spatial":
+                if not spatial:
+                    raise NotSplittable(f"output of rank {len(shape)} has no spatial axes")
+                grid = list(split.grid) + [1] * (2 - len(split.grid))
+                if len(spatial) == 1 and grid[1] != 1:
+                    raise NotSplittable(f"output {shape} has one spatial axis; use a grid Nx1")
+                if max(grid) > MAX_GRID:
+                    raise NotSplittable(f"grid {split} exceeds {MAX_GRID}x{MAX_GRID}")
+                rows = even_ranges(shape[spatial[0]], grid[0])
+                cols = even_ranges(shape[spatial[1]], grid[1]) if len(spatial) > 1 else [(0, 1)]
+                out = []
+                for r in rows:
+                    for c in cols:
+                        box = list(full(shape))
+                        box[spatial[0]] = r
+                        if len(spatial) > 1:
+                            box[spatial[1]] = c
+                        out.append(tuple(box))
+                return out
+            if split.family == "channel":
+                if channel is None:
+                    raise NotSplittable("output has no channel axis")
+                out = []
+                for r in even_ranges(shape[channel], split.degree):
+                    box = list(full(shape))
+                    box[channel] = r
+                    out.append(tuple(box))
+                return out
+        except ValueError as e:
+            if isinstance(e, NotSplittable):
+                raise
+            raise NotSplittable(f"{split} does not fit output {shape}: {e}") from None
+        raise NotSplittable(f"family {split.family} has no output boxes")
+
+    # -- cutting ------------------------------------------------------------------------------
+
+    def check(self, split: Split) -> None:
+        """Raise NotSplittable unless ``split`` is admissible; cheaper than ``cut`` (no weights sliced)."""
+        self.cut(split, dry_run=True)
+
+    def cut(self, split: Split, *, dry_run: bool = False) -> StageCut:
+        if split.family == "none" or split.degree == 1 and split.family != "reduction":
+            return self._whole(split) if not dry_run else _DRY
+        if split.family in ("spatial", "channel"):
+            out = self.output
+            parts = []
+            for box in self.boxes(split):
+                sk = _sketch(self.lg, self.nodes, {out: box}, self._opset)
+                self._check_divides(sk, exempt=set())
+                if not dry_run:
+                    parts.append(_build(self.lg, sk, {out: box}, self._opset))
+            if dry_run:
+                return _DRY
+            spec = self._spec(out)
+            return StageCut(self.first, self.last, split, self.inputs, (spec,), tuple(parts), "place", spec, None)
+        if split.family in ("reduction", "heads"):
+            return self._reduction(split, dry_run)
+        raise NotSplittable(f"unknown family {split.family!r}")
+
+    def _spec(self, name: str, shape: tuple[int, ...] | None = None) -> TensorSpec:
+        t = self.lg.tensors[name]
+        return TensorSpec(name, t.dtype.name, shape if shape is not None else t.shape)
+
+    def _whole(self, split: Split) -> StageCut:
+        model = extract_model(self.lg, self.nodes, self.inputs, self.outputs)
+        region_inputs = tuple(PartInput(x, full(self.lg.tensors[x].shape)) for x in self.inputs)
+        flops = sum(self.lg.node_flops(self.lg.nodes[i]) for i in self.nodes)
+        part = PartModel(model, region_inputs, self.outputs[0], full(self.lg.tensors[self.outputs[0]].shape), flops)
+        outs = tuple(self._spec(o) for o in self.outputs)
+        return StageCut(self.first, self.last, Split("none", (1,)), self.inputs, outs, (part,), "none", None, None,
+                        whole=model)
+
+    def _check_divides(self, sk: _Sketch, exempt: set[int]) -> None:
+        """Reject options that recompute a whole heavy op in every part (no work is divided)."""
+        for ni in sk.order:
+            node = self.lg.nodes[ni]
+            if ni in exempt or not self.lg.is_heavy(node):
+                continue
+            box = sk.back[ni].outputs[0]
+            if box is not None and is_full(box, self.lg.tensors[node.output[0]].shape):
+                raise NotSplittable(f"{node.op_type} {node.name!r} would be computed whole in every part")
+
+    def reduction_op(self) -> int:
+        heavy = [i for i in self.nodes if self.lg.is_heavy(self.lg.nodes[i])]
+        if not heavy:
+            raise NotSplittable("stage has no heavy op to split on its reduction axis")
+        return heavy[-1]
+
+    def reduction_axis(self, ri: int) -> tuple[int, int]:
+        """(size of the reduction axis K, alignment) for node ``ri``; heads align K to the head size."""
+        node = self.lg.nodes[ri]
+        shp = self.lg.tensors
+        if node.op_type == "MatMul":
+            k = shp[node.input[0]].shape[-1]
+        elif node.op_type == "Gemm":
+            a = shp[node.input[0]].shape
+            k = a[0] if _attr_int(node, "transA") else a[1]
+        elif node.op_type == "Conv":
+            if _attr_int(node, "group", 1) != 1:
+                raise NotSplittable(f"grouped Conv {node.name!r} cannot be split on input channels")
+            k = shp[node.input[1]].shape[1]
+        else:
+            raise NotSplittable(f"{node.op_type} {node.name!r} has no reduction axis")
+        align = 1
+        pre = self.lg.closure([node.output[0]], set(self.inputs))
+        if any(self.lg.nodes[i].op_type == "Softmax" for i in pre):
+            for i in pre:
+                n = self.lg.nodes[i]
+                if n.op_type == "Reshape" and len(shp[n.output[0]].shape) == 4 and len(shp[n.input[0]].shape) == 3:
+                    align = shp[n.output[0]].shape[-1]
+                    break
+        return k, align
+
+    def family_of_reduction(self) -> str:
+        ri = self.reduction_op()
+        _, align = self.reduction_axis(ri)
+        return "heads" if align > 1 else "reduction"
+
+    def _reduction(self, split: Split, dry_run: bool = False) -> StageCut:
+        lg = self.lg
+        ri = self.reduction_op()
+        r = lg.nodes[ri]
+        r_out = r.output[0]
+        k, align = self.reduction_axis(ri)
+        family = "heads" if align > 1 else "reduction"
+        if split.family != family:
+            raise NotSplittable(f"units {self.first}-{self.last} split on their reduction axis as '{family}', "
+                                f"not '{split.family}'")
+        try:
+            ranges = even_ranges(k, split.degree, align)
+        except ValueError as e:
+            raise NotSplittable(f"{split}: {e}") from None
+        avail = set(self.inputs)
+        pre_nodes = lg.closure([r_out], avail)
+        epi_nodes = lg.closure(self.outputs, avail | {r_out})
+        heavy_epi = [lg.nodes[i].op_type for i in epi_nodes if lg.is_heavy(lg.nodes[i])]
+        if heavy_epi:
+            raise NotSplittable(f"ops after the reduction include heavy ops {heavy_epi}")
+        bias = _bias_of(lg, r)
+        needs_epilogue = bool(epi_nodes) or bias is not None
+        partial = r_out + "__partial" if needs_epilogue else r_out
+        parts = []
+        for lo, hi in ranges:
+            override = {ri: _reduction_rule(lg, r, (lo, hi))}
+            target = {r_out: full(lg.tensors[r_out].shape)}
+            sk = _sketch(lg, pre_nodes, target, self._opset, override)
+            self._check_divides(sk, exempt={ri})
+            if not dry_run:
+                parts.append(_build(lg, sk, target, self._opset, rename={r_out: partial}))
+        if dry_run:
+            return _DRY
+        joined = TensorSpec(partial, lg.tensors[r_out].dtype.name, lg.tensors[r_out].shape)
+        epilogue = None
+        if needs_epilogue:
+            front: list[onnx.NodeProto] = []
+            extra_inits: dict[str, np.ndarray] = {}
+            if bias is not None:
+                name = r_out + "__bias"
+                extra_inits[name] = bias
+                front.append(helper.make_node("Add", [partial, name], [r_out], name=r.name + "_bias"))
+            else:
+                front.append(helper.make_node("Identity", [partial], [r_out], name=r.name + "_sum"))
+            epi_inputs = [partial] + [x for x in lg.external_inputs(epi_nodes) if x != r_out]
+            epilogue = extract_model(lg, epi_nodes, epi_inputs, self.outputs, front=front, extra_inits=extra_inits,
+                                     input_specs={partial: joined})
+        outs = tuple(self._spec(o) for o in self.outputs)
+        return StageCut(self.first, self.last, Split(family, (split.degree,)), self.inputs, outs, tuple(parts),
+                        "sum", joined, epilogue)
+
+
+_DRY = StageCut(0, 0, Split(), (), (), (), "none", None, None)
+
+
+def cut_stage(lg: LayerGraph, first: int, last: int, split: Split) -> StageCut:
+    return CutStage(lg, first, last).cut(split)
+
+
+# -- the engine -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Sketch:
+    order: list[int]
+    back: dict[int, Backward]
+    need: dict[str, Box]
+
+
+def _ctx(lg: LayerGraph, node: onnx.NodeProto, opset: int) -> NodeCtx:
+    return NodeCtx(
+        node,
+        shapes=lambda n: lg.tensors[n].shape,
+        const=lambda n: lg.initializer(n) if lg.is_initializer(n) else None,
+        opset=opset,
+    )
+
+
+def _sketch(lg: LayerGraph, nodes: Sequence[int], targets: dict[str, Box], opset: int,
+            override: dict[int, object] | None = None) -> _Sketch:
+    need: dict[str, Box] = dict(targets)
+    back: dict[int, Backward] = {}
+    for ni in reversed(nodes):
+        node = lg.nodes[ni]
+        outs = [need.get(o) if o else None for o in node.output]
+        if all(b is None for b in outs):
+            continue
+        rule = (override or {}).get(ni) or rule_for(node)
+        bw = rule(_ctx(lg, node, opset), outs)  # type: ignore[operator]
+        for o, want, got in zip(node.output, outs, bw.outputs, strict=True):
+            if want is not None and (got is None or union(got, want) != got):
+                raise AssertionError(f"rule for {node.op_type} computed {got} of {o}, less than asked {want}")
+        back[ni] = bw
+        for x, b in zip(node.input, bw.inputs, strict=False):
+            if not x or b is None or b == _SKIP or lg.is_initializer(x):
+                continue
+            if any(lo >= hi for lo, hi in b):
+                raise NotSplittable(f"{node.op_type} {node.name!r} would read an empty region of {x!r}")
+            need[x] = union(need.get(x), b)
+    return _Sketch([ni for ni in nodes if ni in back], back, need)
+
+
+def _build(lg: LayerGraph, sk: _Sketch, targets: dict[str, Box], opset: int,
+           rename: dict[str, str] | None = None) -> PartModel:
+    rename = rename or {}
+    produced = {o for ni in sk.order for o in lg.nodes[ni].output if o}
+    ext = [x for x in sk.need if x not in produced and x not in targets]
+    order_pos = {x: k for k, x in enumerate(lg.external_inputs(sk.order))}
+    ext.sort(key=lambda x: order_pos.get(x, 1 << 30))
+    avail: dict[str, tuple[str, Box]] = {x: (x, sk.need[x]) for x in ext}
+    new_nodes: list[onnx.NodeProto] = []
+    inits: dict[str, onnx.TensorProto] = {}
+    sliced: dict[tuple[str, Box], str] = {}
+    counter = iter(range(1 << 30))
+
+    def emit(hint: str, arr: np.ndarray) -> str:
+        name = f"__c{next(counter)}_{hint}"
+        inits[name] = numpy_helper.from_array(np.asarray(arr), name)
+        return name
+
+    def crop(cur: str, have: Box, want: Box, out: str | None = None) -> str:
+        axes = [a for a, (h, w) in enumerate(zip(have, want, strict=True)) if h != w]
+        starts = [want[a][0] - have[a][0] for a in axes]
+        ends = [want[a][1] - have[a][0] for a in axes]
+        name = out or f"{cur}__crop{next(counter)}"
+        new_nodes.append(helper.make_node(
+            "Slice", [cur, emit("starts", np.array(starts, np.int64)), emit("ends", np.array(ends, np.int64)),
+                      emit("axes", np.array(axes, np.int64))], [name], name=name))
+        return name
+
+    def weight(x: str, box: Box | None) -> str:
+        if box is None or is_full(box, lg.tensors[x].shape):
+            if x not in inits:
+                inits[x] = lg.initializer_proto(x)
+            return x
+        key = (x, box)
+        if key not in sliced:
+            arr = lg.initializer(x)[tuple(slice(a, b) for a, b in box)]
+            name = f"{x}__{len(sliced)}"
+            inits[name] = numpy_helper.from_array(np.ascontiguousarray(arr), name)
+            sliced[key] = name
+        return sliced[key]
+
+    flops = 0
+    for ni in sk.order:
+        node, bw = lg.nodes[ni], sk.back[ni]
+        ins: list[str] = []
+        for x, b in zip(node.input, list(bw.inputs) + [None] * (len(node.input) - len(bw.inputs)), strict=True):
+            if not x or b == _SKIP:
+                ins.append("")
+            elif lg.is_initializer(x):
+                ins.append(weight(x, b))
+            else:
+                cur, have = avail[x]
+                ins.append(cur if b is None or b == have else crop(cur, have, b))
+        outs: list[str] = []
+        for o, b in zip(node.output, bw.outputs, strict=True):
+            if not o or b is None:
+                outs.append("")
+            elif o in targets and (b != targets[o] or o in rename):
+                outs.append(o + "__whole")
+            else:
+                outs.append(o)
+        made = bw.rewrite(node, ins, outs, bw.inputs, bw.outputs, emit) if bw.rewrite else [_copy(node, ins, outs)]
+        new_nodes.extend(made)
+        for o, name, b in zip(node.output, outs, bw.outputs, strict=True):
+            if o and b is not None:
+                avail[o] = (name, b)
+                if o in lg.tensors:
+                    flops += int(lg.node_flops(node) * np.prod(shape_of(b)) / max(1, np.prod(lg.tensors[o].shape)))
+    outputs = []
+    (target, box), = targets.items()
+    cur, have = avail[target]
+    final = rename.get(target, target)
+    if cur != final:
+        if have == box:
+            new_nodes.append(helper.make_node("Identity", [cur], [final], name=final))
+        else:
+            crop(cur, have, box, out=final)
+    outputs.append(helper.make_tensor_value_info(final, _elem(lg, target), shape_of(box)))
+    graph_inputs = [helper.make_tensor_value_info(x, _elem(lg, x), shape_of(sk.need[x])) for x in ext]
+    graph = helper.make_graph(new_nodes, f"{lg.name}_part", graph_inputs, outputs, initializer=list(inits.values()))
+    model = _model(lg, graph)
+    return PartModel(model, tuple(PartInput(x, sk.need[x]) for x in ext), final, box, flops)
+
+
+def _elem(lg: LayerGraph, name: str) -> int:
+    return helper.np_dtype_to_tensor_dtype(lg.tensors[name].dtype)
+
+
+def _model(lg: LayerGraph, graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=list(lg.model.opset_import), producer_name="flatpack")
+    model.ir_version = lg.model.ir_version
+    return model
+
+
+def extract_model(lg: LayerGraph, nodes: Sequence[int], inputs: Sequence[str], outputs: Sequence[str], *,
+                  front: Sequence[onnx.NodeProto] = (), extra_inits: dict[str, np.ndarray] | None = None,
+                  input_specs: dict[str, TensorSpec] | None = None) -> onnx.ModelProto:
+    """The sub-model of ``nodes`` (unchanged) reading ``inputs`` and producing ``outputs``."""
+    input_specs = input_specs or {}
+    body = [lg.nodes[i] for i in nodes]
+    used = {x for n in [*front, *body] for x in n.input if x and lg.is_initializer(x)}
+    inits = [lg.initializer_proto(x) for x in sorted(used)]
+    inits += [numpy_helper.from_array(v, k) for k, v in (extra_inits or {}).items()]
+
+    def vi(name: str) -> onnx.ValueInfoProto:
+        if name in input_specs:
+            s = input_specs[name]
+            return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(s.dtype)), s.shape)
+        return helper.make_tensor_value_info(name, _elem(lg, name), lg.tensors[name].shape)
+
+    graph = helper.make_graph([*front, *body], f"{lg.name}_stage", [vi(x) for x in inputs], [vi(o) for o in outputs],
+                              initializer=inits)
+    return _model(lg, graph)
+
+
+def _attr_int(node: onnx.NodeProto, name: str, default: int = 0) -> int:
+    for a in node.attribute:
+        if a.name == name:
+            return int(helper.get_attribute_value(a))
+    return default
+
+
+def _bias_of(lg: LayerGraph, r: onnx.NodeProto) -> np.ndarray | None:
+    """The bias the reduction op adds itself (Gemm's beta*C, Conv's B), shaped to broadcast on its output."""
+    if r.op_type == "Gemm" and len(r.input) > 2 and r.input[2]:
+        c = lg.initializer(r.input[2]) if lg.is_initializer(r.input[2]) else None
+        if c is None:
+            raise NotSplittable(f"Gemm {r.name!r} has a non-constant C")
+        beta = next((float(helper.get_attribute_value(a)) for a in r.attribute if a.name == "beta"), 1.0)
+        return (beta * c).astype(c.dtype)
+    if r.op_type == "Conv" and len(r.input) > 2 and r.input[2]:
+        b = lg.initializer(r.input[2])
+        rank = len(lg.tensors[r.output[0]].shape)
+        return b.reshape((1, -1) + (1,) * (rank - 2))
+    return None
+
+
+def _reduction_rule(lg: LayerGraph, r: onnx.NodeProto, k: tuple[int, int]):  # type: ignore[no-untyped-def]
+    """A rule for the reduction op: read range ``k`` of the reduction axis, produce a partial sum."""
+
+    def rule(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+        out_shape = ctx.out_shape()
+        out_box = full(out_shape)
+        op = r.op_type
+        if op == "MatMul":
+            a_shape, b_shape = ctx.shape(0), ctx.shape(1)
+            a_box = full(a_shape)[:-1] + (k,)
+            b_box = full(b_shape)[:-2] + (k, (0, b_shape[-1]))
+            if not (lg.is_initializer(r.input[0]) or lg.is_initializer(r.input[1])):
+                raise NotSplittable(f"MatMul {r.name!r} has no constant operand to slice")
+            return Backward([a_box, b_box], [out_box])
+        if op == "Gemm":
+            ta, tb = _attr_int(r, "transA"), _attr_int(r, "transB")
+            a_shape, b_shape = ctx.shape(0), ctx.shape(1)
+            a_box = (k, (0, a_shape[1])) if ta else ((0, a_shape[0]), k)
+            b_box = ((0, b_shape[0]), k) if tb else (k, (0, b_shape[1]))
+
+            def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+                return [_copy(node, i[:2], o, beta=None)]
+
+            return Backward([a_box, b_box] + [None] * (len(r.input) - 2), [out_box], rewrite)
+        if op == "Conv":
+            x_shape, w_shape = ctx.shape(0), ctx.shape(1)
+            x_box = ((0, x_shape[0]), k, *full(x_shape[2:]))
+            w_box = ((0, w_shape[0]), k, *full(w_shape[2:]))
+
+            def rewrite_conv(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+                return [_copy(node, i[:2], o)]
+
+            return Backward([x_box, w_box] + [None] * (len(r.input) - 2), [out_box], rewrite_conv)
+        raise NotSplittable(f"{op} {r.name!r} has no reduction rule")
+
+    return rule

@@ -1,0 +1,639 @@
+"""Backward region rules: for each ONNX op, which input regions produce a requested output region.
+
+A rule takes the node and the box requested of each output and returns the box it needs of each
+input, the box it will actually compute of each output (never smaller than requested; larger when the
+op cannot compute less, e.g. a softmax needs its whole axis), and how to rewrite the node for the part
+(new pads for a tile at a border, a smaller group count, new reshape constants). Ops without a rule
+make a group unsplittable; the caller runs such a group whole.
+
+Spatial rule for a windowed op along one axis (kernel k, stride s, dilation d, pads pb/pe): output
+index o reads inputs o*s - pb + j*d for j < k, so outputs [o0, o1) read [o0*s - pb, (o1-1)*s - pb + K)
+with K = (k-1)*d + 1. The part reads the clipped range and pads only what lies outside the tensor,
+which makes every tile exact, for any grid, including uneven tiles and asymmetric pads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from partitioner.errors import NotSplittable
+from partitioner.regions import Box, full
+
+__all__ = ["RULES", "Backward", "EmitConst", "NodeCtx", "rule_for"]
+
+EmitConst = Callable[[str, np.ndarray], str]
+
+
+@dataclass
+class NodeCtx:
+    """What a rule may look at: the node, its attributes, static shapes, constants and the opset."""
+
+    node: onnx.NodeProto
+    shapes: Callable[[str], tuple[int, ...]]
+    const: Callable[[str], np.ndarray | None]
+    opset: int
+    attrs: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.attrs = {a.name: helper.get_attribute_value(a) for a in self.node.attribute}
+
+    def shape(self, i: int) -> tuple[int, ...]:
+        return self.shapes(self.node.input[i])
+
+    def out_shape(self, i: int = 0) -> tuple[int, ...]:
+        return self.shapes(self.node.output[i])
+
+    def ints(self, name: str, default: Sequence[int]) -> list[int]:
+        v = self.attrs.get(name)
+        return [int(x) for x in v] if v is not None else list(default)  # type: ignore[union-attr]
+
+    def int_attr(self, name: str, default: int) -> int:
+        v = self.attrs.get(name)
+        return int(v) if v is not None else default  # type: ignore[call-overload]
+
+    def str_attr(self, name: str, default: str) -> str:
+        v = self.attrs.get(name)
+        if v is None:
+            return default
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    def const_input(self, i: int) -> np.ndarray | None:
+        if i >= len(self.node.input) or not self.node.input[i]:
+            return None
+        return self.const(self.node.input[i])
+
+
+Rewrite = Callable[[onnx.NodeProto, list[str], list[str], list["Box | None"], list["Box | None"], EmitConst],
+                   list[onnx.NodeProto]]
+
+
+@dataclass
+class Backward:
+    """Result of a rule. ``inputs[i]`` None means "pass input i unchanged" (a parameter such as a
+    reshape's shape); ``outputs[i]`` None means output i is not produced by the part."""
+
+    inputs: list[Box | None]
+    outputs: list[Box | None]
+    rewrite: Rewrite | None = None
+
+
+Rule = Callable[[NodeCtx, list["Box | None"]], Backward]
+
+
+def _copy(node: onnx.NodeProto, ins: list[str], outs: list[str], **attrs: object) -> onnx.NodeProto:
+    new = onnx.NodeProto()
+    new.CopyFrom(node)
+    del new.input[:]
+    new.input.extend(ins)
+    del new.output[:]
+    new.output.extend(outs)
+    for name, value in attrs.items():
+        for i, a in enumerate(new.attribute):
+            if a.name == name:
+                del new.attribute[i]
+                break
+        if value is not None:
+            new.attribute.append(helper.make_attribute(name, value))
+    return new
+
+
+def _only_first_output(outs: list[Box | None], ctx: NodeCtx) -> Box:
+    if outs[0] is None or any(b is not None for b in outs[1:]):
+        raise NotSplittable(f"{ctx.node.op_type} {ctx.node.name!r}: only its first output can be split")
+    return outs[0]
+
+
+def _unary(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    ins: list[Box | None] = [box]
+    # extra inputs (Clip's min/max, CastLike's target) are scalars or parameters
+    ins += [None] * (len(ctx.node.input) - 1)
+    return Backward(ins, [box] + [None] * (len(ctx.node.output) - 1))
+
+
+def _broadcast_box(box: Box, in_shape: Sequence[int], out_shape: Sequence[int]) -> Box:
+    r = len(in_shape)
+    off = len(out_shape) - r
+    return tuple((0, 1) if in_shape[i] == 1 and out_shape[i + off] != 1 else box[i + off] for i in range(r))
+
+
+def _broadcast(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    oshape = ctx.out_shape()
+    ins = [None if not x else _broadcast_box(box, ctx.shapes(x), oshape) for x in ctx.node.input]
+    return Backward(ins, [box])
+
+
+def _per_channel(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    """BatchNormalization (inference): X like the output, the four parameters by channel."""
+    box = _only_first_output(outs, ctx)
+    return Backward([box] + [(box[1],)] * (len(ctx.node.input) - 1), [box] + [None] * (len(ctx.node.output) - 1))
+
+
+def _instance_norm(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    shape = ctx.out_shape()
+    computed = box[:2] + tuple((0, d) for d in shape[2:])
+    return Backward([computed, (box[1],), (box[1],)], [computed])
+
+
+def _window_axis(o0: int, o1: int, out_size: int, in_size: int, k: int, s: int, d: int, pb: int, pe: int,
+                 ceil_mode: bool) -> tuple[int, int, int, int, bool]:
+    """Input range [a, b) and new pads for outputs [o0, o1) along one axis (see module docstring)."""
+    start = o0 * s - pb
+    end = (o1 - 1) * s - pb + (k - 1) * d + 1
+    a, b = max(0, start), min(in_size, end)
+    new_pb = a - start
+    if ceil_mode and o1 == out_size:
+        # keep the op's own end padding and ceil_mode: the window past the padded end is handled by
+        # the op exactly as in the whole model (it matters for AveragePool's divisor)
+        return a, b, new_pb, pe, True
+    return a, b, new_pb, max(0, end - in_size), False
+
+
+def _explicit_pads(ctx: NodeCtx, in_spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+                   dilations: Sequence[int]) -> list[int]:
+    nd = len(in_spatial)
+    auto = ctx.str_attr("auto_pad", "NOTSET")
+    if auto in ("NOTSET", ""):
+        return ctx.ints("pads", [0] * (2 * nd))
+    if auto == "VALID":
+        return [0] * (2 * nd)
+    pads_b, pads_e = [], []
+    for i in range(nd):
+        out = math.ceil(in_spatial[i] / strides[i])
+        total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - in_spatial[i])
+        small, big = total // 2, total - total // 2
+        pads_b.append(small if auto == "SAME_UPPER" else big)
+        pads_e.append(big if auto == "SAME_UPPER" else small)
+    return pads_b + pads_e
+
+
+def _windowed(ctx: NodeCtx, box: Box, kernel: Sequence[int], channel_in: tuple[int, int]) -> tuple[Box, dict]:
+    in_shape, out_shape = ctx.shape(0), ctx.out_shape()
+    nd = len(in_shape) - 2
+    strides = ctx.ints("strides", [1] * nd)
+    dilations = ctx.ints("dilations", [1] * nd)
+    pads = _explicit_pads(ctx, in_shape[2:], kernel, strides, dilations)
+    ceil_mode = bool(ctx.int_attr("ceil_mode", 0))
+    in_box = [box[0], channel_in]
+    new_pads_b, new_pads_e = [], []
+    any_ceil = False
+    for i in range(nd):
+        o0, o1 = box[2 + i]
+        a, b, pb, pe, c = _window_axis(o0, o1, out_shape[2 + i], in_shape[2 + i], kernel[i], strides[i],
+                                       dilations[i], pads[i], pads[nd + i], ceil_mode)
+        in_box.append((a, b))
+        new_pads_b.append(pb)
+        new_pads_e.append(pe)
+        any_ceil = any_ceil or c
+    # ceil_mode stays as it was: on axes where the tile ends inside the tensor the new pads make the
+    # window count exact, so rounding up changes nothing there
+    attrs: dict[str, object] = {"pads": new_pads_b + new_pads_e, "auto_pad": None}
+    del any_ceil
+    return tuple(in_box), attrs
+
+
+def _conv(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    w_shape = ctx.shape(1)
+    cout, cin_g = w_shape[0], w_shape[1]
+    group = ctx.int_attr("group", 1)
+    cout_g = cout // group
+    c0, c1 = box[1]
+    if group > 1:
+        # compute whole groups; the engine crops the extra channels
+        g0, g1 = c0 // cout_g, -(-c1 // cout_g)
+        c0, c1 = g0 * cout_g, g1 * cout_g
+        cin = (g0 * cin_g, g1 * cin_g)
+        new_group = g1 - g0
+    else:
+        cin = (0, ctx.shape(0)[1])
+        new_group = 1
+    computed = (box[0], (c0, c1), *box[2:])
+    kernel = ctx.ints("kernel_shape", w_shape[2:])
+    in_box, attrs = _windowed(ctx, computed, kernel, cin)
+    attrs["group"] = new_group
+    w_box = ((c0, c1), (0, cin_g), *full(w_shape[2:]))
+    ins: list[Box | None] = [in_box, w_box]
+    if len(ctx.node.input) > 2 and ctx.node.input[2]:
+        ins.append(((c0, c1),))
+
+    def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+        return [_copy(node, i, o, **attrs)]
+
+    return Backward(ins, [computed], rewrite)
+
+
+def _pool(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    kernel = ctx.ints("kernel_shape", [])
+    in_box, attrs = _windowed(ctx, box, kernel, box[1])
+
+    def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+        return [_copy(node, i, o[:1], **attrs)]
+
+    return Backward([in_box], [box] + [None] * (len(ctx.node.output) - 1), rewrite)
+
+
+def _global_pool(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    return Backward([box[:2] + full(ctx.shape(0)[2:])], [box])
+
+
+def _norm_axes(axes: Sequence[int], rank: int) -> list[int]:
+    return sorted(a + rank if a < 0 else a for a in axes)
+
+
+def _reduce(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    in_shape = ctx.shape(0)
+    rank = len(in_shape)
+    axes_in = ctx.const_input(1)
+    if axes_in is not None:
+        axes = _norm_axes([int(a) for a in axes_in.reshape(-1)], rank)
+    elif "axes" in ctx.attrs:
+        axes = _norm_axes(ctx.ints("axes", []), rank)
+    elif len(ctx.node.input) > 1 and ctx.node.input[1]:
+        raise NotSplittable(f"{ctx.node.op_type} {ctx.node.name!r}: axes are not constant")
+    else:
+        axes = [] if ctx.int_attr("noop_with_empty_axes", 0) else list(range(rank))
+    keep = ctx.int_attr("keepdims", 1)
+    in_box: list[tuple[int, int]] = []
+    j = 0
+    for ax in range(rank):
+        if ax in axes:
+            in_box.append((0, in_shape[ax]))
+            if keep:
+                j += 1
+        else:
+            in_box.append(box[j])
+            j += 1
+    return Backward([tuple(in_box)] + [None] * (len(ctx.node.input) - 1), [box])
+
+
+def _softmax(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    shape = ctx.out_shape()
+    rank = len(shape)
+    axis = ctx.int_attr("axis", -1 if ctx.opset >= 13 else 1)
+    axis = axis + rank if axis < 0 else axis
+    axes = [axis] if ctx.opset >= 13 else list(range(axis, rank))
+    computed = tuple((0, shape[i]) if i in axes else box[i] for i in range(rank))
+    return Backward([computed], [computed])
+
+
+def _layer_norm(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    shape = ctx.out_shape()
+    rank = len(shape)
+    axis = ctx.int_attr("axis", -1)
+    axis = axis + rank if axis < 0 else axis
+    computed = tuple((0, shape[i]) if i >= axis else box[i] for i in range(rank))
+    ins: list[Box | None] = [computed]
+    for x in ctx.node.input[1:]:
+        ins.append(full(ctx.shapes(x)) if x else None)
+    return Backward(ins, [computed] + [None] * (len(ctx.node.output) - 1))
+
+
+def _transpose(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    rank = len(box)
+    perm = ctx.ints("perm", list(reversed(range(rank))))
+    in_box: list[tuple[int, int]] = [(0, 0)] * rank
+    for i, p in enumerate(perm):
+        in_box[p] = box[i]
+    return Backward([tuple(in_box)], [box])
+
+
+def _matmul(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    a_shape, b_shape, o_shape = ctx.shape(0), ctx.shape(1), ctx.out_shape()
+    if len(a_shape) < 2 or len(b_shape) < 2:
+        raise NotSplittable(f"MatMul {ctx.node.name!r} with a 1-D operand")
+    batch = box[:-2]
+    a_batch = _broadcast_box(batch, a_shape[:-2], o_shape[:-2]) if len(a_shape) > 2 else ()
+    b_batch = _broadcast_box(batch, b_shape[:-2], o_shape[:-2]) if len(b_shape) > 2 else ()
+    a_box = (*a_batch, box[-2], (0, a_shape[-1]))
+    b_box = (*b_batch, (0, b_shape[-2]), box[-1])
+    return Backward([a_box, b_box], [box])
+
+
+def _gemm(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    (m, n) = box
+    ta, tb = ctx.int_attr("transA", 0), ctx.int_attr("transB", 0)
+    a_shape, b_shape = ctx.shape(0), ctx.shape(1)
+    k_a = a_shape[0] if ta else a_shape[1]
+    a_box = ((0, k_a), m) if ta else (m, (0, k_a))
+    b_box = (n, (0, b_shape[1])) if tb else ((0, b_shape[0]), n)
+    ins: list[Box | None] = [a_box, b_box]
+    if len(ctx.node.input) > 2 and ctx.node.input[2]:
+        ins.append(_broadcast_box(box, ctx.shape(2), ctx.out_shape()))
+    return Backward(ins, [box])
+
+
+def _concat(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    rank = len(box)
+    axis = ctx.int_attr("axis", 0)
+    axis = axis + rank if axis < 0 else axis
+    lo, hi = box[axis]
+    ins: list[Box | None] = []
+    offset = 0
+    for x in ctx.node.input:
+        size = ctx.shapes(x)[axis]
+        a, b = max(lo, offset), min(hi, offset + size)
+        ins.append(box[:axis] + ((a - offset, b - offset),) + box[axis + 1:] if a < b else None)
+        offset += size
+    used = [i for i, b in enumerate(ins) if b is not None]
+
+    def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+        names = [i[k] for k in used]
+        if len(names) == 1:
+            return [helper.make_node("Identity", names, o, name=node.name)]
+        return [_copy(node, names, o)]
+
+    # inputs not needed at all must not be computed: mark them with an empty marker the engine skips
+    return Backward([b if b is not None else _SKIP for b in ins], [box], rewrite)
+
+
+# An input box that means "this input is not read by the part" (e.g. a Concat operand outside the tile).
+_SKIP: Box = ((-1, -1),)
+
+
+def _slice_params(ctx: NodeCtx) -> tuple[list[int], list[int], list[int], list[int]]:
+    shape = ctx.shape(0)
+    rank = len(shape)
+    if ctx.opset < 10 or "starts" in ctx.attrs:
+        starts, ends = ctx.ints("starts", []), ctx.ints("ends", [])
+        axes = ctx.ints("axes", list(range(len(starts))))
+        steps = [1] * len(starts)
+    else:
+        vals = [ctx.const_input(i) for i in range(1, 5)]
+        if vals[0] is None or vals[1] is None or any(
+            v is None and i < len(ctx.node.input) and ctx.node.input[i] for i, v in zip(range(3, 5), vals[2:], strict=True)
+        ):
+            raise NotSplittable(f"Slice {ctx.node.name!r} with non-constant parameters")
+        starts, ends = [int(x) for x in vals[0]], [int(x) for x in vals[1]]
+        axes = [int(x) for x in vals[2]] if vals[2] is not None else list(range(len(starts)))
+        steps = [int(x) for x in vals[3]] if vals[3] is not None else [1] * len(starts)
+    axes = [a + rank if a < 0 else a for a in axes]
+    norm_starts = []
+    for s, e, a in zip(starts, ends, axes, strict=True):
+        d = shape[a]
+        s = max(0, min(d, s + d if s < 0 else s))
+        norm_starts.append(s)
+        del e
+    return norm_starts, ends, axes, steps
+
+
+def _slice(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    starts, _ends, axes, steps = _slice_params(ctx)
+    if any(s != 1 for s in steps):
+        raise NotSplittable(f"Slice {ctx.node.name!r} with steps != 1")
+    in_box = list(box)
+    for s, a in zip(starts, axes, strict=True):
+        lo, hi = box[a]
+        in_box[a] = (lo + s, hi + s)
+
+    def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+        return [helper.make_node("Identity", i[:1], o, name=node.name)]
+
+    return Backward([tuple(in_box)] + [None] * (len(ctx.node.input) - 1), [box], rewrite)
+
+
+def _split(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    shape = ctx.shape(0)
+    rank = len(shape)
+    axis = ctx.int_attr("axis", 0)
+    axis = axis + rank if axis < 0 else axis
+    sizes = [ctx.out_shape(i)[axis] for i in range(len(ctx.node.output))]
+    in_box: Box | None = None
+    offsets = np.cumsum([0, *sizes])
+    for k, b in enumerate(outs):
+        if b is None:
+            continue
+        lo, hi = b[axis]
+        this = b[:axis] + ((lo + int(offsets[k]), hi + int(offsets[k])),) + b[axis + 1:]
+        in_box = this if in_box is None else tuple(
+            (min(x0, y0), max(x1, y1)) for (x0, x1), (y0, y1) in zip(in_box, this, strict=True)
+        )
+    if in_box is None:
+        raise NotSplittable(f"Split {ctx.node.name!r}: no output needed")
+    final_in = in_box
+
+    def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+        nodes = []
+        for k, (name, b) in enumerate(zip(o, ob, strict=True)):
+            if b is None or not name:
+                continue
+            starts = [b[a][0] - final_in[a][0] + (int(offsets[k]) if a == axis else 0) for a in range(rank)]
+            ends = [s + (b[a][1] - b[a][0]) for a, s in enumerate(starts)]
+            nodes.append(helper.make_node(
+                "Slice", [i[0], emit("starts", np.array(starts, np.int64)), emit("ends", np.array(ends, np.int64))],
+                [name], name=f"{node.name}_{k}"))
+        return nodes
+
+    return Backward([final_in] + [None] * (len(ctx.node.input) - 1), list(outs), rewrite)
+
+
+def _reshape_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """Pair runs of axes of two shapes with equal element counts (size-1 axes ride along)."""
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        gi, gj = [], []
+        pi = pj = 1
+        if i < len(src):
+            gi.append(i)
+            pi *= src[i]
+            i += 1
+        if j < len(dst):
+            gj.append(j)
+            pj *= dst[j]
+            j += 1
+        while pi != pj:
+            if pi < pj and i < len(src):
+                gi.append(i)
+                pi *= src[i]
+                i += 1
+            elif j < len(dst):
+                gj.append(j)
+                pj *= dst[j]
+                j += 1
+            else:
+                raise NotSplittable("reshape groups do not match")
+        groups.append((gi, gj))
+    return groups
+
+
+def _box_to_flat(box: Sequence[tuple[int, int]], dims: Sequence[int]) -> tuple[int, int] | None:
+    """The flat range covered by a box over row-major ``dims`` if it is contiguous, else None."""
+    # contiguous iff after the first axis with a partial range, all later axes are full, and before it
+    # every axis has length 1
+    k = 0
+    while k < len(dims) and box[k][1] - box[k][0] == 1 and not (box[k] == (0, dims[k])):
+        k += 1
+    # axes before k have length 1; axis k may be partial; axes after k must be full
+    for a in range(k + 1, len(dims)):
+        if box[a] != (0, dims[a]):
+            return None
+    strides = [int(np.prod(dims[a + 1:], dtype=np.int64)) for a in range(len(dims))]
+    start = sum(box[a][0] * strides[a] for a in range(len(dims)))
+    size = int(np.prod([b - a for a, b in box], dtype=np.int64))
+    return start, start + size
+
+
+def _flat_to_box(lo: int, hi: int, dims: Sequence[int]) -> Box | None:
+    """The box over row-major ``dims`` that is exactly the flat range [lo, hi), if there is one."""
+    for k in range(len(dims) + 1):
+        inner = int(np.prod(dims[k:], dtype=np.int64))
+        # candidate: axes < k of length 1, axis k-1 partial... try: axes >= k full, axis k-1 range
+        if k == 0:
+            if lo == 0 and hi == inner:
+                return full(dims)
+            continue
+        if lo % inner or hi % inner:
+            continue
+        a, b = lo // inner, hi // inner  # range over the flattened prefix dims[:k]
+        prefix = dims[:k]
+        head = _box_from_prefix_range(a, b, prefix)
+        if head is not None:
+            return head + full(dims[k:])
+    return None
+
+
+def _box_from_prefix_range(a: int, b: int, dims: Sequence[int]) -> Box | None:
+    # a range over the flattened prefix is a box iff it lies within one row of the last prefix axis
+    last = dims[-1]
+    if (b - 1) // last != a // last:
+        return None
+    row = a // last
+    idx = []
+    for d in reversed(dims[:-1]):
+        idx.append(row % d)
+        row //= d
+    idx.reverse()
+    return tuple((i, i + 1) for i in idx) + ((a % last, a % last + (b - a)),)
+
+
+def _reshape_like(ctx: NodeCtx, box: Box, src: Sequence[int], dst: Sequence[int]) -> Box:
+    """Backward: the input box (over ``src``) whose reshape is exactly ``box`` (over ``dst``)."""
+    in_box: list[tuple[int, int]] = [(0, 0)] * len(src)
+    for gi, gj in _reshape_groups(src, dst):
+        flat = _box_to_flat([box[j] for j in gj], [dst[j] for j in gj]) if gj else (0, 1)
+        if flat is None:
+            raise NotSplittable(f"{ctx.node.op_type} {ctx.node.name!r}: region is not contiguous across the reshape")
+        if not gi:
+            continue
+        sub = _flat_to_box(flat[0], flat[1], [src[i] for i in gi])
+        if sub is None:
+            raise NotSplittable(f"{ctx.node.op_type} {ctx.node.name!r}: region does not map onto the input axes")
+        for i, r in zip(gi, sub, strict=True):
+            in_box[i] = r
+    return tuple(in_box)
+
+
+def _reshape(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    src, dst = ctx.shape(0), ctx.out_shape()
+    in_box = _reshape_like(ctx, box, src, dst)
+    new_shape = np.array([b - a for a, b in box], dtype=np.int64)
+    op = ctx.node.op_type
+
+    def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+        return [helper.make_node("Reshape", [i[0], emit("shape", new_shape)], o, name=node.name)]
+
+    extra: list[Box | None] = [None] * (len(ctx.node.input) - 1)
+    del op
+    return Backward([in_box, *extra], [box], rewrite)
+
+
+def _squeeze_like(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    in_box = _reshape_like(ctx, box, ctx.shape(0), ctx.out_shape())
+    return Backward([in_box] + [None] * (len(ctx.node.input) - 1), [box])
+
+
+def _gather(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    data_shape, idx_shape = ctx.shape(0), ctx.shape(1)
+    axis = ctx.int_attr("axis", 0)
+    axis = axis + len(data_shape) if axis < 0 else axis
+    q = len(idx_shape)
+    data_box = box[:axis] + ((0, data_shape[axis]),) + box[axis + q:]
+    idx_box = box[axis:axis + q]
+    return Backward([data_box, idx_box], [box])
+
+
+def _expand(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    box = _only_first_output(outs, ctx)
+    in_box = _broadcast_box(box, ctx.shape(0), ctx.out_shape())
+    new_shape = np.array([b - a for a, b in box], dtype=np.int64)
+
+    def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+        return [helper.make_node("Expand", [i[0], emit("shape", new_shape)], o, name=node.name)]
+
+    return Backward([in_box, None], [box], rewrite)
+
+
+def _pad(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    pads = ctx.const_input(1) if ctx.opset >= 11 else np.array(ctx.ints("pads", []))
+    if pads is None or np.any(pads != 0):
+        raise NotSplittable(f"Pad {ctx.node.name!r} with non-zero pads")
+    return _unary(ctx, outs)
+
+
+RULES: dict[str, Rule] = {}
+for _op in ("Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "LeakyRelu", "Elu",
+            "Selu", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Gelu", "Cast", "CastLike", "Identity",
+            "Dropout", "Floor", "Ceil", "Round", "Sign", "Not", "Sin", "Cos", "IsNaN", "IsInf", "Mish", "Celu",
+            "ThresholdedRelu", "Clip", "Shrink"):
+    RULES[_op] = _unary
+for _op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal", "Less", "Greater",
+            "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Mod", "PRelu"):
+    RULES[_op] = _broadcast
+for _op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+            "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"):
+    RULES[_op] = _reduce
+for _op in ("Softmax", "LogSoftmax", "Hardmax"):
+    RULES[_op] = _softmax
+for _op in ("MaxPool", "AveragePool", "LpPool"):
+    RULES[_op] = _pool
+for _op in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"):
+    RULES[_op] = _global_pool
+for _op in ("Squeeze", "Unsqueeze", "Flatten"):
+    RULES[_op] = _squeeze_like
+RULES.update({
+    "BatchNormalization": _per_channel,
+    "InstanceNormalization": _instance_norm,
+    "LayerNormalization": _layer_norm,
+    "Conv": _conv,
+    "Transpose": _transpose,
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "Concat": _concat,
+    "Slice": _slice,
+    "Split": _split,
+    "Reshape": _reshape,
+    "Gather": _gather,
+    "Expand": _expand,
+    "Pad": _pad,
+})
+
+
+def rule_for(node: onnx.NodeProto) -> Rule:
+    if node.domain not in ("", "ai.onnx"):
+        raise NotSplittable(f"{node.domain}.{node.op_type} {node.name!r} has no split rule")
+    try:
+        return RULES[node.op_type]
+    except KeyError:
+        raise NotSplittable(f"{node.op_type} {node.name!r} has no split rule") from None

@@ -1,0 +1,47 @@
+"""The `flatpack` command line.
+
+Each command lives in its own module and is imported only when it runs, so `flatpack --help` stays fast
+and a command's heavy dependencies (torch for the zoo, say) are not needed by the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+
+import click
+
+__all__ = ["main"]
+
+# command name -> "module:attribute"; the attribute is a click command or group.
+_COMMANDS: dict[str, str] = {
+    "zoo": "serving.cli.zoo:zoo",
+    "inspect": "serving.cli.graph:inspect_cmd",
+    "export": "serving.cli.graph:export_cmd",
+    "verify": "serving.cli.graph:verify_cmd",
+    "run": "serving.cli.run:run_cmd",
+    "platform": "serving.cli.platform:platform",
+    "bench": "serving.cli.bench:bench",
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = _COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+@click.version_option(package_name="flatpack")
+def main(verbose: int) -> None:
+    """flatpack: serve deep-learning models on serverless functions, split into parallel parts."""
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    logging.basicConfig(level=os.environ.get("FLATPACK_LOG_LEVEL", level), format="%(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,31 @@
+"""`flatpack bench ...`: each benchmark is a click command in the bench/ package, imported lazily."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+__all__ = ["bench"]
+
+# benchmark name -> "module:attribute" (a click command)
+_BENCHMARKS: dict[str, str] = {
+    "transport": "bench.transport:transport_cmd",
+}
+
+
+class _LazyBench(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_BENCHMARKS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = _BENCHMARKS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=_LazyBench)
+def bench() -> None:
+    """Benchmarks: each prints its figure and the ratio to its baseline, measured in one run."""

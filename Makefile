@@ -18,7 +18,7 @@ setup: $(BIN)/flatpack
 demo: setup
 	$(BIN)/flatpack zoo build vgg11 --width-div 4 --input-size 64 -o $(BUILD)/vgg11-small.onnx
 	$(BIN)/flatpack inspect $(BUILD)/vgg11-small.onnx
-	$(BIN)/flatpack export $(BUILD)/vgg11-small.onnx --stages "0-3:spatial=2x2,4-7:channel=4,8-:none" -o $(BUILD)/vgg11-small.bundle
+	$(BIN)/flatpack export $(BUILD)/vgg11-small.onnx --stages "0-3:spatial=2x2,4:channel=4,5-7:none,8:reduction=4,9:channel=4,10:none" -o $(BUILD)/vgg11-small.bundle
 	$(BIN)/flatpack verify $(BUILD)/vgg11-small.bundle
 	$(BIN)/flatpack verify $(BUILD)/vgg11-small.onnx --all-options
 

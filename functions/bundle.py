@@ -57,7 +57,9 @@ class Bundle:
         except (json.JSONDecodeError, PlanError) as e:
             raise BundleError(f"{root}: {e}") from e
         if manifest.get("schema") != MANIFEST_SCHEMA:
-            raise BundleError(f"{root}/manifest.json has schema {manifest.get('schema')!r}, expected {MANIFEST_SCHEMA!r}")
+            raise BundleError(
+                f"{root}/manifest.json has schema {manifest.get('schema')!r}, expected {MANIFEST_SCHEMA!r}"
+            )
         bundle = cls(root, plan, manifest)
         if check_hashes:
             bundle.check()

@@ -90,15 +90,39 @@ def normalize_model(
     g.input.extend(real_inputs)
     _constants_to_initializers(g)
     _fix_input_shapes(g, dict(input_shapes or {}))
+    model = _infer(model)  # first, so that outputs declared without a shape get one before the checker
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         raise ModelError(f"model fails the ONNX checker: {_first_line(e)}") from e
-    model = _infer(model)
     model = _fold_constants(model)
     model = _infer(model)
     _require_static_shapes(model)
+    _check_ceil_pools(model)
     return model
+
+
+def _check_ceil_pools(model: onnx.ModelProto) -> None:
+    """ONNX shape inference keeps a ceil_mode window that starts in the end padding; onnxruntime (and
+    PyTorch) drop it. Such a model's declared shapes are wrong, so refuse it rather than mis-split it."""
+    shapes = _static_shapes(model)
+    for node in model.graph.node:
+        if node.op_type not in ("MaxPool", "AveragePool", "LpPool"):
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if not attrs.get("ceil_mode"):
+            continue
+        in_shape, out_shape = shapes[node.input[0]], shapes[node.output[0]]
+        nd = len(in_shape) - 2
+        strides = list(attrs.get("strides", [1] * nd))
+        pads = list(attrs.get("pads", [0] * (2 * nd)))
+        for i in range(nd):
+            if (out_shape[2 + i] - 1) * strides[i] >= in_shape[2 + i] + pads[i]:
+                raise ModelError(
+                    f"{node.op_type} {node.name!r} uses ceil_mode with a last window that starts in the padding; "
+                    "ONNX shape inference and onnxruntime disagree on its output shape. Re-export it with "
+                    "ceil_mode=False or an input size that avoids the partial window"
+                )
 
 
 def _default_opset(model: onnx.ModelProto) -> int:

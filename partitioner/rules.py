@@ -377,9 +377,8 @@ def _slice_params(ctx: NodeCtx) -> tuple[list[int], list[int], list[int], list[i
         steps = [1] * len(starts)
     else:
         vals = [ctx.const_input(i) for i in range(1, 5)]
-        if vals[0] is None or vals[1] is None or any(
-            v is None and i < len(ctx.node.input) and ctx.node.input[i] for i, v in zip(range(3, 5), vals[2:], strict=True)
-        ):
+        given = [i < len(ctx.node.input) and bool(ctx.node.input[i]) for i in range(1, 5)]
+        if any(g and v is None for g, v in zip(given, vals, strict=True)) or not (given[0] and given[1]):
             raise NotSplittable(f"Slice {ctx.node.name!r} with non-constant parameters")
         starts, ends = [int(x) for x in vals[0]], [int(x) for x in vals[1]]
         axes = [int(x) for x in vals[2]] if vals[2] is not None else list(range(len(starts)))

@@ -103,11 +103,13 @@ class OptionResult:
     reason: str = ""
 
 
-def candidate_options(lg: LayerGraph, *, group_sizes: Sequence[int] = (2, 3), group_stride: int = 2
+def candidate_options(lg: LayerGraph, *, group_sizes: Sequence[int] = (2, 3), group_stride: int | None = None
                       ) -> list[tuple[int, int, Split]]:
-    """Every split option of every unit, plus multi-unit groups sampled every ``group_stride`` units."""
+    """Every split option of every unit, plus multi-unit groups starting every ``group_stride`` units
+    (every unit for models of up to 12 units, every other one above)."""
     opts: list[tuple[int, int, Split]] = []
     n = len(lg.units)
+    group_stride = group_stride or (1 if n <= 12 else 2)
     for u in range(n):
         opts.extend((u, u, s) for s in _options_for(lg, u, u, full_sweep=True))
     for size in group_sizes:
@@ -132,7 +134,8 @@ def _options_for(lg: LayerGraph, first: int, last: int, full_sweep: bool) -> lis
     except NotSplittable:
         return out
     if family == "heads":
-        degrees = sorted({2, k // align} if full_sweep else {2})
+        heads = k // align
+        degrees = sorted({*range(2, min(heads, 4) + 1), heads} if full_sweep else {2})
     else:
         degrees = list(REDUCTION_DEGREES if full_sweep else (2,))
     out += [Split(family, (d,)) for d in degrees]  # type: ignore[arg-type]

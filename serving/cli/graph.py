@@ -8,14 +8,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 __all__ = ["export_cmd", "inspect_cmd", "verify_cmd"]
 
-_console = Console()
-_err = Console(stderr=True)
+from serving.cli.console import console as _console
+from serving.cli.console import err_console as _err
 
 input_shape_option = click.option(
     "--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",

@@ -13,6 +13,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -21,10 +22,13 @@ from functions.bundle import MANIFEST_SCHEMA, sha256_file
 from functions.plan import Function, ModelInfo, Part, Plan, Stage, TensorSpec
 from partitioner.errors import ExportError, NotSplittable, SpecError
 from partitioner.graph import LayerGraph
-from partitioner.parts import StageCut, cut_stage
+from partitioner.parts import PartModel, StageCut, cut_stage
 from partitioner.spec import StageSpec, parse_stages
 
-__all__ = ["DEFAULT_TOLERANCE", "build_plan", "export_bundle", "save_model", "stage_record", "write_stage_files"]
+__all__ = [
+    "DEFAULT_TOLERANCE", "Placement", "build_plan", "export_bundle", "save_model", "stage_record", "worker_name",
+    "write_stage_files",
+]
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +48,21 @@ def save_model(model: onnx.ModelProto, path: Path) -> None:
         onnx.save_model(model, str(path))
 
 
-def stage_record(cut: StageCut, index: int, functions: Sequence[str]) -> tuple[Stage, dict[str, onnx.ModelProto]]:
-    """The plan's Stage for a cut, with part k on ``functions[k]``, and the files it needs."""
+@dataclass(frozen=True)
+class Placement:
+    """Where a stage's parts run: part 0 on the master (``master_part``) or every part on workers;
+    workers get ``worker_mb`` of memory (0: sized to what their part needs)."""
+
+    master_part: bool = True
+    worker_mb: int = 0
+
+
+def worker_name(stage: int, part: int) -> str:
+    return f"s{stage:02d}-p{part:02d}"
+
+
+def stage_record(cut: StageCut, index: int, placement: Placement = Placement()) -> tuple[Stage, dict[str, onnx.ModelProto]]:
+    """The plan's Stage for a cut, with part k on the master or on worker function ``sNN-pKK``."""
     files: dict[str, onnx.ModelProto] = {}
     parts = []
     for k, pm in enumerate(cut.parts):
@@ -53,13 +70,14 @@ def stage_record(cut: StageCut, index: int, functions: Sequence[str]) -> tuple[S
         files[rel] = pm.model
         outputs = (pm.output,) if cut.join != "none" else tuple(o.name for o in cut.outputs)
         region = pm.output_region if cut.join != "none" else None
-        parts.append(Part(k, functions[k % len(functions)], rel, pm.inputs, outputs, region))
+        function = "master" if (k == 0 and placement.master_part) else worker_name(index, k)
+        parts.append(Part(k, function, rel, pm.inputs, outputs, region))
     epilogue = None
     if cut.epilogue is not None:
         epilogue = f"parts/s{index:02d}_epilogue.onnx"
         files[epilogue] = cut.epilogue
-    stage = Stage(index, (cut.first, cut.last), cut.split, cut.inputs, cut.outputs, tuple(parts), cut.join,  # type: ignore[arg-type]
-                  cut.joined, epilogue)
+    stage = Stage(index, (cut.first, cut.last), cut.split, cut.inputs, cut.outputs, tuple(parts),
+                  cut.join, cut.joined, epilogue)  # type: ignore[arg-type]
     return stage, files
 
 
@@ -68,17 +86,14 @@ def write_stage_files(root: Path, files: Mapping[str, onnx.ModelProto]) -> None:
         save_model(model, root / rel)
 
 
-def _memory_mb(lg: LayerGraph, cuts: Sequence[StageCut], fn_index: int) -> int:
-    need = 0
-    for cut in cuts:
-        for k, pm in enumerate(cut.parts):
-            if k != fn_index:
-                continue
-            weights = sum(t.ByteSize() for t in pm.model.graph.initializer)
-            acts = sum(lg.tensors[x.name].dtype.itemsize * _numel(x.region) for x in pm.inputs)
-            need = max(need, weights + 3 * acts)
-    mb = _RUNTIME_BASE_MB + 1.5 * need / 2**20
-    return int(-(-mb // 64) * 64)
+def _part_need_mb(lg: LayerGraph, part: PartModel) -> float:
+    weights = sum(t.ByteSize() for t in part.model.graph.initializer)
+    acts = sum(lg.tensors[x.name].dtype.itemsize * _numel(x.region) for x in part.inputs)
+    return _RUNTIME_BASE_MB + 1.5 * (weights + 3 * acts) / 2**20
+
+
+def _round_mb(mb: float, step: int = 64) -> int:
+    return int(-(-mb // step) * step)
 
 
 def _numel(region: Sequence[tuple[int, int]]) -> int:
@@ -89,8 +104,15 @@ def _numel(region: Sequence[tuple[int, int]]) -> int:
 
 
 def build_plan(lg: LayerGraph, stages: Sequence[StageSpec], *, source_sha256: str,
+               placements: Sequence[Placement] | None = None, master_mb: int | None = None,
+               platform: str = "local", transport: str = "inline", mode: str = "manual",
+               predicted: Mapping[str, object] | None = None,
                progress: Callable[[str], None] | None = None) -> tuple[Plan, dict[str, onnx.ModelProto]]:
-    """Cut every stage and assemble the plan (function k runs part k of every stage)."""
+    """Cut every stage and assemble the plan: the master runs part 0 of each stage unless a placement
+    says otherwise; every other part is its own worker function (so each holds only its own weights)."""
+    placements = list(placements) if placements is not None else [Placement()] * len(stages)
+    if len(placements) != len(stages):
+        raise ValueError(f"{len(placements)} placements for {len(stages)} stages")
     cuts: list[StageCut] = []
     for first, last, split in stages:
         if progress:
@@ -99,22 +121,30 @@ def build_plan(lg: LayerGraph, stages: Sequence[StageSpec], *, source_sha256: st
             cuts.append(cut_stage(lg, first, last, split))
         except NotSplittable as e:
             raise SpecError(f"units {first}-{last} cannot be split as {split}: {e}") from e
-    width = max(len(c.parts) for c in cuts)
-    names = ["master"] + [f"worker-{k}" for k in range(1, width)]
-    functions = tuple(Function(n, _memory_mb(lg, cuts, k)) for k, n in enumerate(names))
     files: dict[str, onnx.ModelProto] = {}
     records = []
-    for i, cut in enumerate(cuts):
-        stage, f = stage_record(cut, i, names)
+    workers: dict[str, int] = {}
+    master_need = float(_RUNTIME_BASE_MB)
+    for i, (cut, place) in enumerate(zip(cuts, placements, strict=True)):
+        stage, f = stage_record(cut, i, place)
         records.append(stage)
         files.update(f)
+        for part, pm in zip(stage.parts, cut.parts, strict=True):
+            need = _part_need_mb(lg, pm)
+            if part.function == "master":
+                master_need += need - _RUNTIME_BASE_MB
+            else:
+                workers[part.function] = place.worker_mb or _round_mb(need)
+    functions = (Function("master", master_mb or _round_mb(master_need)),
+                 *(Function(name, mb) for name, mb in workers.items()))
     info = ModelInfo(
         name=lg.name,
         sha256=source_sha256,
         inputs=tuple(TensorSpec(x, lg.tensors[x].dtype.name, lg.tensors[x].shape) for x in lg.inputs),
         outputs=tuple(TensorSpec(x, lg.tensors[x].dtype.name, lg.tensors[x].shape) for x in lg.outputs),
     )
-    plan = Plan(model=info, functions=functions, stages=tuple(records))
+    plan = Plan(model=info, functions=functions, stages=tuple(records), platform=platform, transport=transport,
+                mode=mode, predicted=dict(predicted or {}))
     plan.validate()
     return plan, files
 
@@ -128,6 +158,12 @@ def export_bundle(
     seeds: Sequence[int] = (0, 1),
     tolerance: float = DEFAULT_TOLERANCE,
     overwrite: bool = True,
+    placements: Sequence[Placement] | None = None,
+    master_mb: int | None = None,
+    platform: str = "local",
+    transport: str = "inline",
+    mode: str = "manual",
+    predicted: Mapping[str, object] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Cut ``model`` as ``stages`` say, verify the parts reproduce it, and write the bundle to ``out``.
@@ -143,7 +179,9 @@ def export_bundle(
     else:
         source_sha = hashlib.sha256(lg.model.SerializeToString()).hexdigest() if lg.model.ByteSize() < 2**31 else ""
     specs = parse_stages(stages, len(lg.units)) if isinstance(stages, str) else list(stages)
-    plan, files = build_plan(lg, specs, source_sha256=source_sha, progress=progress)
+    plan, files = build_plan(lg, specs, source_sha256=source_sha, placements=placements, master_mb=master_mb,
+                             platform=platform, transport=transport, mode=mode, predicted=predicted,
+                             progress=progress)
     out = Path(out)
     if out.exists() and not overwrite:
         raise ExportError(f"{out} exists; remove it or pass overwrite")

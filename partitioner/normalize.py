@@ -92,7 +92,7 @@ def normalize_model(
     _fix_input_shapes(g, dict(input_shapes or {}))
     model = _infer(model)  # first, so that outputs declared without a shape get one before the checker
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(_light_copy(model))
     except onnx.checker.ValidationError as e:
         raise ModelError(f"model fails the ONNX checker: {_first_line(e)}") from e
     model = _fold_constants(model)
@@ -205,36 +205,42 @@ def _fix_input_shapes(g: onnx.GraphProto, shapes: dict[str, Sequence[int]]) -> N
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
-    # Shape inference keeps the old value_info around; start clean so stale dynamic shapes don't survive.
-    del model.graph.value_info[:]
-    for o in model.graph.output:
+    """Shape inference on a weightless copy (large initializers become typed inputs), so that it is fast
+    and works above protobuf's 2 GB limit; the inferred shapes are copied back into ``model``."""
+    light = _light_copy(model)
+    del light.graph.value_info[:]
+    for o in light.graph.output:
         o.type.tensor_type.ClearField("shape")
     try:
-        if model.ByteSize() > 1_800_000_000:
-            return _infer_large(model)
-        return shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+        inferred = shape_inference.infer_shapes(light, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
         raise ModelError(f"shape inference failed: {_first_line(e)}") from e
-
-
-def _infer_large(model: onnx.ModelProto) -> onnx.ModelProto:
-    # Protobuf can't serialise > 2 GB; infer on a weightless copy whose initializers keep dims/dtypes.
-    light = copy.deepcopy(model)
-    for t in light.graph.initializer:
-        t.ClearField("raw_data")
-        t.ClearField("float_data")
-        t.ClearField("int64_data")
-        t.ClearField("int32_data")
-        t.ClearField("double_data")
-        info = helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-        light.graph.input.append(info)
-    del light.graph.initializer[:]
-    inferred = shape_inference.infer_shapes(light, strict_mode=True, data_prop=True)
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
     del model.graph.output[:]
     model.graph.output.extend(inferred.graph.output)
     return model
+
+
+def _light_copy(model: onnx.ModelProto, keep_elements: int = 4096) -> onnx.ModelProto:
+    """The model without the data of initializers above ``keep_elements`` (declared as inputs instead)."""
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    g = light.graph
+    src = model.graph
+    g.name = src.name
+    g.node.extend(src.node)
+    g.input.extend(src.input)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    for t in src.initializer:
+        if int(np.prod(t.dims)) <= keep_elements and t.data_location != onnx.TensorProto.EXTERNAL:
+            g.initializer.append(t)
+        else:
+            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return light
 
 
 def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:

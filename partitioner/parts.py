@@ -24,7 +24,7 @@ from partitioner.graph import LayerGraph
 from partitioner.regions import Box, even_ranges, full, is_full, shape_of, union
 from partitioner.rules import _SKIP, Backward, NodeCtx, _copy, rule_for
 
-__all__ = ["CutStage", "PartModel", "StageCut", "cut_stage", "extract_model"]
+__all__ = ["CutStage", "PartCost", "PartModel", "StageCut", "cut_stage", "extract_model"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,17 @@ class PartModel:
     output: str
     output_region: Box
     flops: int
+
+
+@dataclass(frozen=True)
+class PartCost:
+    """What one part computes and moves: the inputs the performance model needs."""
+
+    flops: int
+    weight_bytes: int
+    input_bytes: int
+    output_bytes: int
+    activation_bytes: int
 
 
 @dataclass(frozen=True)
@@ -134,7 +145,24 @@ class CutStage:
         """Raise NotSplittable unless ``split`` is admissible; cheaper than ``cut`` (no weights sliced)."""
         self.cut(split, dry_run=True)
 
-    def cut(self, split: Split, *, dry_run: bool = False) -> StageCut:
+    def costs(self, split: Split) -> list[PartCost]:
+        """Per-part work and bytes of ``split`` (from the region sketches; nothing is built)."""
+        lg = self.lg
+        if split.family == "none" or split.degree == 1 and split.family != "reduction":
+            nodes = self.nodes
+            weights = {x for i in nodes for x in lg.nodes[i].input if x and lg.is_initializer(x)}
+            return [PartCost(
+                flops=sum(lg.node_flops(lg.nodes[i]) for i in nodes),
+                weight_bytes=sum(lg.tensors[w].nbytes for w in weights),
+                input_bytes=sum(lg.tensors[x].nbytes for x in self.inputs),
+                output_bytes=sum(lg.tensors[o].nbytes for o in self.outputs),
+                activation_bytes=sum(lg.tensors[o].nbytes for i in nodes for o in lg.nodes[i].output if o),
+            )]
+        sketches: list[_Sketch] = []
+        self.cut(split, dry_run=True, collect=sketches)
+        return [_sketch_cost(lg, sk) for sk in sketches]
+
+    def cut(self, split: Split, *, dry_run: bool = False, collect: list | None = None) -> StageCut:
         if split.family == "none" or split.degree == 1 and split.family != "reduction":
             return self._whole(split) if not dry_run else _DRY
         if split.family in ("spatial", "channel"):
@@ -143,6 +171,8 @@ class CutStage:
             for box in self.boxes(split):
                 sk = _sketch(self.lg, self.nodes, {out: box}, self._opset)
                 self._check_divides(sk, exempt=set())
+                if collect is not None:
+                    collect.append(sk)
                 if not dry_run:
                     parts.append(_build(self.lg, sk, {out: box}, self._opset))
             if dry_run:
@@ -150,7 +180,7 @@ class CutStage:
             spec = self._spec(out)
             return StageCut(self.first, self.last, split, self.inputs, (spec,), tuple(parts), "place", spec, None)
         if split.family in ("reduction", "heads"):
-            return self._reduction(split, dry_run)
+            return self._reduction(split, dry_run, collect)
         raise NotSplittable(f"unknown family {split.family!r}")
 
     def _spec(self, name: str, shape: tuple[int, ...] | None = None) -> TensorSpec:
@@ -212,7 +242,7 @@ class CutStage:
         _, align = self.reduction_axis(ri)
         return "heads" if align > 1 else "reduction"
 
-    def _reduction(self, split: Split, dry_run: bool = False) -> StageCut:
+    def _reduction(self, split: Split, dry_run: bool = False, collect: list | None = None) -> StageCut:
         lg = self.lg
         ri = self.reduction_op()
         r = lg.nodes[ri]
@@ -241,6 +271,8 @@ class CutStage:
             target = {r_out: full(lg.tensors[r_out].shape)}
             sk = _sketch(lg, pre_nodes, target, self._opset, override)
             self._check_divides(sk, exempt={ri})
+            if collect is not None:
+                collect.append(sk)
             if not dry_run:
                 parts.append(_build(lg, sk, target, self._opset, rename={r_out: partial}))
         if dry_run:
@@ -279,6 +311,52 @@ class _Sketch:
     order: list[int]
     back: dict[int, Backward]
     need: dict[str, Box]
+
+
+def _sketch_cost(lg: LayerGraph, sk: _Sketch) -> PartCost:
+    flops = weights = acts = 0
+    produced: set[str] = set()
+    for ni in sk.order:
+        node, bw = lg.nodes[ni], sk.back[ni]
+        full_flops = lg.node_flops(node)
+        for o, b in zip(node.output, bw.outputs, strict=True):
+            if o and b is not None:
+                produced.add(o)
+                vol = int(np.prod(shape_of(b), dtype=np.int64))
+                acts += vol * lg.tensors[o].dtype.itemsize
+                if o == node.output[0]:
+                    frac = vol / max(1, int(np.prod(lg.tensors[o].shape, dtype=np.int64)))
+                    flops += int(full_flops * frac * _contraction_fraction(lg, node, bw))
+        for x, b in zip(node.input, bw.inputs, strict=False):
+            if x and lg.is_initializer(x) and b != _SKIP:
+                vol = int(np.prod(shape_of(b) if b is not None else lg.tensors[x].shape, dtype=np.int64))
+                weights += vol * lg.tensors[x].dtype.itemsize
+    ins = sum(int(np.prod(shape_of(b), dtype=np.int64)) * lg.tensors[x].dtype.itemsize
+              for x, b in sk.need.items() if x not in produced)
+    target = sk.order[-1] if sk.order else None
+    out = 0
+    if target is not None:
+        o = lg.nodes[target].output[0]
+        out = int(np.prod(shape_of(sk.need.get(o, sk.back[target].outputs[0])), dtype=np.int64)) * \
+            lg.tensors[o].dtype.itemsize
+    return PartCost(flops=flops, weight_bytes=weights, input_bytes=ins, output_bytes=out, activation_bytes=acts)
+
+
+def _contraction_fraction(lg: LayerGraph, node: onnx.NodeProto, bw: Backward) -> float:
+    """Share of the contraction axis a part reads (below 1 only for the op a reduction split cuts)."""
+    box = bw.inputs[0] if bw.inputs else None
+    if box is None or box == _SKIP:
+        return 1.0
+    shape = lg.tensors[node.input[0]].shape
+    if node.op_type == "MatMul":
+        axis = len(shape) - 1
+    elif node.op_type == "Gemm":
+        axis = 0 if _attr_int(node, "transA") else 1
+    elif node.op_type == "Conv" and _attr_int(node, "group", 1) == 1:
+        axis = 1
+    else:
+        return 1.0
+    return (box[axis][1] - box[axis][0]) / max(1, shape[axis])
 
 
 def _ctx(lg: LayerGraph, node: onnx.NodeProto, opset: int) -> NodeCtx:

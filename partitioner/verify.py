@@ -168,7 +168,7 @@ def verify_options(
                 results.append(OptionResult(first, last, split, None, str(e)))
                 continue
             root = Path(tmp) / f"o{i}"
-            stage, files = stage_record(cut, 0, ["f"])
+            stage, files = stage_record(cut, 0)
             write_stage_files(root, files)
             runner = InProcessRunner(root)
             try:

@@ -69,7 +69,9 @@ def test_export_writes_a_verified_bundle_that_round_trips(cnn_path: Path, tmp_pa
     assert [len(s.parts) for s in b.plan.stages] == [6, 3, 2]
     assert [s.join for s in b.plan.stages] == ["place", "place", "sum"]
     assert b.manifest["verification"]["max_rel_err"] <= 1e-4
-    assert b.plan.functions[0].name == "master" and len(b.plan.functions) == 6
+    # the master runs part 0 of each stage; every other part is a worker function of its own
+    assert b.plan.functions[0].name == "master" and len(b.plan.functions) == 1 + 5 + 2 + 1
+    assert {p.function for p in b.plan.stages[1].parts} == {"master", "s01-p01", "s01-p02"}
     # plan.json round-trips losslessly
     again = Plan.from_json(json.loads(b.plan.dumps()))
     assert again == b.plan

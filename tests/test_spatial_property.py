@@ -69,7 +69,10 @@ def test_any_grid_of_a_conv_pool_stack_is_exact(spec: tuple[list[dict], int, int
     gh, gw = min(gh, out_shape[2]), min(gw, out_shape[3])
     last = len(lg.units) - 1
     report, results = verify_options(lg, [(0, last, Split("spatial", (gh, gw)))])
-    assert results[0].rel_err is not None, results[0].reason  # spatial always admissible here
+    if results[0].rel_err is None:
+        # the only refusal allowed: tiles so small that some conv would be computed whole in every part
+        assume("computed whole" not in results[0].reason)
+    assert results[0].rel_err is not None, results[0].reason
     assert report.failed == 0, (layers, report.failures)
     assert report.max_rel_err <= 1e-5
 

@@ -20,6 +20,7 @@ _COMMANDS: dict[str, str] = {
     "inspect": "serving.cli.graph:inspect_cmd",
     "export": "serving.cli.graph:export_cmd",
     "verify": "serving.cli.graph:verify_cmd",
+    "plan": "serving.cli.plan:plan_cmd",
     "run": "serving.cli.run:run_cmd",
     "platform": "serving.cli.platform:platform",
     "bench": "serving.cli.bench:bench",

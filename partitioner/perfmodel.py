@@ -1,0 +1,415 @@
+"""The performance model: latency (mean and a percentile), billed cost and memory of a plan.
+
+Per stage (Gillis's fork-join): the master writes the workers' input regions to the transport, invokes
+the n workers at once and computes its own part meanwhile; each worker reads its inputs, computes and
+writes its output; the master waits for the slowest, reads the outputs, joins and runs the epilogue.
+
+    stage = put_inputs + max(master_part, E[max of n invoke latencies] + max_k worker_k) + get_outputs + join
+
+Invoke latency is an exponentially modified Gaussian (Gillis measured it so on Lambda); the fork waits
+for the slowest of n draws, whose mean and quantiles come from order statistics of that distribution.
+A plan's latency is the sum of its stages. The master is billed for the whole request, each worker for
+its own duration, both rounded up to the billing granularity; plus a fee per invocation.
+
+Percentiles: a stage's q-latency uses the q^(1/n) quantile of one invoke (the q quantile of the max of
+n); summing stage q-latencies gives an upper bound on the plan's q-latency, so an SLO checked this way
+is met with at least the stated probability (per the model).
+
+Everything here is plain arithmetic on floats so that planners can call it in a hot loop.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from functions.plan import Split
+from partitioner.graph import LayerGraph
+from partitioner.parts import CutStage, PartCost
+from partitioner.platform import PlatformProfile
+
+__all__ = [
+    "ComputeModel",
+    "ExGauss",
+    "OptionCost",
+    "PerfModel",
+    "PlanEstimate",
+    "PlatformFacts",
+    "StageChoice",
+]
+
+MB = 2**20
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class ExGauss:
+    """Exponentially modified Gaussian in ms: N(mu, sigma) + Exp(mean tau)."""
+
+    mu: float
+    sigma: float
+    tau: float
+
+    @property
+    def mean(self) -> float:
+        return self.mu + self.tau
+
+    def _dist(self):  # type: ignore[no-untyped-def]
+        sigma = max(self.sigma, 1e-6)
+        return stats.exponnorm(max(self.tau, 1e-6) / sigma, loc=self.mu, scale=sigma)
+
+    def quantile(self, q: float) -> float:
+        return float(self._dist().ppf(q))
+
+    @lru_cache(maxsize=256)  # noqa: B019 - instances are frozen and few; the cache is the point
+    def expected_max(self, n: int) -> float:
+        """E[max of n iid draws] = integral of (1 - F(x)^n), by quadrature on a fine grid."""
+        if n <= 0:
+            return 0.0
+        if n == 1:
+            return self.mean
+        d = self._dist()
+        lo, hi = float(d.ppf(1e-9)), float(d.ppf(1 - 1e-9 / n))
+        x = np.linspace(lo, hi, 4001)
+        cdf = d.cdf(x) ** n
+        return float(lo + np.trapezoid(1.0 - cdf, x))
+
+    @lru_cache(maxsize=1024)  # noqa: B019
+    def quantile_of_max(self, n: int, q: float) -> float:
+        if n <= 0:
+            return 0.0
+        return self.quantile(q ** (1.0 / n))
+
+
+@dataclass(frozen=True)
+class PlatformFacts:
+    """The numbers of a platform profile that the model uses (see ``from_profile``)."""
+
+    name: str
+    memory_min_mb: int
+    memory_max_mb: int
+    memory_step_mb: int
+    mb_per_vcpu: float
+    max_vcpu: float
+    price_gb_s: float
+    price_request: float
+    granularity_ms: float
+    payload_limit_bytes: int
+    invoke: ExGauss
+    bandwidth_mb_s: float  # per function, to/from the reference transport
+    transfer_latency_ms: float  # per put or get
+    cores: int | None = None  # physical cores shared by every function (the local platform); None = unlimited
+    memcpy_gb_s: float = 4.0
+
+    def vcpu(self, memory_mb: float) -> float:
+        return min(self.max_vcpu, memory_mb / self.mb_per_vcpu)
+
+    def round_memory(self, need_mb: float) -> int:
+        """The smallest memory option at least ``need_mb`` (ValueError if none is)."""
+        mb = max(self.memory_min_mb, math.ceil(need_mb / self.memory_step_mb) * self.memory_step_mb)
+        if mb > self.memory_max_mb:
+            raise ValueError(f"{need_mb:.0f} MB exceeds the platform's largest function ({self.memory_max_mb} MB)")
+        return int(mb)
+
+    def memory_grid(self, points: int = 24) -> list[int]:
+        """A coarse grid of memory options for planning (every vCPU step plus powers of two)."""
+        opts = {self.memory_min_mb, self.memory_max_mb}
+        v = 0.5
+        while v * self.mb_per_vcpu <= self.memory_max_mb:
+            opts.add(self.round_memory(v * self.mb_per_vcpu))
+            v += 0.5
+        m = 128
+        while m <= self.memory_max_mb:
+            if m >= self.memory_min_mb:
+                opts.add(m)
+            m *= 2
+        grid = sorted(opts)
+        if len(grid) > points:
+            idx = np.unique(np.linspace(0, len(grid) - 1, points).round().astype(int))
+            grid = [grid[i] for i in idx]
+        return grid
+
+    def transfer_ms(self, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        return self.transfer_latency_ms + nbytes / (self.bandwidth_mb_s * MB) * 1e3
+
+    def billed_ms(self, ms: float) -> float:
+        g = self.granularity_ms
+        return math.ceil(ms / g - 1e-9) * g if g > 0 else ms
+
+    @classmethod
+    def from_profile(cls, profile: PlatformProfile, *, transfer_latency_ms: float | None = None) -> PlatformFacts:
+        """The facts of a ``partitioner.platform.PlatformProfile``. A profile whose vCPU cap is this
+        machine's cores (``max_vcpu: null``, the local platform) also shares those cores between functions."""
+        cpus = os.cpu_count() or 1
+        lat = profile.invoke_latency
+        shared_host = profile.max_vcpu is None
+        return cls(
+            name=profile.name,
+            memory_min_mb=profile.memory.min_mb,
+            memory_max_mb=profile.memory.max_mb,
+            memory_step_mb=profile.memory.step_mb,
+            mb_per_vcpu=profile.mb_per_vcpu,
+            max_vcpu=float(profile.max_vcpu) if profile.max_vcpu is not None else float(cpus),
+            price_gb_s=profile.price_per_gb_s,
+            price_request=profile.price_per_request,
+            granularity_ms=float(profile.billing_granularity_ms),
+            payload_limit_bytes=profile.payload_limit_bytes,
+            invoke=ExGauss(lat.mu_ms, lat.sigma_ms, lat.tau_ms),
+            bandwidth_mb_s=profile.bandwidth_mb_s,
+            transfer_latency_ms=(0.2 if shared_host else 1.0) if transfer_latency_ms is None else transfer_latency_ms,
+            cores=cpus if shared_host else None,
+        )
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    """Unit compute times (ms) at measured thread counts, and memory calibration.
+
+    A part's time is its stage's time at the same vCPU scaled by the part's share of the stage's FLOPs
+    (halo recomputation included). vCPU below 1 stretches time (a CPU share); above the measured thread
+    counts it follows Amdahl's law fitted to the 1- and 2-thread measurements.
+    """
+
+    unit_ms: tuple[Mapping[int, float], ...]
+    unit_flops: tuple[int, ...]
+    base_mb: float = 60.0
+    activation_factor: float = 1.5
+    weight_factor: float = 1.05
+    overhead_ms: float = 0.05  # per session run
+
+    @classmethod
+    def from_flops(cls, lg: LayerGraph, gflops: float = 20.0, serial_fraction: float = 0.15) -> ComputeModel:
+        """A stand-in when nothing was measured: FLOPs at ``gflops`` per thread, Amdahl beyond one."""
+        times = []
+        for u in lg.units:
+            t1 = u.flops / (gflops * 1e9) * 1e3 + 0.01
+            times.append({1: t1, 2: t1 * (serial_fraction + (1 - serial_fraction) / 2)})
+        return cls(tuple(times), tuple(u.flops for u in lg.units))
+
+    @classmethod
+    def from_profile(cls, profile: Any, lg: LayerGraph) -> ComputeModel:
+        """From a ``partitioner.profile.GraphProfile``: measured unit times, base and activation factor."""
+        units = profile.units
+        factors = []
+        for u, g in zip(units, lg.units, strict=True):
+            extra = u.peak_rss_mb - profile.base_mb - g.weight_bytes / MB
+            if g.activation_bytes > 0 and extra > 0:
+                factors.append(extra * MB / (g.activation_bytes + g.input_bytes))
+        act = float(np.median(factors)) if factors else 1.5
+        return cls(
+            unit_ms=tuple({int(k): float(v) for k, v in u.time_ms.items()} for u in units),
+            unit_flops=tuple(g.flops for g in lg.units),
+            base_mb=float(profile.base_mb),
+            activation_factor=min(max(act, 1.0), 4.0),
+        )
+
+    def unit_time(self, unit: int, vcpu: float) -> float:
+        t = self.unit_ms[unit]
+        t1 = t.get(1) or min(t.values()) * max(t)
+        if vcpu <= 1.0:
+            return t1 / max(vcpu, 1e-3)
+        if len(t) >= 2:
+            k = max(t)
+            tk = t[k]
+            # Amdahl: t(v) = t1 * (s + (1 - s) / v); s from the k-thread measurement
+            s = min(1.0, max(0.0, (tk / t1 - 1.0 / k) / (1.0 - 1.0 / k)))
+        else:
+            s = 0.15
+        return t1 * (s + (1.0 - s) / vcpu)
+
+    def stage_time(self, first: int, last: int, vcpu: float) -> float:
+        return sum(self.unit_time(u, vcpu) for u in range(first, last + 1))
+
+    def part_time(self, first: int, last: int, part_flops: int, vcpu: float) -> float:
+        stage_flops = sum(self.unit_flops[first:last + 1])
+        share = part_flops / stage_flops if stage_flops else 1.0
+        return self.stage_time(first, last, vcpu) * share + self.overhead_ms
+
+    def memory_mb(self, cost: PartCost) -> float:
+        return self.base_mb + (self.weight_factor * cost.weight_bytes
+                               + self.activation_factor * (cost.activation_bytes + cost.input_bytes)) / MB
+
+
+@dataclass(frozen=True)
+class StageChoice:
+    """One stage of a candidate plan: units, split, whether the master runs part 0, worker memory."""
+
+    first: int
+    last: int
+    split: Split
+    master_part: bool = True
+    worker_mb: int = 0  # 0: the same memory as the master
+
+    def __str__(self) -> str:
+        place = "m+w" if self.master_part else "w"
+        return f"{self.first}-{self.last}:{self.split}[{place}{'@' + str(self.worker_mb) if self.worker_mb else ''}]"
+
+
+@dataclass(frozen=True)
+class OptionCost:
+    """The model's figures for one stage choice at a given master memory."""
+
+    latency_ms: float
+    latency_q_ms: float
+    worker_gb_ms: float  # sum over workers of GB x billed ms
+    invocations: int
+    master_weights_mb: float  # weights the master holds for its part
+    master_hold_mb: float  # the master's peak working set for this stage beyond its weights
+    worker_need_mb: float  # the largest worker part's memory need
+    payload_bytes: int  # largest single tensor passed to or from a worker
+
+
+@dataclass(frozen=True)
+class PlanEstimate:
+    latency_ms: float
+    latency_q_ms: float
+    cost_usd: float
+    master_mb: int
+    memory_mb: dict[str, float] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def cost_per_1000(self) -> float:
+        return self.cost_usd * 1000
+
+
+class PerfModel:
+    """Latency, cost and memory of stage choices and plans of one model on one platform.
+
+    Part costs are computed once per (units, split) and memoised on the instance.
+    """
+
+    def __init__(self, lg: LayerGraph, platform: PlatformFacts, compute: ComputeModel | None = None, *,
+                 percentile: float | None = None, transport: str = "redis") -> None:
+        """``percentile`` (e.g. 0.99): plan against that latency percentile instead of the mean."""
+        self.lg = lg
+        self.platform = platform
+        self.compute = compute or ComputeModel.from_flops(lg)
+        self.q = percentile if percentile is not None else 0.99
+        self.q_mode = percentile is not None
+        self.transport = transport
+        self._costs: dict[tuple[int, int, Split], list[PartCost] | None] = {}
+        self._cutters: dict[tuple[int, int], CutStage] = {}
+        self._options: dict[tuple[StageChoice, int], OptionCost | None | object] = {}
+
+    def part_costs(self, first: int, last: int, split: Split) -> list[PartCost] | None:
+        """Per-part costs, or None if the split is not admissible for these units."""
+        key = (first, last, split)
+        if key not in self._costs:
+            from partitioner.errors import NotSplittable
+
+            try:
+                cs = self._cutters.get((first, last))
+                if cs is None:
+                    cs = self._cutters[(first, last)] = CutStage(self.lg, first, last)
+                self._costs[key] = cs.costs(split)
+            except (NotSplittable, ValueError):
+                self._costs[key] = None
+        return self._costs[key]
+
+    def option(self, choice: StageChoice, master_mb: int) -> OptionCost | None:
+        """The model's figures for one stage choice (memoised per choice and master memory)."""
+        key = (choice, master_mb if choice.master_part or not choice.worker_mb else 0)
+        hit = self._options.get(key, _MISSING)
+        if hit is _MISSING:
+            hit = self._options[key] = self._option(choice, master_mb)
+        return hit  # type: ignore[return-value]
+
+    def _option(self, choice: StageChoice, master_mb: int) -> OptionCost | None:
+        costs = self.part_costs(choice.first, choice.last, choice.split)
+        if costs is None:
+            return None
+        p = self.platform
+        c = self.compute
+        worker_mb = choice.worker_mb or master_mb
+        v_master, v_worker = p.vcpu(master_mb), p.vcpu(worker_mb)
+        mine = costs[:1] if choice.master_part else []
+        theirs = costs[1:] if choice.master_part else costs
+        n = len(theirs)
+        # CPU contention on a shared machine: the parts running at once share its cores
+        if p.cores:
+            demand = (math.ceil(v_master) if mine else 0) + n * max(1, math.ceil(v_worker))
+            slow = max(1.0, demand / p.cores)
+        else:
+            slow = 1.0
+        t_master = c.part_time(choice.first, choice.last, mine[0].flops, v_master) * slow if mine else 0.0
+        worker_ms = [
+            (p.transfer_ms(x.input_bytes) + c.part_time(choice.first, choice.last, x.flops, v_worker) * slow
+             + p.transfer_ms(x.output_bytes))
+            for x in theirs
+        ]
+        put = sum(p.transfer_ms(x.input_bytes) for x in theirs)
+        get = sum(p.transfer_ms(x.output_bytes) for x in theirs)
+        out_bytes = sum(x.output_bytes for x in costs)
+        join = out_bytes / (p.memcpy_gb_s * 1e9) * 1e3
+        if n:
+            slowest = max(worker_ms)
+            mean = put + max(t_master, p.invoke.expected_max(n) + slowest) + get + join
+            q = put + max(t_master, p.invoke.quantile_of_max(n, self.q) + slowest) + get + join
+        else:
+            mean = q = t_master + join
+        gb_ms = sum(p.billed_ms(t) for t in worker_ms) * worker_mb / 1024.0
+        held = sum(x.input_bytes for x in costs) + out_bytes
+        return OptionCost(
+            latency_ms=mean,
+            latency_q_ms=q,
+            worker_gb_ms=gb_ms,
+            invocations=n,
+            master_weights_mb=(c.weight_factor * mine[0].weight_bytes / MB) if mine else 0.0,
+            master_hold_mb=(c.activation_factor * (mine[0].activation_bytes + mine[0].input_bytes) / MB
+                            if mine else 0.0) + held / MB,
+            worker_need_mb=max((c.memory_mb(x) for x in theirs), default=0.0),
+            payload_bytes=max([x.input_bytes for x in theirs] + [x.output_bytes for x in theirs] + [0]),
+        )
+
+    def master_need_mb(self, choices: Sequence[StageChoice], master_mb: int) -> float:
+        weights = hold = 0.0
+        for ch in choices:
+            oc = self.option(ch, master_mb)
+            if oc is None:
+                continue
+            weights += oc.master_weights_mb
+            hold = max(hold, oc.master_hold_mb)
+        return self.compute.base_mb + weights + hold
+
+    def cost_usd(self, latency_ms: float, master_mb: int, worker_gb_ms: float, invocations: int) -> float:
+        p = self.platform
+        gb_s = (p.billed_ms(latency_ms) * master_mb / 1024.0 + worker_gb_ms) / 1e3
+        return gb_s * p.price_gb_s + (1 + invocations) * p.price_request
+
+    def estimate(self, choices: Sequence[StageChoice], master_mb: int) -> PlanEstimate:
+        """Figures for a whole plan; memory per function and warnings for limits it breaks."""
+        lat = lat_q = gb_ms = 0.0
+        inv = 0
+        warnings: list[str] = []
+        mem: dict[str, float] = {}
+        for i, ch in enumerate(choices):
+            oc = self.option(ch, master_mb)
+            if oc is None:
+                raise ValueError(f"stage {i} ({ch}) is not admissible")
+            lat += oc.latency_ms
+            lat_q += oc.latency_q_ms
+            gb_ms += oc.worker_gb_ms
+            inv += oc.invocations
+            if oc.invocations:
+                mem[f"s{i}-workers"] = oc.worker_need_mb
+                if oc.worker_need_mb > (ch.worker_mb or master_mb):
+                    warnings.append(f"stage {i}: a worker needs {oc.worker_need_mb:.0f} MB, more than its "
+                                    f"{ch.worker_mb or master_mb} MB")
+            if oc.payload_bytes > self.platform.payload_limit_bytes and self.transport == "inline":
+                warnings.append(f"stage {i}: a {oc.payload_bytes / MB:.1f} MB tensor exceeds the inline payload limit")
+        need = self.master_need_mb(choices, master_mb)
+        mem["master"] = need
+        if need > master_mb:
+            warnings.append(f"the master needs {need:.0f} MB, more than its {master_mb} MB")
+        cost = self.cost_usd(lat, master_mb, gb_ms, inv)
+        return PlanEstimate(lat, lat_q, cost, master_mb, mem, tuple(warnings))

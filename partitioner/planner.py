@@ -1,0 +1,259 @@
+"""From a model and a goal to a plan: the one entry point the CLI and the deployer use.
+
+    result = solve(lg, PlanRequest(mode="slo", slo_ms=200))
+    export_solution(lg, result, request, "bundle/")
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from functions.plan import Split
+from partitioner.export import Placement, build_plan, export_bundle
+from partitioner.graph import LayerGraph
+from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts, StageChoice
+from partitioner.platform import PlatformProfile, load_profile
+from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult
+
+__all__ = ["MODES", "SOLVERS", "PlanRequest", "cache_dir", "compute_model", "export_solution", "make_perfmodel",
+           "plan_for", "solve"]
+
+log = logging.getLogger(__name__)
+
+MODES = ("lo", "slo", "mopar")
+SOLVERS = ("exact", "rl", "bo", "bruteforce")
+
+
+def cache_dir() -> Path:
+    """flatpack's cache: ``$FLATPACK_CACHE_DIR`` or ``~/.cache/flatpack``."""
+    return Path(os.environ.get("FLATPACK_CACHE_DIR") or Path.home() / ".cache" / "flatpack")
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user asked for. ``memory``: "auto" (chosen per function) or a fixed MB for every function.
+    ``percentile``: plan against this latency percentile (e.g. 0.99) instead of the mean (the default)."""
+
+    mode: str = "lo"
+    slo_ms: float | None = None
+    solver: str = "exact"
+    platform: str = "aws-lambda"
+    memory: str | int = "auto"
+    percentile: float | None = None
+    max_group: int = 4
+    transport: str = "redis"
+    profile: str = "auto"  # auto | measure | flops
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; use one of {', '.join(MODES)}")
+        if self.solver not in SOLVERS:
+            raise ValueError(f"unknown solver {self.solver!r}; use one of {', '.join(SOLVERS)}")
+        if self.mode == "slo" and (self.slo_ms is None or self.slo_ms <= 0):
+            raise ValueError("--mode slo needs a positive --slo, e.g. --slo 200ms")
+        if self.percentile is not None and not 0 < self.percentile < 1:
+            raise ValueError(f"percentile {self.percentile} must lie in (0, 1), e.g. 0.99")
+
+
+def _calibrate(lg: LayerGraph, threads: int, reps: int = 3) -> float:
+    """Median ms of the whole model at ``threads`` intra-op threads, in this process; cached per model."""
+    import hashlib
+    import tempfile
+
+    import onnxruntime as ort
+
+    from functions.session import make_session
+    from partitioner.export import save_model
+    from partitioner.inputs import random_inputs
+
+    digest = hashlib.sha256()
+    for u in lg.units:
+        digest.update(f"{u.flops}:{u.weight_bytes}:{u.output}".encode())
+    key = f"{lg.name}-{digest.hexdigest()[:16]}-t{threads}-ort{ort.__version__}"
+    path = cache_dir() / "calibration" / f"{key}.json"
+    if path.is_file():
+        return float(json.loads(path.read_text())["median_ms"])
+    with tempfile.TemporaryDirectory(prefix="flatpack-calib-") as tmp:
+        model_path = Path(tmp) / "m.onnx"
+        save_model(lg.model, model_path)
+        sess = make_session(model_path, intra_op_threads=threads)
+        feeds = random_inputs(lg.model, 0)
+        sess.run(None, feeds)
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            sess.run(None, feeds)
+            times.append((time.perf_counter() - t) * 1e3)
+    median = float(np.median(times))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"median_ms": median, "threads": threads, "reps": reps}))
+    return median
+
+
+def compute_model(lg: LayerGraph, how: str = "auto", *, progress: Callable[[str], None] | None = None
+                  ) -> tuple[ComputeModel, str]:
+    """Unit times for the performance model, and where they came from.
+
+    ``measure``: profile every unit now (cached); ``auto``: a cached profile if there is one, else
+    FLOPs at this machine's measured throughput; ``flops``: the latter always.
+    """
+    if how in ("auto", "measure"):
+        try:
+            from partitioner import profile as _profile
+        except ImportError:
+            _profile = None  # type: ignore[assignment]
+        if _profile is not None:
+            try:
+                cached = how == "auto"
+                if progress:
+                    progress("profiling units" if not cached else "looking for a cached profile")
+                gp = _profile.profile_graph(lg, cached_only=cached) if cached else _profile.profile_graph(lg)
+                if gp is not None:
+                    return ComputeModel.from_profile(gp, lg), "measured profile"
+            except TypeError:
+                if how == "measure":
+                    gp = _profile.profile_graph(lg)
+                    return ComputeModel.from_profile(gp, lg), "measured profile"
+            except Exception as e:  # noqa: BLE001 - a broken cache entry must not stop planning
+                log.warning("profile unavailable (%s); using FLOPs", e)
+    if how == "flops":
+        return ComputeModel.from_flops(lg), "FLOPs at a nominal 20 GFLOP/s per thread"
+    if progress:
+        progress("timing the whole model once per thread count")
+    total_flops = sum(u.flops for u in lg.units) or 1
+    t1 = _calibrate(lg, 1)
+    times = {1: t1}
+    if (os.cpu_count() or 1) >= 2:
+        times[2] = _calibrate(lg, 2)
+    units = tuple({k: v * u.flops / total_flops for k, v in times.items()} for u in lg.units)
+    cm = ComputeModel(units, tuple(u.flops for u in lg.units))
+    return cm, f"whole-model timing spread by FLOPs ({total_flops / t1 / 1e6:.1f} GFLOP/s on 1 thread)"
+
+
+def make_perfmodel(lg: LayerGraph, request: PlanRequest, compute: ComputeModel | None = None
+                   ) -> tuple[PerfModel, PlatformProfile, str]:
+    profile = load_profile(request.platform)
+    facts = PlatformFacts.from_profile(profile)
+    source = "given"
+    if compute is None:
+        compute, source = compute_model(lg, request.profile)
+    pm = PerfModel(lg, facts, compute, percentile=request.percentile, transport=request.transport)
+    return pm, profile, source
+
+
+def _memories(pm: PerfModel, request: PlanRequest) -> list[int]:
+    if request.memory != "auto":
+        mb = int(request.memory)
+        pm.platform.round_memory(mb)  # raises if the platform does not offer it
+        return [mb]
+    return pm.platform.memory_grid(points=10)
+
+
+def solve(lg: LayerGraph, request: PlanRequest, *, pm: PerfModel | None = None,
+          progress: Callable[[str], None] | None = None) -> SolverResult:
+    """Plan ``lg`` as ``request`` says. Raises Infeasible (with the fastest plan attached) if the SLO
+    cannot be met, or if the model does not fit the platform's functions at all."""
+    from partitioner.solvers.dp import latency_dp, slo_dp
+    from partitioner.solvers.mopar import hypad
+
+    if pm is None:
+        pm, _, _ = make_perfmodel(lg, request)
+    mems = _memories(pm, request)
+    if request.mode == "mopar":
+        return _merged(pm, hypad(pm))
+    if request.mode == "lo":
+        top = max(mems)
+        space = SearchSpace(pm, max_group=request.max_group, worker_memories=[top])
+        return _merged(pm, latency_dp(space, top))
+    space = SearchSpace(pm, max_group=request.max_group, worker_memories=mems)
+    assert request.slo_ms is not None
+    try:
+        if request.solver == "exact":
+            result = slo_dp(space, request.slo_ms, mems)
+        elif request.solver == "bruteforce":
+            from partitioner.solvers.bruteforce import bruteforce
+
+            result = bruteforce(space, request.slo_ms, mems)
+        elif request.solver == "rl":
+            from partitioner.solvers.rl import rl_solver
+
+            result = rl_solver(space, request.slo_ms, mems, seed=request.seed)
+        else:
+            from partitioner.solvers.bo import bo_solver
+
+            result = bo_solver(space, request.slo_ms, mems, seed=request.seed)
+    except Infeasible as e:
+        top = max(mems)
+        fastest = latency_dp(SearchSpace(pm, max_group=request.max_group, worker_memories=[top]), top)
+        metric = fastest.estimate.latency_q_ms if pm.q_mode else fastest.estimate.latency_ms
+        raise Infeasible(f"{e}: the fastest plan takes {metric:.1f} ms", fastest=_merged(pm, fastest)) from e
+    return _merged(pm, result)
+
+
+def _merged(pm: PerfModel, result: SolverResult) -> SolverResult:
+    """Adjacent unsplit stages that the master runs itself become one stage (fewer files and calls;
+    the same work)."""
+    out: list[StageChoice] = []
+    for ch in result.choices:
+        prev = out[-1] if out else None
+        if (prev is not None and prev.split.family == "none" and ch.split.family == "none"
+                and prev.master_part and ch.master_part):
+            out[-1] = StageChoice(prev.first, ch.last, Split(), True, 0)
+        else:
+            out.append(ch)
+    if len(out) == len(result.choices):
+        return result
+    est = pm.estimate(out, result.master_mb)
+    return SolverResult(tuple(out), result.master_mb, est, result.solver, result.seconds, result.frontier,
+                        result.notes)
+
+
+def _specs(result: SolverResult) -> tuple[list, list[Placement]]:
+    specs = [(c.first, c.last, c.split) for c in result.choices]
+    places = [Placement(c.master_part, c.worker_mb or result.master_mb) for c in result.choices]
+    return specs, places
+
+
+def _predicted(result: SolverResult, request: PlanRequest, source: str) -> dict:
+    e = result.estimate
+    return {
+        "latency_ms": round(e.latency_ms, 3),
+        "latency_p_ms": round(e.latency_q_ms, 3),
+        "percentile": request.percentile or 0.99,
+        "cost_usd": e.cost_usd,
+        "cost_per_1000_usd": e.cost_usd * 1000,
+        "memory_mb": {k: round(v, 1) for k, v in e.memory_mb.items()},
+        "solver": result.solver,
+        "solver_seconds": round(result.seconds, 3),
+        "slo_ms": request.slo_ms,
+        "compute_source": source,
+        "warnings": list(e.warnings),
+    }
+
+
+def plan_for(lg: LayerGraph, result: SolverResult, request: PlanRequest, *, source: str = "") -> object:
+    """The plan.json object of a solution (parts are cut to name their files and regions)."""
+    specs, places = _specs(result)
+    plan, _ = build_plan(lg, specs, source_sha256="", placements=places, master_mb=result.master_mb,
+                         platform=request.platform, transport=request.transport, mode=request.mode,
+                         predicted=_predicted(result, request, source))
+    return plan
+
+
+def export_solution(lg: LayerGraph, result: SolverResult, request: PlanRequest, out: str | Path, *,
+                    source: str = "", progress: Callable[[str], None] | None = None) -> Path:
+    """Write the solution as a verified bundle."""
+    specs, places = _specs(result)
+    return export_bundle(lg, specs, out, placements=places, master_mb=result.master_mb, platform=request.platform,
+                         transport=request.transport, mode=request.mode,
+                         predicted=_predicted(result, request, source), progress=progress)

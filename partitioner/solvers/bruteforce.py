@@ -1,0 +1,79 @@
+"""Exhaustive search with branch and bound, over the same space as the DP (small models only).
+
+Latencies are summed exactly (no discretisation), so this is the reference the DP is measured
+against. Bounds: the fastest and the cheapest completion of every suffix (each ignoring the other
+objective and the master budget), computed once per master memory by a backward pass.
+"""
+
+from __future__ import annotations
+
+import time
+
+from partitioner.perfmodel import StageChoice
+from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult
+from partitioner.solvers.dp import _budget, _hold_reserve, _metric
+
+__all__ = ["bruteforce"]
+
+
+def bruteforce(space: SearchSpace, slo_ms: float, master_memories: list[int], *, time_limit_s: float = 600.0
+               ) -> SolverResult:
+    t0 = time.perf_counter()
+    pm = space.pm
+    n = space.n
+    price, fee = pm.platform.price_gb_s, pm.platform.price_request
+    reserve = _hold_reserve(space)
+    best: tuple[float, list[StageChoice], int] | None = None
+    nodes = 0
+    for master_mb in master_memories:
+        budget = _budget(space, master_mb, reserve)
+        if budget < 0:
+            continue
+        master_gb = master_mb / 1024.0
+        # edges[i]: (j, choice, latency, cost, master weights) for stages starting at unit i
+        edges: list[list[tuple[int, StageChoice, float, float, float]]] = [[] for _ in range(n)]
+        for i in range(n):
+            for j in range(i + 1, min(n, i + space.max_group) + 1):
+                for ch in space.choices(i, j - 1, master_mb):
+                    oc = pm.option(ch, master_mb)
+                    if oc.master_hold_mb > budget + reserve or oc.master_weights_mb > budget:
+                        continue
+                    c = (master_gb * oc.latency_ms + oc.worker_gb_ms) / 1e3 * price + oc.invocations * fee
+                    edges[i].append((j, ch, _metric(space, oc), c, oc.master_weights_mb))
+        lat_lb = [0.0] * (n + 1)
+        cost_lb = [0.0] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            lat_lb[i] = min((lat + lat_lb[j] for j, _, lat, _, _ in edges[i]), default=float("inf"))
+            cost_lb[i] = min((c + cost_lb[j] for j, _, _, c, _ in edges[i]), default=float("inf"))
+        for es in edges:
+            es.sort(key=lambda e: e[3])  # cheapest first finds good incumbents early
+        path: list[StageChoice] = []
+
+        def dfs(i: int, lat: float, cost: float, weights: float) -> None:
+            nonlocal best, nodes
+            nodes += 1
+            if nodes % 100_000 == 0 and time.perf_counter() - t0 > time_limit_s:
+                raise TimeoutError
+            if i == n:
+                if best is None or cost < best[0]:
+                    best = (cost, list(path), master_mb)  # noqa: B023 - master_mb of this loop pass
+                return
+            for j, ch, dlat, dcost, w in edges[i]:
+                if lat + dlat + lat_lb[j] > slo_ms + 1e-9 or weights + w > budget:
+                    continue
+                if best is not None and cost + dcost + cost_lb[j] >= best[0] - 1e-18:
+                    continue
+                path.append(ch)
+                dfs(j, lat + dlat, cost + dcost, weights + w)
+                path.pop()
+
+        try:
+            dfs(0, 0.0, 0.0, 0.0)
+        except TimeoutError:
+            raise TimeoutError(f"brute force gave up after {time_limit_s:g} s ({nodes} nodes)") from None
+    if best is None:
+        raise Infeasible(f"no plan meets the {slo_ms:g} ms SLO")
+    cost, choices, master_mb = best
+    est = pm.estimate(choices, master_mb + 0)
+    return SolverResult(tuple(choices), master_mb, est, "bruteforce", time.perf_counter() - t0,
+                        notes=(f"{nodes} search nodes",))

@@ -1,0 +1,158 @@
+"""A fixed-size encoding of plans for the learned searchers (RL and BO), and the reward they share.
+
+A plan is a walk along the unit chain. At each position a searcher names a *group length*, a
+*parallelism level*, a *placement* and a *worker memory index*; :class:`ChoiceTable` decodes those four
+integers into the nearest admissible :class:`StageChoice` of the :class:`SearchSpace`, so a searcher
+never has to know which splits a group admits:
+
+- level ``k`` of ``levels`` picks the group's admissible splits, ordered by degree (``none`` first), at
+  the same relative position: level 0 is always "no split", the top level the group's widest split;
+- a placement or worker memory the chosen split cannot use (a worker part too large for that memory)
+  is replaced by the nearest one that works: larger memories first, then smaller, then the other
+  placement; a split with nothing admissible gives way to the nearest level that has something.
+
+Every decoded plan therefore lies in the space the exact solvers search, so costs compare like for like.
+:class:`Scoring` turns a plan's estimate into Gillis's reward (Eq. 4), scaled to O(1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from functions.plan import Split
+from partitioner.perfmodel import PlanEstimate, StageChoice
+from partitioner.solvers.common import SearchSpace
+from partitioner.solvers.dp import _metric
+
+__all__ = ["ChoiceTable", "Scoring", "plan_latency"]
+
+
+def plan_latency(space: SearchSpace, est: PlanEstimate) -> float:
+    """The latency an SLO is checked against: the mean, or the percentile the model plans for."""
+    return est.latency_q_ms if space.pm.q_mode else est.latency_ms
+
+
+class ChoiceTable:
+    """Decodes searcher actions into admissible stage choices of ``space`` (memoised per group)."""
+
+    def __init__(self, space: SearchSpace, master_memories: list[int]) -> None:
+        self.space = space
+        self.master_memories = list(master_memories)
+        self.worker_memories: list[int] = [int(m) for m in (space.worker_memories or [0])]
+        self.placements: list[bool] = list(space.placements)
+        self.levels = max((len(space.splits_for(i, j)) for i, j in space.groups()), default=1)
+        self._splits: dict[tuple[int, int], list[Split]] = {}
+        self._valid: dict[tuple[int, int, int], dict[Split, dict[tuple[bool, int], StageChoice]]] = {}
+        self._fastest: dict[int, list[float]] = {}
+
+    def splits(self, first: int, last: int) -> list[Split]:
+        """The group's admissible splits, narrowest first (stable within a degree)."""
+        key = (first, last)
+        if key not in self._splits:
+            self._splits[key] = sorted(self.space.splits_for(first, last), key=lambda s: s.degree)
+        return self._splits[key]
+
+    def _by_split(self, first: int, last: int, master_mb: int) -> dict[Split, dict[tuple[bool, int], StageChoice]]:
+        key = (first, last, master_mb)
+        if key not in self._valid:
+            table: dict[Split, dict[tuple[bool, int], StageChoice]] = {}
+            for ch in self.space.choices(first, last, master_mb):
+                table.setdefault(ch.split, {})[(ch.master_part, ch.worker_mb)] = ch
+            self._valid[key] = table
+        return self._valid[key]
+
+    def resolve(self, first: int, last: int, master_mb: int, level: int, placement: int, memory: int,
+                ) -> StageChoice | None:
+        """The admissible choice nearest to (level, placement index, worker memory index); None if the
+        group has no admissible choice at all."""
+        splits = self.splits(first, last)
+        if not splits:
+            return None
+        table = self._by_split(first, last, master_mb)
+        scale = (len(splits) - 1) / (self.levels - 1) if self.levels > 1 else 0.0
+        want = min(len(splits) - 1, max(0, round(min(level, self.levels - 1) * scale)))
+        # nearest level first, the narrower one on ties
+        order = sorted(range(len(splits)), key=lambda k: (abs(k - want), k))
+        for k in order:
+            ch = self._nearest(table.get(splits[k], {}), placement, memory)
+            if ch is not None:
+                return ch
+        return None
+
+    def _nearest(self, valid: dict[tuple[bool, int], StageChoice], placement: int, memory: int,
+                 ) -> StageChoice | None:
+        if not valid:
+            return None
+        mems = self.worker_memories
+        memory = min(max(memory, 0), len(mems) - 1)
+        mem_order = list(range(memory, len(mems))) + list(range(memory - 1, -1, -1))
+        p = min(max(placement, 0), len(self.placements) - 1)
+        place_order = [p] + [q for q in range(len(self.placements)) if q != p]
+        for q in place_order:
+            on_master = self.placements[q]
+            if (on_master, 0) in valid:  # the master runs every part: worker memory is moot
+                return valid[(on_master, 0)]
+            for m in mem_order:
+                ch = valid.get((on_master, mems[m]))
+                if ch is not None:
+                    return ch
+        return None
+
+    def fastest_suffix(self, master_mb: int) -> list[float]:
+        """``out[i]``: a lower bound on the latency of units i..n-1 (each group's fastest choice,
+        ignoring the master's memory budget); ``out[n] == 0``."""
+        if master_mb not in self._fastest:
+            space = self.space
+            n = space.n
+            out = [math.inf] * (n + 1)
+            out[n] = 0.0
+            for i in range(n - 1, -1, -1):
+                for j in range(i, min(n, i + space.max_group)):
+                    for ch in space.choices(i, j, master_mb):
+                        oc = space.pm.option(ch, master_mb)
+                        if oc is not None:
+                            out[i] = min(out[i], _metric(space, oc) + out[j + 1])
+            self._fastest[master_mb] = out
+        return self._fastest[master_mb]
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """Gillis's reward (Eq. 4), in units of ``reference_usd`` so that it is O(1).
+
+    Within the SLO: ``(B - C) / reference`` with budget ``B = budget_factor x reference`` (floored at 0,
+    so a plan within the SLO never scores below one that misses it); missing the SLO:
+    ``(T_max - L) / T_max`` (negative, floored at ``-1``); breaking a memory limit or an inadmissible
+    choice: ``oom_reward``. ``reference_usd`` is the cost of running the whole model in one function of
+    the cheapest master size (a scale, whether or not that plan fits or meets the SLO).
+    """
+
+    slo_ms: float
+    reference_usd: float
+    budget_factor: float = 4.0
+    oom_reward: float = -2.0
+
+    @classmethod
+    def for_space(cls, space: SearchSpace, slo_ms: float, master_memories: list[int], **kw: float) -> Scoring:
+        pm = space.pm
+        refs = []
+        for mb in master_memories:
+            lat = pm.compute.stage_time(0, space.n - 1, pm.platform.vcpu(mb))
+            refs.append(pm.cost_usd(lat, mb, 0.0, 0))
+        return cls(slo_ms, min(refs), **kw)
+
+    def within_slo(self, cost_usd: float) -> float:
+        return max(0.0, self.budget_factor - cost_usd / self.reference_usd)
+
+    def missed_slo(self, latency_ms: float) -> float:
+        return max(-1.0, (self.slo_ms - latency_ms) / self.slo_ms)
+
+    def plan(self, space: SearchSpace, est: PlanEstimate) -> tuple[float, bool]:
+        """(reward, whether the plan is feasible: fits its memory and meets the SLO)."""
+        if est.warnings:
+            return self.oom_reward, False
+        lat = plan_latency(space, est)
+        if lat > self.slo_ms:
+            return min(self.missed_slo(lat), -1e-6), False
+        return self.within_slo(est.cost_usd), True

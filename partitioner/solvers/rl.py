@@ -1,0 +1,295 @@
+"""SLO-aware partitioning by reinforcement learning: Gillis's method (Yu et al., ICDCS 2021, §IV-C).
+
+Gillis trains two 2-layer policies with REINFORCE against its performance model: a *partitioner* that
+fuses layers into groups and picks each group's parallelism, and a *placer* that puts the parts on the
+master or on workers. The reward (Eq. 4) is ``B - C`` when the plan meets the SLO (``C`` its billed
+cost), ``T_max - L`` when it misses, and a large negative number when it runs out of memory.
+
+Here both policies are one stable-baselines3 PPO agent with a factored ``MultiDiscrete`` action, one
+categorical head per decision on a shared ``[64, 64]`` trunk (and a ``[64, 64]`` value network):
+
+=====================  ==========================================  ============================
+head                   decides                                     Gillis's agent
+=====================  ==========================================  ============================
+group length           how many units the next group takes         partitioner (grouping)
+parallelism level      which admissible split (``ChoiceTable``)    partitioner (parallelism)
+placement              master computes part 0, or workers only     placer
+worker memory          the workers' function size                  placer
+master memory          the master's function size (first step)     placer
+=====================  ==========================================  ============================
+
+An episode walks the unit chain: a first step fixes the master's memory, then one step per group until
+the chain is covered. Gillis samples the placer *given* the partitioner's sample (``v | u``); here every
+head is conditioned on the state, which holds every earlier group and placement but not the current
+step's partitioner sample. A product of per-head distributions can still put all its mass on the best
+joint action, so the optimum stays reachable; only exploration differs. PPO rather than REINFORCE:
+the same policy gradient with a learned baseline (the value network, GAE with ``gamma = 1`` since the
+reward comes at the end of the episode) and clipped updates, which learn the same policy in far fewer
+episodes; stable-baselines3 has no plain REINFORCE.
+
+Shortcuts that do not change the optimum: an episode ends early, with the reward of the best plan it
+could still become, once the latency so far plus the fastest completion exceeds the SLO, or once the
+master's memory is exceeded. The solver returns the cheapest feasible plan *seen* during training
+(the environment keeps it), not what the final policy samples. Deterministic for a seed: one
+environment, one torch thread while training; the global ``random``/numpy/torch RNG states are restored
+afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from partitioner.perfmodel import PlanEstimate, StageChoice
+from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult
+from partitioner.solvers.dp import _metric
+from partitioner.solvers.encoding import ChoiceTable, Scoring
+
+try:
+    import gymnasium as gym
+    import torch
+    from gymnasium import spaces
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+except ImportError as e:  # pragma: no cover - depends on the installed extras
+    raise ImportError("the RL planner needs stable-baselines3 and gymnasium: pip install 'flatpack[rl]'") from e
+
+__all__ = ["PlanEnv", "rl_solver"]
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, str], None]  # (done, total, message), like partitioner.verify's
+
+_AHEAD_FEATURES = 3  # per unit in the window ahead: FLOPs, output bytes, weight bytes
+
+
+@dataclass(frozen=True)
+class _Best:
+    cost_usd: float
+    choices: tuple[StageChoice, ...]
+    master_mb: int
+    estimate: PlanEstimate
+    episode: int
+
+
+class PlanEnv(gym.Env):  # type: ignore[misc]
+    """One episode = one plan: pick the master's memory, then walk the chain group by group.
+
+    Action ``[length - 1, level, placement, worker memory, master memory]`` (``MultiDiscrete``); the
+    master memory head is read on the first step only, the others on every later step. Observation
+    (float32): a first-step flag, position, master memory (one-hot and scaled), latency used and slack
+    (SLO minus used minus the fastest completion) as fractions of the SLO, cost so far, the master's
+    memory in use, FLOPs left, the next ``max_group`` units' FLOPs/output/weight sizes, and at the first
+    step each master size's slack. Reward only at the end (Eq. 4 via ``Scoring``).
+    """
+
+    metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's convention
+
+    def __init__(self, space: SearchSpace, slo_ms: float, master_memories: list[int], *,
+                 table: ChoiceTable | None = None, scoring: Scoring | None = None) -> None:
+        super().__init__()
+        if not master_memories:
+            raise ValueError("master_memories is empty; give at least one master memory size in MB")
+        self.space = space
+        self.slo_ms = float(slo_ms)
+        self.master_memories = [int(m) for m in master_memories]
+        self.table = table or ChoiceTable(space, self.master_memories)
+        self.scoring = scoring or Scoring.for_space(space, slo_ms, self.master_memories)
+        t = self.table
+        self.action_space = spaces.MultiDiscrete(
+            [space.max_group, t.levels, len(t.placements), len(t.worker_memories), len(self.master_memories)])
+        units = space.pm.lg.units
+        self._flops = np.array([u.flops for u in units], dtype=np.float64)
+        self._unit_feats = np.stack([
+            self._flops / max(self._flops.max(), 1.0),
+            np.array([u.output_bytes for u in units], dtype=np.float64) / max(max(u.output_bytes for u in units), 1),
+            np.array([u.weight_bytes for u in units], dtype=np.float64) / max(max(u.weight_bytes for u in units), 1),
+        ], axis=1)
+        self._flops_left = np.concatenate([np.cumsum(self._flops[::-1])[::-1], [0.0]]) / max(self._flops.sum(), 1.0)
+        m = len(self.master_memories)
+        self._obs_dim = 8 + 2 * m + space.max_group * _AHEAD_FEATURES
+        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(self._obs_dim,), dtype=np.float32)
+        self._start_slack = np.array(
+            [self._slack(0.0, t.fastest_suffix(mb)[0]) for mb in self.master_memories], dtype=np.float64)
+        self.best: _Best | None = None
+        self.early_stop = True
+        self.episodes = 0
+        self.feasible_episodes = 0
+        self._reset_state()
+
+    # -- state ----------------------------------------------------------------------------------------
+
+    def _reset_state(self) -> None:
+        self._i = 0
+        self._mb: int | None = None
+        self._mb_idx = -1
+        self._choices: list[StageChoice] = []
+        self._lat = 0.0
+        self._cost = 0.0
+        self._weights = 0.0
+        self._hold = 0.0
+
+    def _slack(self, used: float, rest: float) -> float:
+        return float(np.clip((self.slo_ms - used - rest) / self.slo_ms, -2.0, 1.0))
+
+    def _obs(self) -> np.ndarray:
+        space = self.space
+        m = len(self.master_memories)
+        o = np.zeros(self._obs_dim, dtype=np.float32)
+        first = self._mb is None
+        o[0] = 1.0 if first else 0.0
+        o[1] = self._i / space.n
+        if not first:
+            o[2] = self._mb / max(self.master_memories)
+            o[3] = self._lat / self.slo_ms
+            o[4] = self._slack(self._lat, self.table.fastest_suffix(self._mb)[self._i])
+            o[5] = self._cost / self.scoring.reference_usd
+            o[6] = (space.pm.compute.base_mb + self._weights + self._hold) / self._mb
+            o[8 + self._mb_idx] = 1.0
+        else:
+            o[8 + m: 8 + 2 * m] = self._start_slack
+        o[7] = self._flops_left[self._i]
+        ahead = self._unit_feats[self._i: self._i + space.max_group]
+        k = 8 + 2 * m
+        o[k: k + ahead.size] = ahead.ravel()
+        return o
+
+    # -- gymnasium API ----------------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None,
+              ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._reset_state()
+        return self._obs(), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        length, level, placement, memory, master = (int(a) for a in action)
+        if self._mb is None:
+            self._mb_idx = master
+            self._mb = self.master_memories[master]
+            if not np.isfinite(self.table.fastest_suffix(self._mb)[0]):
+                return self._end(self.scoring.oom_reward)  # nothing fits this master
+            return self._obs(), 0.0, False, False, {}
+        space, pm, mb = self.space, self.space.pm, self._mb
+        first = self._i
+        last = min(space.n - 1, first + length)
+        ch = self.table.resolve(first, last, mb, level, placement, memory)
+        oc = pm.option(ch, mb) if ch is not None else None
+        if ch is None or oc is None:
+            return self._end(self.scoring.oom_reward)
+        self._choices.append(ch)
+        self._i = last + 1
+        self._lat += _metric(space, oc)
+        self._cost += (mb / 1024.0 * oc.latency_ms + oc.worker_gb_ms) / 1e3 * pm.platform.price_gb_s \
+            + oc.invocations * pm.platform.price_request
+        self._weights += oc.master_weights_mb
+        self._hold = max(self._hold, oc.master_hold_mb)
+        if pm.compute.base_mb + self._weights + self._hold > mb:
+            return self._end(self.scoring.oom_reward)
+        rest = self.table.fastest_suffix(mb)[self._i]
+        if self.early_stop and self._lat + rest > self.slo_ms:
+            return self._end(min(self.scoring.missed_slo(self._lat + rest), -1e-6))
+        if self._i < space.n:
+            return self._obs(), 0.0, False, False, {}
+        est = pm.estimate(self._choices, mb)
+        reward, feasible = self.scoring.plan(space, est)
+        if feasible:
+            self.feasible_episodes += 1
+            if self.best is None or est.cost_usd < self.best.cost_usd:
+                self.best = _Best(est.cost_usd, tuple(self._choices), mb, est, self.episodes)
+        return self._end(reward)
+
+    def _end(self, reward: float) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.episodes += 1
+        return self._obs() if self._i < self.space.n else np.zeros(self._obs_dim, np.float32), \
+            float(reward), True, False, {}
+
+
+class _ProgressCallback(BaseCallback):  # type: ignore[misc]
+    def __init__(self, env: PlanEnv, total: int, progress: Progress, every: int) -> None:
+        super().__init__()
+        self.env_ref, self.total, self.report, self.every = env, total, progress, max(1, every)
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps % self.every == 0 or self.num_timesteps >= self.total:
+            best = self.env_ref.best
+            msg = f"best ${best.cost_usd * 1000:.5f}/1000" if best else "no feasible plan yet"
+            self.report(min(self.num_timesteps, self.total), self.total, msg)
+        return True
+
+
+@contextmanager
+def _isolated_rng(threads: int):  # type: ignore[no-untyped-def]
+    """SB3 seeds the global RNGs; give the caller's back, and train on ``threads`` torch threads."""
+    py, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old_threads)
+        random.setstate(py)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+
+
+def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, timesteps: int = 30_000,
+              seed: int = 0, progress: Progress | None = None, learning_rate: float = 1e-3,
+              n_steps: int = 512, batch_size: int = 128, n_epochs: int = 4, ent_coef: float = 0.01,
+              net_arch: tuple[int, ...] = (64, 64), torch_threads: int = 1) -> SolverResult:
+    """The cheapest plan within ``slo_ms`` that a PPO agent finds in ``timesteps`` environment steps.
+
+    Parameters
+    ----------
+    space, slo_ms, master_memories:
+        As for ``slo_dp``: the candidate choices, the SLO on the mean latency (or on the percentile the
+        performance model plans for) and the master sizes to try (MB).
+    timesteps:
+        Training budget in environment steps (an episode is one step plus one per group). The default
+        takes about 30-60 s for VGG-11 (11 units, groups of up to 3) on two cores.
+    seed:
+        Seeds the policy, the sampling and the environment; the same seed gives the same plan.
+    progress:
+        Called as ``progress(done, total, message)`` every ``n_steps`` steps (for a rich progress bar).
+    learning_rate, n_steps, batch_size, n_epochs, ent_coef:
+        PPO's (stable-baselines3); ``gamma = 1`` since the only reward comes at the end.
+    net_arch:
+        Hidden layers of the policy and of the value network (Gillis: two-layer policies).
+    torch_threads:
+        Torch threads while training; one is fastest for networks this small.
+
+    Returns the best feasible plan seen during training. Raises ``Infeasible`` if none was seen, which
+    does not prove there is none: ``slo_dp`` is exact on the same space.
+    """
+    if slo_ms <= 0:
+        raise ValueError(f"slo_ms must be positive, got {slo_ms}")
+    if timesteps < 1:
+        raise ValueError(f"timesteps must be at least 1, got {timesteps}")
+    t0 = time.perf_counter()
+    env = PlanEnv(space, slo_ms, master_memories)
+    with _isolated_rng(torch_threads):
+        model = PPO(
+            "MlpPolicy", env, learning_rate=learning_rate, n_steps=n_steps, batch_size=batch_size,
+            n_epochs=n_epochs, gamma=1.0, gae_lambda=0.95, ent_coef=ent_coef, seed=seed, device="cpu",
+            policy_kwargs={"net_arch": {"pi": list(net_arch), "vf": list(net_arch)}}, verbose=0,
+        )
+        env.reset(seed=seed)
+        callback = _ProgressCallback(env, timesteps, progress, n_steps) if progress else None
+        model.learn(total_timesteps=timesteps, callback=callback)
+    seconds = time.perf_counter() - t0
+    log.debug("rl: %d episodes, %d feasible, %.1f s", env.episodes, env.feasible_episodes, seconds)
+    best = env.best
+    if best is None:
+        raise Infeasible(f"no plan within the {slo_ms:g} ms SLO in {env.episodes} RL episodes "
+                         f"({timesteps} steps); the SLO may be too tight (slo_dp decides exactly), "
+                         "or give more timesteps")
+    notes = (f"PPO, {timesteps} steps, {env.episodes} episodes ({env.feasible_episodes} feasible); "
+             f"best found in episode {best.episode}",)
+    return SolverResult(best.choices, best.master_mb, best.estimate, "rl", seconds, notes=notes)

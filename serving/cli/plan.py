@@ -1,0 +1,183 @@
+"""`flatpack plan`: choose how to group, split and place a model's layers."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from serving.cli.console import console, err_console
+from serving.cli.models import parse_duration_ms, resolve_model
+
+__all__ = ["plan_cmd", "plan_options", "print_solution", "request_from"]
+
+
+def plan_options(f):  # type: ignore[no-untyped-def]
+    """The planning options `plan` and `deploy` share."""
+    opts = [
+        click.option("--mode", type=click.Choice(["lo", "slo", "mopar"]), default="lo", show_default=True,
+                     help="lo: fastest plan (Gillis); slo: cheapest plan meeting --slo; mopar: MOPAR's HyPAD."),
+        click.option("--slo", "slo", default=None, metavar="DURATION", help="Latency SLO for --mode slo, e.g. 200ms."),
+        click.option("--percentile", type=float, default=None, metavar="P",
+                     help="Plan against the P-th latency percentile (e.g. 99) instead of the mean "
+                          "(the default: the SLO bounds mean latency, as in Gillis)."),
+        click.option("--solver", type=click.Choice(["exact", "rl", "bo", "bruteforce"]), default="exact",
+                     show_default=True, help="SLO solver."),
+        click.option("--memory", default="auto", show_default=True,
+                     help="Function memory: auto (chosen per function) or MB for every function."),
+        click.option("--max-group", type=int, default=4, show_default=True, help="Most units in one stage."),
+        click.option("--profile", "profile_mode", type=click.Choice(["auto", "measure", "flops"]), default="auto",
+                     show_default=True, help="Unit times: a cached profile if any (auto), measure now, or FLOPs."),
+        click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
+                     help="Fix a dynamic input dimension (repeatable)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def request_from(mode: str, slo: str | None, percentile: float | None, solver: str, platform: str, memory: str,
+                 max_group: int, transport: str, profile_mode: str):  # type: ignore[no-untyped-def]
+    from partitioner.planner import PlanRequest
+
+    if percentile is not None and percentile >= 1:
+        percentile = percentile / 100.0
+    try:
+        return PlanRequest(mode=mode, slo_ms=parse_duration_ms(slo) if slo else None, solver=solver,
+                           platform=platform, memory=memory if memory == "auto" else int(memory),
+                           percentile=percentile, max_group=max_group, transport=transport, profile=profile_mode)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+
+
+def print_solution(lg, result, request, source: str, pm) -> None:  # type: ignore[no-untyped-def]
+    est = result.estimate
+    table = Table(title=f"{lg.name}: {request.mode} plan on {request.platform} ({result.solver}, "
+                        f"{result.seconds:.2f} s)")
+    for col in ("stage", "units", "ops", "split", "parts", "runs on", "function MB", "latency ms"):
+        table.add_column(col, justify="right" if col in ("stage", "parts", "function MB", "latency ms") else "left")
+    for i, ch in enumerate(result.choices):
+        opt = pm.option(ch, result.master_mb)
+        oc = opt.latency_ms if opt is not None else None
+        ops = "+".join(dict.fromkeys(op for u in range(ch.first, ch.last + 1) for op in lg.units[u].ops))
+        n = ch.split.degree
+        where = ("master" if n == 1 else f"master + {n - 1} workers") if ch.master_part else f"{n} worker(s)"
+        mb = f"{result.master_mb}" if ch.master_part and n == 1 else f"{ch.worker_mb or result.master_mb}"
+        table.add_row(str(i), f"{ch.first}-{ch.last}", ops[:28], str(ch.split), str(n), where, mb,
+                      f"{oc:.1f}" if oc is not None else "?")
+    console.print(table)
+    pct = f"p{round((request.percentile or 0.99) * 100)}"
+    console.print(
+        f"predicted latency [bold]{est.latency_ms:.1f} ms[/] mean, {est.latency_q_ms:.1f} ms {pct}"
+        f"{' (planned against ' + pct + ')' if request.percentile else ' (planned against the mean)'}; "
+        f"cost [bold]{est.cost_usd * 1000:.6f} USD per 1000 requests[/]; master {result.master_mb} MB; "
+        f"unit times: {source}"
+    )
+    for w in est.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    for note in result.notes:
+        console.print(f"[dim]{note}[/]")
+
+
+def _solution_json(lg, result, request, source: str) -> dict:  # type: ignore[no-untyped-def]
+    e = result.estimate
+    return {
+        "model": lg.name,
+        "mode": request.mode,
+        "solver": result.solver,
+        "platform": request.platform,
+        "slo_ms": request.slo_ms,
+        "percentile": request.percentile,
+        "latency_ms": e.latency_ms,
+        "latency_p_ms": e.latency_q_ms,
+        "meets_slo": None if request.slo_ms is None else
+        (e.latency_q_ms if request.percentile else e.latency_ms) <= request.slo_ms + 1e-9,
+        "cost_usd": e.cost_usd,
+        "cost_per_1000_usd": e.cost_usd * 1000,
+        "master_mb": result.master_mb,
+        "memory_mb": e.memory_mb,
+        "stages": [{"units": [c.first, c.last], "split": str(c.split), "master_part": c.master_part,
+                    "worker_mb": c.worker_mb or result.master_mb} for c in result.choices],
+        "seconds": result.seconds,
+        "frontier": [{"latency_ms": a, "cost_usd": b} for a, b in result.frontier],
+        "compute_source": source,
+        "warnings": list(e.warnings),
+        "notes": list(result.notes),
+    }
+
+
+@click.command("plan")
+@click.argument("model")
+@plan_options
+@click.option("--platform", default="aws-lambda", show_default=True,
+              help="Platform profile: aws-lambda, openfaas, local, or a YAML file.")
+@click.option("--transport", type=click.Choice(["redis", "shm", "inline", "s3"]), default="redis", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the solution as JSON.")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False), default=None, help="Write plan.json here.")
+@click.option("--bundle", type=click.Path(file_okay=False), default=None, help="Also export a verified bundle.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Draw the partition (PNG).")
+def plan_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str, memory: str,
+             max_group: int, profile_mode: str, input_shapes: tuple[str, ...], platform: str, transport: str,
+             as_json: bool, out: str | None, bundle: str | None, plot: str | None) -> None:
+    """Plan MODEL (an ONNX file or a zoo name): stages, splits, placement and function memory.
+
+    Exits 2 if no plan meets the SLO, after printing the fastest plan there is.
+    """
+    from partitioner.errors import ModelError
+    from partitioner.graph import LayerGraph
+    from partitioner.normalize import parse_input_shapes
+    from partitioner.planner import export_solution, make_perfmodel, plan_for, solve
+    from partitioner.solvers.common import Infeasible
+
+    request = request_from(mode, slo, percentile, solver, platform, memory, max_group, transport, profile_mode)
+    path = resolve_model(model)
+    try:
+        with err_console.status(f"loading {path.name}"):
+            lg = LayerGraph.load(path, parse_input_shapes(input_shapes))
+        with err_console.status("preparing the performance model"):
+            pm, _, source = make_perfmodel(lg, request)
+        t0 = time.perf_counter()
+        with err_console.status(f"solving ({request.mode}, {request.solver})"):
+            result = solve(lg, request, pm=pm)
+    except (ModelError, ValueError) as e:
+        if isinstance(e, Infeasible):
+            _infeasible(lg, e, request, source, as_json, pm)
+        raise click.ClickException(str(e)) from e
+    elapsed = time.perf_counter() - t0
+    if as_json:
+        data = _solution_json(lg, result, request, source)
+        data["wall_seconds"] = elapsed
+        click.echo(json.dumps(data, indent=1))
+    else:
+        print_solution(lg, result, request, source, pm)
+    if out:
+        plan = plan_for(lg, result, request, source=source)
+        plan.save(out)  # type: ignore[attr-defined]
+        err_console.print(f"wrote {out}")
+    if bundle:
+        with err_console.status("exporting and verifying the bundle") as st:
+            export_solution(lg, result, request, bundle, source=source, progress=lambda m: st.update(m))
+        err_console.print(f"wrote bundle {bundle}")
+    if plot:
+        from partitioner.plot import plot_plan
+
+        plot_plan(lg, result, Path(plot))
+        err_console.print(f"wrote {plot}")
+
+
+def _infeasible(lg, e, request, source: str, as_json: bool, pm) -> None:  # type: ignore[no-untyped-def]
+    fastest = e.fastest
+    if as_json:
+        data = {"error": str(e), "meets_slo": False}
+        if fastest is not None:
+            data["fastest"] = _solution_json(lg, fastest, request, source)
+        click.echo(json.dumps(data, indent=1))
+    else:
+        err_console.print(f"[red]no plan meets the SLO[/]: {e}")
+        if fastest is not None:
+            err_console.print("the fastest plan:")
+            print_solution(lg, fastest, request, source, pm)
+    raise SystemExit(2)

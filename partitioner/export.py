@@ -61,7 +61,8 @@ def worker_name(stage: int, part: int) -> str:
     return f"s{stage:02d}-p{part:02d}"
 
 
-def stage_record(cut: StageCut, index: int, placement: Placement = Placement()) -> tuple[Stage, dict[str, onnx.ModelProto]]:
+def stage_record(cut: StageCut, index: int, placement: Placement = Placement()
+                 ) -> tuple[Stage, dict[str, onnx.ModelProto]]:
     """The plan's Stage for a cut, with part k on the master or on worker function ``sNN-pKK``."""
     files: dict[str, onnx.ModelProto] = {}
     parts = []

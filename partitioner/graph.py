@@ -11,6 +11,7 @@ stage that needs one recomputes it from the model inputs, which the master alway
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -276,18 +277,39 @@ class LayerGraph:
 
     # -- costs -------------------------------------------------------------------------------
 
+    def attrs(self, index: int) -> dict[str, object]:
+        """Node ``index``'s attributes by name (parsed once per graph)."""
+        cache = self._attr_cache
+        if index not in cache:
+            cache[index] = {a.name: helper.get_attribute_value(a) for a in self.nodes[index].attribute}
+        return cache[index]
+
+    def flops_of(self, index: int) -> int:
+        cache = self._flops_cache
+        if index not in cache:
+            cache[index] = self.node_flops(self.nodes[index])
+        return cache[index]
+
+    @cached_property
+    def _attr_cache(self) -> dict[int, dict[str, object]]:
+        return {}
+
+    @cached_property
+    def _flops_cache(self) -> dict[int, int]:
+        return {}
+
     def node_flops(self, n: onnx.NodeProto) -> int:
         t = self.tensors
         out = t.get(n.output[0]) if n.output and n.output[0] else None
         if out is None:
             return 0
-        numel = int(np.prod(out.shape, dtype=np.int64))
+        numel = math.prod(out.shape)
         op = n.op_type
         if op in ("Conv", "ConvTranspose"):
             w = t[n.input[1]].shape
             if op == "Conv":
-                return 2 * numel * int(np.prod(w[1:]))
-            return 2 * int(np.prod(t[n.input[0]].shape)) * int(np.prod(w[1:]))
+                return 2 * numel * math.prod(w[1:])
+            return 2 * math.prod(t[n.input[0]].shape) * math.prod(w[1:])
         if op in ("MatMul", "Gemm"):
             a = t[n.input[0]].shape
             k = a[-1]

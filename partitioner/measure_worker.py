@@ -1,17 +1,23 @@
-"""The measuring process: ``python -m partitioner.measure_worker REQUEST_JSON``.
+"""The measuring process: ``python -m partitioner.measure_worker REQUEST_JSON`` or ``... --serve``.
 
-Started fresh by :mod:`partitioner.profile` for every model it measures, so that its start-up, its
-imports and its peak memory are those of a serverless function that holds just this model. It imports
-what a function imports (numpy and onnxruntime; never onnx, torch or the partitioner) and talks to the
-parent through JSON lines on stdout (never pickle):
+Started by :mod:`partitioner.profile` so that a model's run time, start-up and peak memory are those of
+a serverless function that holds just this model. It imports what a function imports (numpy and
+onnxruntime; never onnx, torch or the partitioner) and talks to the parent through JSON lines on stdout
+(never pickle):
 
-    request (argv[1]): {"model": PATH, "inputs": NPZ_PATH, "runs": [{"threads": N, "warmup": W, "reps": R}, ...]}
+    request: {"model": PATH, "inputs": NPZ_PATH, "runs": [{"threads": N, "warmup": W, "reps": R}, ...]}
     {"event": "ready", "import_ms": .., "session_ms": .., "rss_before_session_mb": ..}   first session created
     {"event": "run", "threads": N, "times_ms": [..], "peak_rss_mb": .., "session_ms": ..}  one per run
     {"event": "error", "error": "..."}                                                   then exit status 1
 
-The parent takes the time from spawning this process to reading ``ready`` as the cold start. Each run
-after the first destroys the previous session and resets the peak-RSS high-water mark
+One-shot mode (the request as argv[1]) measures one model in this fresh process. Serve mode (``--serve``)
+is a fork server: it imports numpy and onnxruntime once, says ``{"event": "started", "import_ms": ..}``,
+then for every request line on stdin forks a child that measures the model exactly as one-shot mode
+would, and says ``{"event": "done", "status": ..}`` when the child has exited. Each model still gets a
+process of its own (its own peak memory, its own session), without paying the interpreter start and
+the imports again.
+
+Each run after the first destroys the previous session and resets the peak-RSS high-water mark
 (``/proc/self/clear_refs``, Linux 4.0+) before creating its own, so every run reports its own peak; where
 the reset is not allowed the peak is the process's (monotone) peak and ``hwm_reset`` says so.
 """
@@ -99,13 +105,43 @@ def _run(request: dict) -> None:
                "session_ms": session_ms, "hwm_reset": hwm_reset})
 
 
-def main() -> int:
+def _one(request: dict) -> int:
     try:
-        _run(json.loads(sys.argv[1]))
+        _run(request)
     except Exception as e:  # noqa: BLE001 - every failure goes back to the parent as a message
         _emit({"event": "error", "error": f"{type(e).__name__}: {e}"})
         return 1
     return 0
+
+
+def _serve() -> int:
+    _emit({"event": "started", "import_ms": _IMPORT_MS, "pid": os.getpid()})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(line)
+        except ValueError as e:
+            _emit({"event": "error", "error": f"bad request: {e}"})
+            _emit({"event": "done", "status": 2})
+            continue
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            # the child: a fresh address space for this model; its high-water mark starts from here
+            _reset_hwm()
+            code = _one(request)
+            sys.stdout.flush()
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        _emit({"event": "done", "status": os.waitstatus_to_exitcode(status)})
+    return 0
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        return _serve()
+    return _one(json.loads(sys.argv[1]))
 
 
 if __name__ == "__main__":

@@ -293,7 +293,9 @@ def _fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
                 attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
                 start, end = attrs.get("start", 0), attrs.get("end", len(shape))
                 values = [np.array(shape[start:end], dtype=np.int64)]
-        elif foldable and node.op_type not in ("Shape", "Size"):
+        elif foldable and node.op_type not in ("Shape", "Size") and all(
+            not i or i in consts or i in init_by_name for i in node.input
+        ):
             ins = [const_fast(i) if i else None for i in node.input]
             if all(x is not None or not name for x, name in zip(ins, node.input, strict=True)) and node.input:
                 try:

@@ -11,6 +11,7 @@ ops after it form the stage's *epilogue*, run by the master on the summed tensor
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -318,27 +319,26 @@ def _sketch_cost(lg: LayerGraph, sk: _Sketch) -> PartCost:
     produced: set[str] = set()
     for ni in sk.order:
         node, bw = lg.nodes[ni], sk.back[ni]
-        full_flops = lg.node_flops(node)
+        full_flops = lg.flops_of(ni)
         for o, b in zip(node.output, bw.outputs, strict=True):
             if o and b is not None:
                 produced.add(o)
-                vol = int(np.prod(shape_of(b), dtype=np.int64))
+                vol = math.prod(shape_of(b))
                 acts += vol * lg.tensors[o].dtype.itemsize
                 if o == node.output[0]:
-                    frac = vol / max(1, int(np.prod(lg.tensors[o].shape, dtype=np.int64)))
+                    frac = vol / max(1, math.prod(lg.tensors[o].shape))
                     flops += int(full_flops * frac * _contraction_fraction(lg, node, bw))
         for x, b in zip(node.input, bw.inputs, strict=False):
             if x and lg.is_initializer(x) and b != _SKIP:
-                vol = int(np.prod(shape_of(b) if b is not None else lg.tensors[x].shape, dtype=np.int64))
+                vol = math.prod(shape_of(b) if b is not None else lg.tensors[x].shape)
                 weights += vol * lg.tensors[x].dtype.itemsize
-    ins = sum(int(np.prod(shape_of(b), dtype=np.int64)) * lg.tensors[x].dtype.itemsize
+    ins = sum(math.prod(shape_of(b)) * lg.tensors[x].dtype.itemsize
               for x, b in sk.need.items() if x not in produced)
     target = sk.order[-1] if sk.order else None
     out = 0
     if target is not None:
         o = lg.nodes[target].output[0]
-        out = int(np.prod(shape_of(sk.need.get(o, sk.back[target].outputs[0])), dtype=np.int64)) * \
-            lg.tensors[o].dtype.itemsize
+        out = math.prod(shape_of(sk.need.get(o, sk.back[target].outputs[0]))) * lg.tensors[o].dtype.itemsize
     return PartCost(flops=flops, weight_bytes=weights, input_bytes=ins, output_bytes=out, activation_bytes=acts)
 
 
@@ -359,12 +359,13 @@ def _contraction_fraction(lg: LayerGraph, node: onnx.NodeProto, bw: Backward) ->
     return (box[axis][1] - box[axis][0]) / max(1, shape[axis])
 
 
-def _ctx(lg: LayerGraph, node: onnx.NodeProto, opset: int) -> NodeCtx:
+def _ctx(lg: LayerGraph, ni: int, opset: int) -> NodeCtx:
     return NodeCtx(
-        node,
+        lg.nodes[ni],
         shapes=lambda n: lg.tensors[n].shape,
         const=lambda n: lg.initializer(n) if lg.is_initializer(n) else None,
         opset=opset,
+        attrs=lg.attrs(ni),
     )
 
 
@@ -378,7 +379,7 @@ def _sketch(lg: LayerGraph, nodes: Sequence[int], targets: dict[str, Box], opset
         if all(b is None for b in outs):
             continue
         rule = (override or {}).get(ni) or rule_for(node)
-        bw = rule(_ctx(lg, node, opset), outs)  # type: ignore[operator]
+        bw = rule(_ctx(lg, ni, opset), outs)  # type: ignore[operator]
         for o, want, got in zip(node.output, outs, bw.outputs, strict=True):
             if want is not None and (got is None or union(got, want) != got):
                 raise AssertionError(f"rule for {node.op_type} computed {got} of {o}, less than asked {want}")

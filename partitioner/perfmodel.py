@@ -371,6 +371,32 @@ class PerfModel:
             payload_bytes=max([x.input_bytes for x in theirs] + [x.output_bytes for x in theirs] + [0]),
         )
 
+    def evaluate(self, choices: Sequence[StageChoice], master_mb: int) -> tuple[float, float, float, bool]:
+        """The hot-loop form of :meth:`estimate`: (mean ms, percentile ms, USD, fits in memory)."""
+        lat = lat_q = gb_ms = weights = hold = 0.0
+        inv = 0
+        fits = True
+        opts = self._options
+        for ch in choices:
+            key = (ch, master_mb if ch.master_part or not ch.worker_mb else 0)
+            oc = opts.get(key, _MISSING)
+            if oc is _MISSING:
+                oc = self.option(ch, master_mb)
+            if oc is None:
+                return float("inf"), float("inf"), float("inf"), False
+            lat += oc.latency_ms  # type: ignore[union-attr]
+            lat_q += oc.latency_q_ms  # type: ignore[union-attr]
+            gb_ms += oc.worker_gb_ms  # type: ignore[union-attr]
+            inv += oc.invocations  # type: ignore[union-attr]
+            weights += oc.master_weights_mb  # type: ignore[union-attr]
+            if oc.master_hold_mb > hold:  # type: ignore[union-attr]
+                hold = oc.master_hold_mb  # type: ignore[union-attr]
+            if oc.invocations and oc.worker_need_mb > (ch.worker_mb or master_mb):  # type: ignore[union-attr]
+                fits = False
+        if self.compute.base_mb + weights + hold > master_mb:
+            fits = False
+        return lat, lat_q, self.cost_usd(lat, master_mb, gb_ms, inv), fits
+
     def master_need_mb(self, choices: Sequence[StageChoice], master_mb: int) -> float:
         weights = hold = 0.0
         for ch in choices:

@@ -41,7 +41,8 @@ class NodeCtx:
     attrs: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.attrs = {a.name: helper.get_attribute_value(a) for a in self.node.attribute}
+        if not self.attrs:
+            self.attrs = {a.name: helper.get_attribute_value(a) for a in self.node.attribute}
 
     def shape(self, i: int) -> tuple[int, ...]:
         return self.shapes(self.node.input[i])

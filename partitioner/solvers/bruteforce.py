@@ -47,33 +47,46 @@ def bruteforce(space: SearchSpace, slo_ms: float, master_memories: list[int], *,
             cost_lb[i] = min((c + cost_lb[j] for j, _, _, c, _ in edges[i]), default=float("inf"))
         for es in edges:
             es.sort(key=lambda e: e[3])  # cheapest first finds good incumbents early
-        path: list[StageChoice] = []
-
-        def dfs(i: int, lat: float, cost: float, weights: float) -> None:
-            nonlocal best, nodes
-            nodes += 1
-            if nodes % 100_000 == 0 and time.perf_counter() - t0 > time_limit_s:
-                raise TimeoutError
-            if i == n:
-                if best is None or cost < best[0]:
-                    best = (cost, list(path), master_mb)  # noqa: B023 - master_mb of this loop pass
-                return
-            for j, ch, dlat, dcost, w in edges[i]:
-                if lat + dlat + lat_lb[j] > slo_ms + 1e-9 or weights + w > budget:
-                    continue
-                if best is not None and cost + dcost + cost_lb[j] >= best[0] - 1e-18:
-                    continue
-                path.append(ch)
-                dfs(j, lat + dlat, cost + dcost, weights + w)
-                path.pop()
-
+        search = _Search(edges, lat_lb, cost_lb, budget, slo_ms, n, t0, time_limit_s, best, nodes)
         try:
-            dfs(0, 0.0, 0.0, 0.0)
+            search.dfs(0, 0.0, 0.0, 0.0)
         except TimeoutError:
-            raise TimeoutError(f"brute force gave up after {time_limit_s:g} s ({nodes} nodes)") from None
+            raise TimeoutError(f"brute force gave up after {time_limit_s:g} s ({search.nodes} nodes)") from None
+        nodes = search.nodes
+        if search.best is not None and (best is None or search.best[0] < best[0]):
+            best = (search.best[0], search.best[1], master_mb)
     if best is None:
         raise Infeasible(f"no plan meets the {slo_ms:g} ms SLO")
     cost, choices, master_mb = best
     est = pm.estimate(choices, master_mb + 0)
     return SolverResult(tuple(choices), master_mb, est, "bruteforce", time.perf_counter() - t0,
                         notes=(f"{nodes} search nodes",))
+
+
+class _Search:
+    """Depth-first search over stage choices with latency and cost bounds (one master memory)."""
+
+    def __init__(self, edges, lat_lb, cost_lb, budget, slo_ms, n, t0, limit_s, best, nodes):  # type: ignore[no-untyped-def]
+        self.edges, self.lat_lb, self.cost_lb = edges, lat_lb, cost_lb
+        self.budget, self.slo_ms, self.n = budget, slo_ms, n
+        self.t0, self.limit_s = t0, limit_s
+        self.best: tuple[float, list[StageChoice]] | None = (best[0], best[1]) if best else None
+        self.nodes = nodes
+        self.path: list[StageChoice] = []
+
+    def dfs(self, i: int, lat: float, cost: float, weights: float) -> None:
+        self.nodes += 1
+        if self.nodes % 100_000 == 0 and time.perf_counter() - self.t0 > self.limit_s:
+            raise TimeoutError
+        if i == self.n:
+            if self.best is None or cost < self.best[0]:
+                self.best = (cost, list(self.path))
+            return
+        for j, ch, dlat, dcost, w in self.edges[i]:
+            if lat + dlat + self.lat_lb[j] > self.slo_ms + 1e-9 or weights + w > self.budget:
+                continue
+            if self.best is not None and cost + dcost + self.cost_lb[j] >= self.best[0] - 1e-18:
+                continue
+            self.path.append(ch)
+            self.dfs(j, lat + dlat, cost + dcost, weights + w)
+            self.path.pop()

@@ -11,6 +11,8 @@ __all__ = ["bench"]
 # benchmark name -> "module:attribute" (a click command)
 _BENCHMARKS: dict[str, str] = {
     "transport": "bench.transport:transport_cmd",
+    "solvers": "bench.solvers:solvers_cmd",
+    "predictors": "bench.predictors:predictors_cmd",
 }
 
 

@@ -1,0 +1,152 @@
+"""The HTTP endpoint: Open Inference Protocol v2 routes over the data plane, built in a factory.
+
+Thin handlers: parse, call the data plane, encode. Errors map to status codes in one place
+(``serving.api.errors.STATUS``); a client's mistake is never a 500. Optional bearer-token auth
+(``FLATPACK_API_TOKEN``) guards everything but the liveness probe; request bodies above ``max_body_mb``
+are refused with 413 before they are read whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from serving.api.dataplane import DataPlane
+from serving.api.errors import STATUS, ApiError, PayloadTooLarge
+from serving.api.protocol import HEADER_LENGTH, decode_request, encode_response
+
+__all__ = ["DEFAULT_MAX_BODY_MB", "create_app"]
+
+DEFAULT_MAX_BODY_MB = 64.0
+
+
+def _token_from_env() -> str | None:
+    return os.environ.get("FLATPACK_API_TOKEN") or None
+
+
+def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float = DEFAULT_MAX_BODY_MB,
+               version: str = "0.1.0") -> FastAPI:
+    """An app serving ``plane``'s models. ``token``: required bearer token (default: $FLATPACK_API_TOKEN)."""
+    token = token if token is not None else _token_from_env()
+    limit = int(max_body_mb * 2**20)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        plane.close()
+
+    app = FastAPI(title="flatpack inference endpoint", version=version,
+                  description="Open Inference Protocol v2 (KServe/Triton) over models split across serverless "
+                              "functions.", lifespan=lifespan)
+    app.state.plane = plane
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        status = next((code for cls, code in STATUS.items() if isinstance(exc, cls)), 500)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse({"error": str(exc)}, status_code=status, headers=headers)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):  # type: ignore[no-untyped-def]
+        if token and request.url.path not in ("/v2/health/live",):
+            got = request.headers.get("authorization", "")
+            if not (got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), token.encode())):
+                return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return JSONResponse({"error": f"request body of {int(length)} bytes exceeds the {limit} byte limit"},
+                                status_code=413)
+        return await call_next(request)
+
+    @app.get("/v2/health/live", tags=["health"])
+    async def live() -> dict:
+        return {"live": True}
+
+    @app.get("/v2/health/ready", tags=["health"])
+    async def ready() -> JSONResponse:
+        ok = plane.ready()
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/v2", tags=["metadata"])
+    async def server_metadata() -> dict:
+        return {"name": "flatpack", "version": version, "extensions": ["binary_tensor_data"]}
+
+    @app.get("/v2/models/{name}", tags=["metadata"])
+    async def model_metadata(name: str) -> dict:
+        return plane.model(name).info.metadata()
+
+    @app.get("/v2/models/{name}/ready", tags=["health"])
+    async def model_ready(name: str) -> JSONResponse:
+        ok = plane.model(name).ready()
+        return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
+
+    @app.post(
+        "/v2/models/{name}/infer",
+        tags=["inference"],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/InferRequest"}},
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"},
+                                                 "description": f"JSON header ({HEADER_LENGTH} bytes) "
+                                                                "followed by raw tensor bytes"},
+                },
+            },
+            "responses": {"400": {"description": "bad input"}, "404": {"description": "unknown model"},
+                          "413": {"description": "request too large"}, "503": {"description": "not ready"}},
+        },
+    )
+    async def infer(name: str, request: Request) -> Response:
+        plane.model(name)  # 404 before reading a body meant for a model that is not here
+        body = await _read_limited(request, limit)
+        decoded = decode_request(body, request.headers.get(HEADER_LENGTH))
+        outputs = await asyncio.to_thread(plane.infer, name, decoded.inputs, decoded.outputs)
+        payload, headers = encode_response(name, decoded, outputs)
+        return Response(payload, headers=headers, media_type=headers.pop("content-type"))
+
+    @app.get("/metrics", tags=["metrics"])
+    async def metrics() -> Response:
+        return Response(generate_latest(plane.registry), media_type=CONTENT_TYPE_LATEST)
+
+    _add_schema(app)
+    return app
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the {limit} byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _add_schema(app: FastAPI) -> None:
+    """Put the InferRequest schema into the OpenAPI document the infer route refers to."""
+    from serving.api.protocol import InferRequest
+
+    original = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = original()
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        model_schema = InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+        comps.update(model_schema.pop("$defs", {}))
+        comps["InferRequest"] = model_schema
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -21,9 +21,17 @@ _COMMANDS: dict[str, str] = {
     "export": "serving.cli.graph:export_cmd",
     "verify": "serving.cli.graph:verify_cmd",
     "plan": "serving.cli.plan:plan_cmd",
+    "deploy": "serving.cli.deploy:deploy_cmd",
+    "serve": "serving.cli.deploy:serve_cmd",
+    "ls": "serving.cli.deploy:ls_cmd",
+    "status": "serving.cli.deploy:status_cmd",
+    "invoke": "serving.cli.deploy:invoke_cmd",
+    "undeploy": "serving.cli.deploy:undeploy_cmd",
     "run": "serving.cli.run:run_cmd",
     "platform": "serving.cli.platform:platform",
     "bench": "serving.cli.bench:bench",
+    "compress": "serving.cli.compress:compress_cmd",
+    "profile": "serving.cli.profile:profile_cmd",
 }
 
 

@@ -1,0 +1,353 @@
+"""`flatpack deploy`, `ls`, `status`, `invoke`, `undeploy` and `serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import click
+import numpy as np
+from rich.table import Table
+
+from serving.cli.console import console, err_console
+from serving.cli.models import resolve_model
+from serving.cli.plan import plan_options, print_solution, request_from
+
+__all__ = ["deploy_cmd", "invoke_cmd", "ls_cmd", "serve_cmd", "status_cmd", "undeploy_cmd"]
+
+_READY_TIMEOUT_S = 600.0
+
+
+def _name_for(model: str) -> str:
+    stem = re.sub(r"[^a-z0-9-]+", "-", Path(model).stem.lower()).strip("-") or "model"
+    return stem[:40]
+
+
+def _check_name(name: str) -> None:
+    from serving.deploy.state import NAME_RE, DeploymentRecord
+
+    if not NAME_RE.match(name):
+        raise click.BadParameter(f"{name!r}: use lowercase letters, digits and '-', at most 41 characters",
+                                 param_hint="--name")
+    try:
+        old = DeploymentRecord.load(name)
+    except LookupError:
+        return
+    if old.alive():
+        raise click.ClickException(f"deployment {name!r} is running at {old.endpoint}; "
+                                   f"`flatpack undeploy {name}` first, or pick another --name")
+    old.delete()
+
+
+def _start(record, detach: bool, keep_warm: float) -> None:  # type: ignore[no-untyped-def]
+    from serving.deploy.local import log_path, serve
+
+    record.options["keep_warm_s"] = keep_warm
+    record.save()
+    if not detach:
+        def ready(r) -> None:  # type: ignore[no-untyped-def]
+            _announce(r)
+            err_console.print("serving in the foreground; Ctrl-C stops and removes everything")
+
+        serve(record, keep_warm_s=keep_warm, on_ready=ready)
+        err_console.print(f"deployment {record.name} stopped; functions, shared memory and keys removed")
+        record.delete()
+        return
+    log = log_path(record.name)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "serving.deploy", record.name], stdin=subprocess.DEVNULL,  # noqa: S603
+                                stdout=out, stderr=out, start_new_session=True, env=os.environ.copy())
+    record.pid = proc.pid
+    record.save()
+    from serving.deploy.state import DeploymentRecord
+
+    end = time.monotonic() + _READY_TIMEOUT_S
+    with err_console.status("starting functions and warming them up"):
+        while time.monotonic() < end:
+            r = DeploymentRecord.load(record.name)
+            if r.status == "ready":
+                _announce(r)
+                return
+            if r.status == "failed" or proc.poll() is not None:
+                tail = log.read_text()[-2000:] if log.is_file() else ""
+                r.delete()
+                raise click.ClickException(f"deployment failed: {r.error or 'the serving process exited'}\n{tail}")
+            time.sleep(0.1)
+    proc.terminate()
+    raise click.ClickException(f"deployment did not become ready in {_READY_TIMEOUT_S:.0f} s; see {log}")
+
+
+def _announce(r) -> None:  # type: ignore[no-untyped-def]
+    p = r.predicted
+    console.print(f"[green]ready[/]: [bold]{r.endpoint}/v2/models/{r.name}/infer[/] "
+                  f"(Open Inference Protocol v2; warm-up {r.options.get('warm_up_ms', '?')} ms)")
+    if p:
+        console.print(f"predicted latency {p.get('latency_ms', float('nan')):.1f} ms, "
+                      f"{p.get('cost_per_1000_usd', float('nan')):.6f} USD per 1000 requests")
+    console.print(f"try: flatpack invoke {r.name} --input random    stop: flatpack undeploy {r.name}")
+
+
+@click.command("deploy")
+@click.argument("model")
+@plan_options
+@click.option("--target", type=click.Choice(["local", "lambda", "openfaas"]), default="local", show_default=True)
+@click.option("--platform", default="local", show_default=True, help="Platform profile the plan is made for.")
+@click.option("--transport", type=click.Choice(["shm", "redis", "inline", "s3"]), default="shm", show_default=True)
+@click.option("--name", default=None, help="Deployment name (default: from the model file).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Endpoint address (loopback unless told).")
+@click.option("--port", default=8080, show_default=True, help="Endpoint port (0: any free port).")
+@click.option("--detach", is_flag=True, help="Serve in the background and return once ready.")
+@click.option("--keep-warm", type=float, default=0.0, metavar="SECONDS",
+              help="Ping the functions every SECONDS so instances stay warm (Gillis); off by default.")
+def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str, memory: str,
+               max_group: int, profile_mode: str, input_shapes: tuple[str, ...], target: str, platform: str,
+               transport: str, name: str | None, host: str, port: int, detach: bool, keep_warm: float) -> None:
+    """Plan MODEL (a file or zoo name), export verified parts, start its functions and serve an endpoint."""
+    from partitioner.graph import LayerGraph
+    from partitioner.planner import make_perfmodel
+    from partitioner.solvers.common import Infeasible
+    from serving.deploy.local import prepare
+    from serving.deploy.state import DeploymentRecord
+
+    if target != "local":
+        raise click.ClickException(f"--target {target} is not available in this version; use --target local")
+    if input_shapes:
+        raise click.UsageError("--input-shape is not supported by deploy yet; fix the shapes in the ONNX file")
+    request = request_from(mode, slo, percentile, solver, platform, memory, max_group, transport, profile_mode)
+    path = resolve_model(model)
+    name = name or _name_for(str(path))
+    _check_name(name)
+    try:
+        with err_console.status("planning") as st:
+            bundle, result, source = prepare(path, request, name, progress=lambda m: st.update(m))
+    except Infeasible as e:
+        raise click.ClickException(f"{e}. Relax --slo or use --mode lo for the fastest plan") from e
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    lg = LayerGraph.load(path)
+    pm, _, _ = make_perfmodel(lg, request, compute=None)
+    print_solution(lg, result, request, source, pm)
+    from functions.bundle import Bundle
+
+    b = Bundle.load(bundle)
+    record = DeploymentRecord(name=name, model=str(path), bundle=str(bundle), transport=transport, mode=mode,
+                              host=host, port=port, predicted=dict(b.plan.predicted),
+                              functions=[f.to_json() for f in b.plan.functions])
+    _start(record, detach, keep_warm)
+
+
+@click.command("serve")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.option("--name", default=None)
+@click.option("--transport", type=click.Choice(["shm", "redis", "inline", "s3"]), default="shm", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True)
+@click.option("--detach", is_flag=True)
+@click.option("--in-process", is_flag=True, help="Run the parts in the endpoint's process (no platform).")
+def serve_cmd(bundle: str, name: str | None, transport: str, host: str, port: int, detach: bool,
+              in_process: bool) -> None:
+    """Serve an existing bundle: its functions on the local platform behind the endpoint."""
+    from functions.bundle import Bundle, BundleError
+    from serving.deploy.state import DeploymentRecord
+
+    try:
+        b = Bundle.load(bundle)
+    except BundleError as e:
+        raise click.ClickException(str(e)) from e
+    name = name or _name_for(b.plan.model.name)
+    if in_process:
+        from serving.api import DataPlane, InProcessBackend, create_app
+        from serving.api.server import AppServer
+
+        plane = DataPlane()
+        plane.add(InProcessBackend(bundle, name=name))
+        server = AppServer(create_app(plane), host, port)
+        console.print(f"serving {name} in-process at [bold]{server.url}/v2/models/{name}/infer[/]")
+        server.run()
+        return
+    _check_name(name)
+    record = DeploymentRecord(name=name, model=b.plan.model.name, bundle=str(Path(bundle).resolve()),
+                              transport=transport, mode=b.plan.mode, host=host, port=port,
+                              predicted=dict(b.plan.predicted), functions=[f.to_json() for f in b.plan.functions])
+    _start(record, detach, 0.0)
+
+
+@click.command("ls")
+@click.option("--json", "as_json", is_flag=True)
+def ls_cmd(as_json: bool) -> None:
+    """List deployments."""
+    from serving.deploy.state import DeploymentRecord
+
+    records = DeploymentRecord.all()
+    if as_json:
+        click.echo(json.dumps([{"name": r.name, "status": r.status if r.alive() else "stopped",
+                                "endpoint": r.endpoint, "model": r.model, "mode": r.mode} for r in records], indent=1))
+        return
+    table = Table(title="deployments")
+    for col in ("name", "status", "endpoint", "mode", "transport", "functions", "model"):
+        table.add_column(col)
+    for r in records:
+        status = r.status if r.alive() else ("stopped" if r.status != "failed" else "failed")
+        table.add_row(r.name, status, r.endpoint or "-", r.mode, r.transport, str(len(r.functions)), r.model)
+    console.print(table)
+
+
+@click.command("status")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+def status_cmd(name: str, as_json: bool) -> None:
+    """A deployment's endpoint, functions and billing meter."""
+    from serving.deploy.state import DeploymentRecord
+
+    try:
+        r = DeploymentRecord.load(name)
+    except LookupError as e:
+        raise click.ClickException(str(e)) from e
+    meter: dict = {}
+    if r.alive() and r.platform_url:
+        from serving.platform.client import PlatformClient
+
+        try:
+            rows = PlatformClient(r.platform_url).meter().get("functions", {})
+            meter = {k.removeprefix(f"{r.deployment_id}-"): v for k, v in rows.items()
+                     if r.deployment_id and k.startswith(f"{r.deployment_id}-")}
+        except Exception as e:  # noqa: BLE001 - status still shows what it can
+            meter = {"error": str(e)}
+    doc = {"name": r.name, "status": r.status if r.alive() else "stopped", "endpoint": r.endpoint,
+           "pid": r.pid, "bundle": r.bundle, "transport": r.transport, "predicted": r.predicted,
+           "functions": r.functions, "meter": meter, "error": r.error}
+    if as_json:
+        click.echo(json.dumps(doc, indent=1, default=str))
+        return
+    console.print(f"[bold]{r.name}[/]: {doc['status']} at {r.endpoint or '-'} (pid {r.pid}), transport {r.transport}")
+    table = Table()
+    for col in ("function", "memory MB", "invocations", "cold starts", "errors", "billed GB-s"):
+        table.add_column(col)
+    for f in r.functions:
+        m = meter.get(f["name"], {}) if isinstance(meter, dict) else {}
+        table.add_row(f["name"], str(f["memory_mb"]), str(m.get("invocations", "-")), str(m.get("cold_starts", "-")),
+                      str(m.get("errors", "-")), f"{m.get('billed_gb_s', 0):.4f}" if m else "-")
+    console.print(table)
+
+
+@click.command("invoke")
+@click.argument("name")
+@click.option("--input", "input_", default="random", show_default=True,
+              help="random, or a .npy file (single-input models) / .npz file (by input name).")
+@click.option("--output", type=click.Path(dir_okay=False), default=None, help="Save the outputs (.npz).")
+@click.option("--json", "as_json", is_flag=True)
+def invoke_cmd(name: str, input_: str, output: str | None, as_json: bool) -> None:
+    """Send one inference request to deployment NAME's endpoint (binary tensors)."""
+    from serving.deploy.state import DeploymentRecord
+
+    try:
+        r = DeploymentRecord.load(name)
+    except LookupError as e:
+        raise click.ClickException(str(e)) from e
+    if not r.alive() or not r.endpoint:
+        raise click.ClickException(f"deployment {name!r} is not running; deploy it again")
+    inputs = _inputs(r, input_)
+    t0 = time.perf_counter()
+    outputs = infer_http(r.endpoint, name, inputs)
+    ms = (time.perf_counter() - t0) * 1e3
+    if output:
+        np.savez(output, **outputs)
+    if as_json:
+        click.echo(json.dumps({"latency_ms": ms, "outputs": {k: {"shape": list(v.shape), "dtype": v.dtype.name,
+                                                                  "argmax": int(np.argmax(v))}
+                                                              for k, v in outputs.items()}}, indent=1))
+        return
+    for k, v in outputs.items():
+        console.print(f"{k}: {v.dtype.name}{list(v.shape)} argmax {int(np.argmax(v))} "
+                      f"first {[round(float(x), 4) for x in v.reshape(-1)[:5]]}")
+    console.print(f"{ms:.1f} ms")
+
+
+def _inputs(r, spec: str) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+    from functions.bundle import Bundle
+    from partitioner.inputs import random_inputs
+
+    b = Bundle.load(r.bundle, check_hashes=False)
+    if spec == "random":
+        return random_inputs(b.source, int(time.time()) % 1000)
+    path = Path(spec)
+    if not path.is_file():
+        raise click.ClickException(f"{spec}: no such file")
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    arr = np.load(path, allow_pickle=False)
+    if len(b.plan.model.inputs) != 1:
+        raise click.ClickException("the model has several inputs; give a .npz file with one array per input name")
+    return {b.plan.model.inputs[0].name: arr}
+
+
+def infer_http(endpoint: str, model: str, inputs: dict[str, np.ndarray], *, timeout_s: float = 120.0
+               ) -> dict[str, np.ndarray]:
+    """One OIP v2 infer request with binary tensors; raises ClickException with the server's message."""
+    from serving.api.protocol import DATATYPES, HEADER_LENGTH, datatype_of
+
+    header = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": datatype_of(v.dtype),
+                          "parameters": {"binary_data_size": v.nbytes}} for k, v in inputs.items()],
+              "parameters": {"binary_data_output": True}}
+    head = json.dumps(header).encode()
+    body = head + b"".join(np.ascontiguousarray(v).tobytes() for v in inputs.values())
+    headers = {HEADER_LENGTH: str(len(head)), "Content-Type": "application/octet-stream"}
+    token = os.environ.get("FLATPACK_API_TOKEN")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(f"{endpoint}/v2/models/{model}/infer", data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - our own loopback endpoint
+            data = resp.read()
+            n = int(resp.headers.get(HEADER_LENGTH, len(data)))
+    except urllib.error.HTTPError as e:
+        raise click.ClickException(f"HTTP {e.code}: {e.read().decode(errors='replace')}") from e
+    except urllib.error.URLError as e:
+        raise click.ClickException(f"cannot reach {endpoint}: {e.reason}") from e
+    doc = json.loads(data[:n])
+    out, offset = {}, n
+    for o in doc["outputs"]:
+        dtype = DATATYPES[o["datatype"]]
+        if "data" in o:
+            out[o["name"]] = np.asarray(o["data"], dtype=dtype).reshape(o["shape"])
+        else:
+            size = int(o["parameters"]["binary_data_size"])
+            out[o["name"]] = np.frombuffer(data[offset:offset + size], dtype=dtype).reshape(o["shape"])
+            offset += size
+    return out
+
+
+@click.command("undeploy")
+@click.argument("name")
+@click.option("--keep-bundle", is_flag=True, help="Keep the exported bundle on disk.")
+def undeploy_cmd(name: str, keep_bundle: bool) -> None:
+    """Stop deployment NAME: its endpoint, functions, shared-memory files and transport keys."""
+    import shutil
+
+    from serving.deploy.state import DeploymentRecord, state_dir
+
+    try:
+        r = DeploymentRecord.load(name)
+    except LookupError as e:
+        raise click.ClickException(str(e)) from e
+    with err_console.status(f"stopping {name}"):
+        stopped = r.terminate()
+    if not stopped:
+        raise click.ClickException(f"process {r.pid} of {name} did not stop; kill it by hand")
+    if r.deployment_id:
+        shm = Path("/dev/shm/flatpack") / r.deployment_id
+        shutil.rmtree(shm, ignore_errors=True)
+    bundle = Path(r.bundle)
+    if not keep_bundle and bundle.is_relative_to(state_dir() / "bundles"):
+        shutil.rmtree(bundle, ignore_errors=True)
+    r.delete()
+    console.print(f"undeployed {name}")

@@ -1,0 +1,161 @@
+"""Deploying on the embedded local platform: plan, export, start functions, warm up, serve the endpoint.
+
+``prepare`` turns a model and a goal into a verified bundle (profiling is cached, planning is seconds).
+``serve`` hosts the local platform and the endpoint in this process until SIGTERM/SIGINT, then removes
+everything it started: functions (their processes), shared-memory files and transport keys.
+``flatpack deploy --detach`` runs ``serve`` in a background process (``python -m serving.deploy NAME``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from functions.bundle import Bundle
+from serving.api.app import create_app
+from serving.api.dataplane import DataPlane, ModelInfo
+from serving.api.server import AppServer
+from serving.deploy.state import DeploymentRecord, state_dir
+
+__all__ = ["PlatformBackend", "prepare", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+class PlatformBackend:
+    """A model served by its deployment's master function on a platform."""
+
+    def __init__(self, deployment, platform_url: str, *, name: str, timeout_s: float = 60.0,  # type: ignore[no-untyped-def]
+                 meter: Callable[[], Mapping] | None = None) -> None:
+        from serving.platform.master_client import MasterClient
+
+        plan = deployment.plan
+        self.info = ModelInfo(name, plan.model.inputs, plan.model.outputs)
+        self.deployment = deployment
+        self._client = MasterClient(deployment, platform_url, timeout_s=timeout_s)
+        self._meter = meter
+        self._ready = False
+
+    def warm_up(self, inputs: Mapping[str, np.ndarray]) -> float:
+        t = time.perf_counter()
+        self._client.infer(inputs)
+        self._ready = True
+        return time.perf_counter() - t
+
+    def ready(self) -> bool:
+        return self._ready
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._client.infer(inputs)
+
+    def meter(self) -> Mapping[str, Mapping[str, float]]:
+        if self._meter is None:
+            return {}
+        prefix = f"{self.deployment.id}-"
+        rows = self._meter().get("functions", {})
+        return {k.removeprefix(prefix): v for k, v in rows.items() if k in self.deployment.names.values()}
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def prepare(model: Path, request, name: str, *, progress: Callable[[str], None] | None = None):  # type: ignore[no-untyped-def]
+    """Plan ``model`` as ``request`` says and export a verified bundle for deployment ``name``.
+
+    Returns (bundle path, solver result, where the unit times came from).
+    """
+    from partitioner.graph import LayerGraph
+    from partitioner.planner import export_solution, make_perfmodel, solve
+
+    say = progress or (lambda _m: None)
+    say(f"loading {model.name}")
+    lg = LayerGraph.load(model)
+    say("profiling (cached per model)")
+    pm, _, source = make_perfmodel(lg, request)
+    say(f"planning ({request.mode})")
+    result = solve(lg, request, pm=pm)
+    out = state_dir() / "bundles" / name
+    say("exporting and verifying the parts")
+    export_solution(lg, result, request, out, source=source, progress=say)
+    return out, result, source
+
+
+def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep_warm_s: float = 0.0,
+          on_ready: Callable[[DeploymentRecord], None] | None = None) -> None:
+    """Host the platform and the endpoint for ``record`` until ``stop`` is set or SIGTERM/SIGINT."""
+    from serving.platform.config import PlatformConfig
+    from serving.platform.deploy import deploy_bundle
+    from serving.platform.server import LocalPlatform
+
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    record.pid = os.getpid()
+    platform = dep = server = backend = None
+    try:
+        platform = LocalPlatform(PlatformConfig.from_env(port=0)).start()
+        dep = deploy_bundle(platform.client, record.bundle, transport=record.transport,
+                            deployment=f"{record.name}-{uuid.uuid4().hex[:6]}")
+        backend = PlatformBackend(dep, platform.url, name=record.name, meter=platform.client.meter)
+        bundle = Bundle.load(record.bundle)
+        from partitioner.inputs import random_inputs
+
+        warm_ms = backend.warm_up(random_inputs(bundle.source, 0)) * 1e3
+        plane = DataPlane()
+        plane.add(backend)
+        server = AppServer(create_app(plane), record.host, record.port).start()
+        record.endpoint = server.url
+        record.platform_url = platform.url
+        record.deployment_id = dep.id
+        record.status = "ready"
+        record.options["warm_up_ms"] = round(warm_ms, 1)
+        record.save()
+        if on_ready:
+            on_ready(record)
+        pinger = None
+        if keep_warm_s > 0:
+            pinger = threading.Thread(target=_keep_warm, args=(backend, bundle, keep_warm_s, stop), daemon=True)
+            pinger.start()
+        stop.wait()
+    except Exception as e:
+        record.status = "failed"
+        record.error = f"{type(e).__name__}: {e}"
+        record.save()
+        raise
+    finally:
+        if server is not None:
+            server.stop()
+        if backend is not None:
+            backend.close()
+        if dep is not None:
+            dep.remove(purge=True)
+        if platform is not None:
+            platform.stop()
+        if record.status == "ready":
+            record.status = "stopped"
+            record.save()
+
+
+def _keep_warm(backend: PlatformBackend, bundle: Bundle, every_s: float, stop: threading.Event) -> None:
+    """Gillis's warm-up pings: a request every ``every_s`` so instances are not reaped."""
+    from partitioner.inputs import random_inputs
+
+    x = random_inputs(bundle.source, 1)
+    while not stop.wait(every_s):
+        try:
+            backend.infer(x)
+        except Exception as e:  # noqa: BLE001 - a failed ping is logged; the next one tries again
+            log.warning("keep-warm ping failed: %s", e)
+
+
+def log_path(name: str) -> Path:
+    return state_dir() / "logs" / f"{name}.log"

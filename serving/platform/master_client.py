@@ -1,0 +1,64 @@
+"""Sending inference requests to a deployment's master function and reading its outputs.
+
+Inputs go inline or through the deployment's transport (above the inline limit), keyed by deployment and
+request id; the reply's outputs are read (and deleted) the same way. Used by `flatpack run` and by the
+inference endpoint in front of a local deployment.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Mapping
+
+import numpy as np
+
+from functions.errors import error_from_json
+from functions.event import Event, Reply, now_ms
+from functions.invoker.local import LocalInvoker
+from functions.transport.base import TensorKey
+from functions.transport.channel import TensorChannel
+from functions.transport.factory import TransportSet
+from serving.platform.deploy import Deployment
+
+__all__ = ["MasterClient"]
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in name)[:100] or "x"
+
+
+class MasterClient:
+    """Thread-safe; one per deployment."""
+
+    def __init__(self, deployment: Deployment, platform_url: str, *, timeout_s: float) -> None:
+        self.d = deployment
+        self.invoker = LocalInvoker(platform_url)
+        cfg = deployment.config
+        self.channel = TensorChannel(
+            TransportSet.from_config(cfg), transport=cfg.transport, fallback=cfg.fallback_transport,
+            payload_limit_bytes=cfg.payload_limit_bytes, inline_max_bytes=cfg.inline_max_bytes,
+        )
+        self.timeout_s = timeout_s
+        self._ids = iter(range(1 << 62))
+        self._prefix = uuid.uuid4().hex[:8]  # two clients of one deployment never share request ids
+        self._lock = threading.Lock()
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self._lock:
+            rid = f"q{self._prefix}-{next(self._ids)}"
+        dep = self.d.id
+        entries = self.channel.send(inputs, lambda n: TensorKey(dep, rid, f"in.{_safe(n)}"))
+        ev = Event("infer", rid, dep, now_ms() + int(1000 * self.timeout_s), tuple(entries))
+        try:
+            body = self.invoker.invoke(self.d.master, ev.encode(self.invoker.wire), timeout_s=self.timeout_s + 5)
+        finally:
+            self.channel.transports.delete(e.ref for e in entries if e.ref is not None)
+        reply = Reply.decode(body)
+        if reply.error is not None:
+            raise error_from_json(reply.error)
+        return self.channel.receive(reply.outputs, delete=True)
+
+    def close(self) -> None:
+        self.invoker.close()
+        self.channel.transports.close()

@@ -304,7 +304,10 @@ def infer_http(endpoint: str, model: str, inputs: dict[str, np.ndarray], *, time
     token = os.environ.get("FLATPACK_API_TOKEN")
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(f"{endpoint}/v2/models/{model}/infer", data=body, headers=headers, method="POST")
+    if not endpoint.startswith(("http://", "https://")):
+        raise click.ClickException(f"endpoint {endpoint!r} is not an http(s) URL")
+    req = urllib.request.Request(f"{endpoint}/v2/models/{model}/infer", data=body, headers=headers,  # noqa: S310
+                                 method="POST")
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - our own loopback endpoint
             data = resp.read()
@@ -344,8 +347,9 @@ def undeploy_cmd(name: str, keep_bundle: bool) -> None:
     if not stopped:
         raise click.ClickException(f"process {r.pid} of {name} did not stop; kill it by hand")
     if r.deployment_id:
-        shm = Path("/dev/shm/flatpack") / r.deployment_id
-        shutil.rmtree(shm, ignore_errors=True)
+        from serving.platform.config import PlatformConfig
+
+        shutil.rmtree(PlatformConfig.from_env().shm_dir / r.deployment_id, ignore_errors=True)
     bundle = Path(r.bundle)
     if not keep_bundle and bundle.is_relative_to(state_dir() / "bundles"):
         shutil.rmtree(bundle, ignore_errors=True)

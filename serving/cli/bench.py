@@ -11,7 +11,9 @@ __all__ = ["bench"]
 # benchmark name -> "module:attribute" (a click command)
 _BENCHMARKS: dict[str, str] = {
     "transport": "bench.transport:transport_cmd",
+    "autoencoder": "bench.autoencoder:autoencoder_cmd",
     "solvers": "bench.solvers:solvers_cmd",
+    "endpoint": "bench.endpoint:endpoint_cmd",
     "predictors": "bench.predictors:predictors_cmd",
 }
 

@@ -17,10 +17,10 @@ setup: $(BIN)/flatpack
 
 demo: setup
 	$(BIN)/flatpack zoo build vgg11 --width-div 4 --input-size 64 -o $(BUILD)/vgg11-small.onnx
-	$(BIN)/flatpack inspect $(BUILD)/vgg11-small.onnx
-	$(BIN)/flatpack export $(BUILD)/vgg11-small.onnx --stages "0-3:spatial=2x2,4:channel=4,5-7:none,8:reduction=4,9:channel=4,10:none" -o $(BUILD)/vgg11-small.bundle
-	$(BIN)/flatpack verify $(BUILD)/vgg11-small.bundle
-	$(BIN)/flatpack verify $(BUILD)/vgg11-small.onnx --all-options
+	-$(BIN)/flatpack undeploy vgg11-small 2>/dev/null
+	$(BIN)/flatpack deploy $(BUILD)/vgg11-small.onnx --mode slo --slo 200ms --name vgg11-small --port 8080 --detach
+	$(BIN)/flatpack invoke vgg11-small --input random
+	@echo "the endpoint keeps serving: flatpack status vgg11-small; stop it with: $(BIN)/flatpack undeploy vgg11-small"
 
 test: setup
 	$(BIN)/ruff check .

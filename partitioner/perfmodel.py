@@ -185,6 +185,8 @@ class ComputeModel:
     activation_factor: float = 1.5
     weight_factor: float = 1.05
     overhead_ms: float = 0.05  # per session run
+    stage_overhead_ms: float = 0.3  # the master's slicing, bookkeeping and joining per stage
+    invocation_overhead_ms: float = 0.3  # a worker's decoding and encoding per invocation
 
     @classmethod
     def from_flops(cls, lg: LayerGraph, gflops: float = 20.0, serial_fraction: float = 0.15) -> ComputeModel:
@@ -344,13 +346,13 @@ class PerfModel:
         t_master = c.part_time(choice.first, choice.last, mine[0].flops, v_master) * slow if mine else 0.0
         worker_ms = [
             (p.transfer_ms(x.input_bytes) + c.part_time(choice.first, choice.last, x.flops, v_worker) * slow
-             + p.transfer_ms(x.output_bytes))
+             + p.transfer_ms(x.output_bytes) + c.invocation_overhead_ms)
             for x in theirs
         ]
         put = sum(p.transfer_ms(x.input_bytes) for x in theirs)
         get = sum(p.transfer_ms(x.output_bytes) for x in theirs)
         out_bytes = sum(x.output_bytes for x in costs)
-        join = out_bytes / (p.memcpy_gb_s * 1e9) * 1e3
+        join = out_bytes / (p.memcpy_gb_s * 1e9) * 1e3 + c.stage_overhead_ms
         if n:
             slowest = max(worker_ms)
             mean = put + max(t_master, p.invoke.expected_max(n) + slowest) + get + join
@@ -370,6 +372,15 @@ class PerfModel:
             worker_need_mb=max((c.memory_mb(x) for x in theirs), default=0.0),
             payload_bytes=max([x.input_bytes for x in theirs] + [x.output_bytes for x in theirs] + [0]),
         )
+
+    def request_ms(self) -> tuple[float, float]:
+        """Latency every plan pays once per request (mean, percentile): invoking the master and moving
+        the model's inputs to it and its outputs back. The master is not billed for it."""
+        p = self.platform
+        lg = self.lg
+        io = sum(p.transfer_ms(lg.tensors[x].nbytes) for x in lg.inputs) + \
+            sum(p.transfer_ms(lg.tensors[x].nbytes) for x in lg.outputs)
+        return p.invoke.mean + io, p.invoke.quantile(self.q) + io
 
     def evaluate(self, choices: Sequence[StageChoice], master_mb: int) -> tuple[float, float, float, bool]:
         """The hot-loop form of :meth:`estimate`: (mean ms, percentile ms, USD, fits in memory)."""
@@ -395,7 +406,8 @@ class PerfModel:
                 fits = False
         if self.compute.base_mb + weights + hold > master_mb:
             fits = False
-        return lat, lat_q, self.cost_usd(lat, master_mb, gb_ms, inv), fits
+        fixed, fixed_q = self.request_ms()
+        return lat + fixed, lat_q + fixed_q, self.cost_usd(lat, master_mb, gb_ms, inv), fits
 
     def master_need_mb(self, choices: Sequence[StageChoice], master_mb: int) -> float:
         weights = hold = 0.0
@@ -438,4 +450,5 @@ class PerfModel:
         if need > master_mb:
             warnings.append(f"the master needs {need:.0f} MB, more than its {master_mb} MB")
         cost = self.cost_usd(lat, master_mb, gb_ms, inv)
-        return PlanEstimate(lat, lat_q, cost, master_mb, mem, tuple(warnings))
+        fixed, fixed_q = self.request_ms()
+        return PlanEstimate(lat + fixed, lat_q + fixed_q, cost, master_mb, mem, tuple(warnings))

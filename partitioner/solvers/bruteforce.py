@@ -23,6 +23,7 @@ def bruteforce(space: SearchSpace, slo_ms: float, master_memories: list[int], *,
     n = space.n
     price, fee = pm.platform.price_gb_s, pm.platform.price_request
     reserve = _hold_reserve(space)
+    slo_ms -= pm.request_ms()[1 if pm.q_mode else 0]  # the stages' share of the SLO
     best: tuple[float, list[StageChoice], int] | None = None
     nodes = 0
     for master_mb in master_memories:

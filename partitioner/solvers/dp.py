@@ -114,7 +114,11 @@ def slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl:
     t0 = time.perf_counter()
     n = space.n
     pm = space.pm
-    delta = slo_ms / nl
+    fixed = pm.request_ms()[1 if pm.q_mode else 0]
+    budget_ms = slo_ms - fixed  # what the stages may spend; invoking the master costs the rest
+    if budget_ms <= 0:
+        raise Infeasible(f"invoking the master alone takes {fixed:.1f} ms, more than the {slo_ms:g} ms SLO")
+    delta = budget_ms / nl
     reserve = _hold_reserve(space)
     best_result: tuple[float, list[StageChoice], int] | None = None
     frontier = np.full(nl + 1, _INF)
@@ -154,7 +158,7 @@ def slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl:
                         tgt[better] = cand[better]
                         back[j, dl:, w:][better] = idx
         final = cost[n][:, nb] + pm.platform.price_request  # the master's own invocation
-        frontier = np.minimum(frontier, np.minimum.accumulate(final))
+        frontier = np.minimum(frontier, np.minimum.accumulate(final))  # index ell: stages within ell*delta
         finite = np.isfinite(final)
         if not finite.any():
             continue
@@ -166,7 +170,7 @@ def slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl:
         raise Infeasible(f"no plan meets the {slo_ms:g} ms SLO")
     _, choices, master_mb = best_result
     est = pm.estimate(choices, master_mb)
-    points = _pareto(frontier, delta)
+    points = tuple((lat + fixed, c) for lat, c in _pareto(frontier, delta))
     return SolverResult(tuple(choices), master_mb, est, "exact", time.perf_counter() - t0, frontier=points,
                         notes=(f"latency discretised in steps of {delta:.3g} ms: the plan meets the SLO; no plan "
                                f"of latency <= SLO - stages x {delta:.3g} ms is cheaper",))

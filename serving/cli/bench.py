@@ -14,6 +14,7 @@ _BENCHMARKS: dict[str, str] = {
     "autoencoder": "bench.autoencoder:autoencoder_cmd",
     "solvers": "bench.solvers:solvers_cmd",
     "endpoint": "bench.endpoint:endpoint_cmd",
+    "perfmodel": "bench.perfmodel:perfmodel_cmd",
     "predictors": "bench.predictors:predictors_cmd",
 }
 

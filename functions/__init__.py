@@ -1,0 +1,19 @@
+"""Code that runs inside every function: master and worker roles, handlers for each target, the tensor
+codec, transports and invokers. Depends on numpy and onnxruntime (plus redis / boto3 when that
+transport or target is used); never on the partitioner or torch."""
+
+__all__ = [
+    "codec",
+    "config",
+    "errors",
+    "event",
+    "executor",
+    "handlers",
+    "invoker",
+    "master",
+    "plan",
+    "runtime",
+    "session",
+    "transport",
+    "worker",
+]

@@ -1,0 +1,215 @@
+"""Deadlines, bounded retries and hedging around an :class:`Invoker`.
+
+Parts are idempotent (their outputs are keyed by attempt), so a part that crashed, timed out or hit a
+transient transport error is simply invoked again, up to ``max_retries`` more times, while the request's
+deadline allows. A part that fails on its input or runs out of memory is not retried: it would fail the
+same way. With hedging on, a part still running past a percentile of its recent durations is invoked a
+second time and the first reply wins (the straggler cure from the tail-at-scale literature; see
+REFERENCES.md, Narayanan/Harlap). Every wait is bounded by the deadline: the caller gets a reply or a
+structured error, never a hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from functions.errors import FunctionError, InvokeTimeout, error_from_json
+from functions.event import Reply
+from functions.invoker.base import Invoker
+
+__all__ = ["CallKey", "DurationStats", "InvokePolicy", "PolicyInvoker"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InvokePolicy:
+    """How invocations are bounded and repeated.
+
+    Parameters
+    ----------
+    timeout_s: longest one attempt may take (the request's deadline caps it further).
+    max_retries: further attempts after a retryable failure.
+    backoff_s: pause before the first retry, doubled for each further one.
+    hedge_percentile: hedge a part still running past this percentile of its recent durations
+        (None: never hedge).
+    hedge_min_samples: durations needed before a part is hedged.
+    """
+
+    timeout_s: float = 60.0
+    max_retries: int = 2
+    backoff_s: float = 0.02
+    hedge_percentile: float | None = None
+    hedge_min_samples: int = 20
+
+
+@dataclass(frozen=True)
+class CallKey:
+    """What durations are grouped by: one part of one stage on one function."""
+
+    function: str
+    stage: int
+    part: int
+
+
+class DurationStats:
+    """Recent successful durations per :class:`CallKey` (a bounded window each), thread-safe."""
+
+    def __init__(self, window: int = 200) -> None:
+        self._window = window
+        self._d: dict[CallKey, deque[float]] = defaultdict(lambda: deque(maxlen=self._window))
+        self._lock = threading.Lock()
+
+    def record(self, key: CallKey, seconds: float) -> None:
+        with self._lock:
+            self._d[key].append(seconds)
+
+    def percentile(self, key: CallKey, p: float, min_samples: int) -> float | None:
+        with self._lock:
+            xs = sorted(self._d.get(key, ()))
+        if len(xs) < max(1, min_samples):
+            return None
+        i = min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))
+        return xs[i]
+
+
+@dataclass
+class _Attempt:
+    number: int
+    started: float
+    hedge: bool
+
+
+class PolicyInvoker:
+    """Runs invocations on a thread pool under an :class:`InvokePolicy`.
+
+    ``call`` returns the decoded successful :class:`Reply` or raises the :class:`FunctionError` that
+    ended the last attempt (its message says how many attempts were made).
+    """
+
+    def __init__(
+        self,
+        invoker: Invoker,
+        policy: InvokePolicy | None = None,
+        *,
+        max_workers: int = 64,
+        stats: DurationStats | None = None,
+    ) -> None:
+        self.invoker = invoker
+        self.policy = policy or InvokePolicy()
+        self.stats = stats or DurationStats()
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="flatpack-invoke")
+
+    def _attempt(self, function: str, payload: bytes, timeout_s: float) -> Reply:
+        body = self.invoker.invoke(function, payload, timeout_s=timeout_s)
+        reply = Reply.decode(body)
+        if reply.error is not None:
+            raise error_from_json(reply.error, function=function)
+        return reply
+
+    def call(
+        self,
+        function: str,
+        payload_for: Callable[[int], bytes],
+        *,
+        deadline: float,
+        key: CallKey | None = None,
+        discard: Callable[[Reply], None] | None = None,
+    ) -> Reply:
+        """Invoke ``function`` with ``payload_for(attempt_number)`` until a reply succeeds.
+
+        ``deadline`` is Unix time in seconds. ``discard`` receives the successful replies of attempts
+        that lost (hedges, late retries), so their outputs can be deleted.
+        """
+        pol = self.policy
+        allowed = 1 + pol.max_retries
+        pending: dict[Future[Reply], _Attempt] = {}
+        errors: list[FunctionError] = []
+        launched = 0
+        hedged = False
+
+        def launch(hedge: bool = False) -> None:
+            nonlocal launched
+            timeout = min(pol.timeout_s, deadline - time.time())
+            att = _Attempt(launched, time.time(), hedge)
+            launched += 1
+            pending[self._pool.submit(self._attempt, function, payload_for(att.number), timeout)] = att
+
+        def abandon() -> None:
+            for f in pending:
+                if not f.cancel() and discard is not None:
+                    f.add_done_callback(lambda f: _discard(f, discard))
+            pending.clear()
+
+        hedge_after = None
+        if pol.hedge_percentile is not None and key is not None:
+            hedge_after = self.stats.percentile(key, pol.hedge_percentile, pol.hedge_min_samples)
+
+        launch()
+        while True:
+            now = time.time()
+            if now >= deadline:
+                abandon()
+                last = f"; last error: {errors[-1]}" if errors else ""
+                raise InvokeTimeout(
+                    f"no reply before the request's deadline after {launched} attempt(s){last}", function=function
+                )
+            wait_s = deadline - now
+            hedge_due = hedge_after is not None and not hedged and launched < allowed and pending
+            if hedge_due:
+                first = min(a.started for a in pending.values())
+                wait_s = min(wait_s, max(0.0, first + hedge_after - now))  # type: ignore[operator]
+            done, _ = wait(list(pending), timeout=wait_s, return_when=FIRST_COMPLETED)
+            if not done:
+                if hedge_due and time.time() < deadline:
+                    hedged = True
+                    log.info("hedging %s (%s): running past p%s = %.1f ms", function, key, pol.hedge_percentile,
+                             1000 * (hedge_after or 0))
+                    launch(hedge=True)
+                continue
+            for fut in done:
+                att = pending.pop(fut)
+                try:
+                    reply = fut.result()
+                except FunctionError as e:
+                    errors.append(e)
+                    if not e.retryable:
+                        abandon()
+                        raise
+                    log.info("%s attempt %d failed (%s)", function, att.number, e)
+                    continue
+                except Exception as e:  # noqa: BLE001 - an invoker bug must still end as a structured error
+                    abandon()
+                    raise FunctionError(f"invoker failed: {e!r}", function=function) from e
+                if key is not None:
+                    self.stats.record(key, time.time() - att.started)
+                abandon()
+                return reply
+            if not pending:
+                if launched >= allowed:
+                    last_err = errors[-1]
+                    last_err.message = f"{last_err.message} (gave up after {launched} attempts)"
+                    raise last_err
+                pause = pol.backoff_s * (2 ** (len(errors) - 1))
+                time.sleep(max(0.0, min(pause, deadline - time.time())))
+                if time.time() < deadline:
+                    launch()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.invoker.close()
+
+
+def _discard(f: Future[Reply], discard: Callable[[Reply], None]) -> None:
+    if f.cancelled() or f.exception() is not None:
+        return
+    try:
+        discard(f.result())
+    except Exception:  # noqa: BLE001 - cleanup of a lost attempt must not raise into a pool thread
+        log.warning("could not discard the outputs of a lost attempt", exc_info=True)

@@ -1,0 +1,436 @@
+"""The master: runs a plan for one request, stage by stage, with fork-join across worker functions.
+
+Built on :func:`functions.executor.execute_plan` (the same loop the in-process executor uses): for each
+stage it slices the input regions of the parts, invokes the parts' functions concurrently (running the
+parts assigned to the master itself in its own process meanwhile), joins (tiles placed, channels
+concatenated, partial sums added), runs the epilogue, and goes on: Gillis's multi-round fork-join.
+
+A stage assigned wholly to one other function (MOPAR's vertical slice) leaves its outputs in the
+transport: the master holds a :class:`RemoteTensor` (a ref plus dtype and shape) and passes the ref on to
+the next stage's parts, so the tensor goes worker to worker without passing through the master's
+memory. A remote tensor is fetched only where its values are needed here (a join, an epilogue, a part
+the master runs, the model outputs) or where a part needs a region of it and the transport cannot read
+regions in place (only shared memory can).
+
+Clean-up: the master deletes the tensors it put for a stage once the stage is done, the outputs it
+reads as it reads them, remote tensors after their last use, and, at the end of the request, the
+outputs of any attempt that lost or failed. TTLs (or the shared-memory sweeper) are the backstop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from functions.config import FunctionConfig
+from functions.errors import BadRequest, FunctionError, PartError
+from functions.event import Event, Reply, TensorEntry
+from functions.executor import execute_plan, region_slices
+from functions.invoker.policy import CallKey, PolicyInvoker
+from functions.plan import Part, Plan, Region, Stage, full_region
+from functions.procstat import peak_rss_mb
+from functions.session import SessionCache
+from functions.transport.base import TensorKey, scheme_of
+from functions.transport.channel import TensorChannel
+from functions.transport.factory import TransportSet
+from functions.worker import output_key
+
+__all__ = ["Master", "RemoteRegion", "RemoteTensor"]
+
+log = logging.getLogger(__name__)
+
+
+class RemoteTensor:
+    """A stage output that stays in the transport until its values are needed in the master.
+
+    Indexing it with a region's slices (what :func:`functions.executor.part_inputs` does) gives a
+    :class:`RemoteRegion` instead of copying anything.
+    """
+
+    __slots__ = ("array", "dtype", "live", "name", "ref", "shape")
+
+    def __init__(self, name: str, ref: str, dtype: str, shape: tuple[int, ...]) -> None:
+        self.name = name
+        self.ref = ref
+        self.dtype = np.dtype(dtype)
+        self.shape = shape
+        self.array: np.ndarray | None = None  # set once fetched
+        self.live = True  # the stored copy still exists
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, key: Any) -> RemoteRegion | np.ndarray:
+        if self.array is not None:
+            return self.array[key]
+        if not isinstance(key, tuple):
+            key = (key,)
+        if len(key) != self.ndim or not all(isinstance(k, slice) for k in key):
+            raise TypeError(f"a remote tensor takes one slice per axis, got {key!r}")
+        region = []
+        for k, d in zip(key, self.shape, strict=True):
+            start, stop, step = k.indices(d)
+            if step != 1:
+                raise TypeError("a remote tensor region must have step 1")
+            region.append((start, max(start, stop)))
+        return RemoteRegion(self, tuple(region))
+
+    def __repr__(self) -> str:
+        return f"RemoteTensor({self.name!r}, {self.ref!r}, {self.dtype}{list(self.shape)})"
+
+
+@dataclass(frozen=True)
+class RemoteRegion:
+    tensor: RemoteTensor
+    region: Region
+
+    @property
+    def whole(self) -> bool:
+        return self.region == full_region(self.tensor.shape)
+
+
+class Master:
+    """The master role of a function: ``infer`` runs the whole plan for one request.
+
+    Parameters
+    ----------
+    plan, bundle_dir: the bundle.
+    config: this function's configuration (deployment, transport, limits).
+    sessions: the instance's session cache, for parts and epilogues the master runs itself.
+    transports: the instance's transports.
+    caller: invokes the workers under the deadline / retry / hedging policy.
+    fanout_workers: most parts invoked at once.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        bundle_dir: str | Path,
+        config: FunctionConfig,
+        sessions: SessionCache,
+        transports: TransportSet,
+        caller: PolicyInvoker,
+        *,
+        fanout_workers: int = 32,
+    ) -> None:
+        self.plan = plan
+        self.bundle_dir = Path(bundle_dir)
+        self.config = config
+        self.function = config.function
+        self.sessions = sessions
+        self.transports = transports
+        self.caller = caller
+        self.channel = TensorChannel(
+            transports,
+            transport=config.transport,
+            fallback=config.fallback_transport,
+            payload_limit_bytes=config.payload_limit_bytes,
+            inline_max_bytes=config.inline_max_bytes,
+            compression=config.compression,  # type: ignore[arg-type]
+            wire=caller.invoker.wire,
+        )
+        self._fanout = ThreadPoolExecutor(max_workers=fanout_workers, thread_name_prefix="flatpack-fanout")
+        self.final = {t.name for t in plan.model.outputs}
+        self.parts: dict[tuple[int, int], Part] = {(st.index, p.index): p for st in plan.stages for p in st.parts}
+        self.last_use: dict[str, int] = {}
+        for stage in plan.stages:
+            for name in stage.inputs:
+                self.last_use[name] = stage.index
+        # reference schemes a worker may have written outputs with (for cleaning up lost attempts)
+        self.output_schemes = sorted(
+            {n for n in (config.transport, config.fallback_transport) if n and n != "inline"}
+        )
+
+    def infer(self, event: Event, reply_channel: TensorChannel) -> Reply:
+        if self.function != self.plan.master:
+            raise BadRequest(
+                f"function {self.function!r} is not this plan's master ({self.plan.master!r}); "
+                f"send inference requests to the master"
+            )
+        t0 = time.perf_counter()
+        inputs = reply_channel.receive(event.inputs, delete=True)
+        run = _RequestRun(self, event)
+        try:
+            outs = execute_plan(self.plan, inputs, run, run.run_epilogue)
+            arrays = {name: run.materialize(v, delete=True) for name, v in outs.items()}
+            index = {t.name: i for i, t in enumerate(self.plan.model.outputs)}
+            entries = reply_channel.send(
+                arrays, lambda n: TensorKey(event.deployment, event.request_id, f"out.o{index[n]}")
+            )
+        finally:
+            run.cleanup()
+        timings = dict(run.timings)
+        timings["total_ms"] = 1e3 * (time.perf_counter() - t0)
+        timings["fetched_bytes"] = float(run.fetched_bytes)
+        timings["sent_bytes"] = float(run.sent_bytes)
+        timings["invocations"] = float(run.invocations)
+        return Reply(outputs=tuple(entries), timings=timings, peak_rss_mb=peak_rss_mb())
+
+    def close(self) -> None:
+        self._fanout.shutdown(wait=False, cancel_futures=True)
+        self.caller.close()
+
+
+class _RequestRun:
+    """One request's state: the PartRunner that :func:`execute_plan` drives."""
+
+    def __init__(self, master: Master, event: Event) -> None:
+        self.m = master
+        self.event = event
+        self.deadline = event.deadline_ms / 1000
+        self.remote: dict[str, RemoteTensor] = {}
+        self.launched: dict[tuple[int, int], set[int]] = defaultdict(set)
+        self.won: set[str] = set()
+        self.succeeded: set[tuple[int, int]] = set()
+        self.timings: dict[str, float] = {}
+        self.fetched_bytes = 0
+        self.sent_bytes = 0
+        self.invocations = 0
+        self._lock = threading.Lock()
+        self._puts = itertools.count()
+
+    # -- execute_plan's hooks ----------------------------------------------------------------------------
+
+    def run_stage(self, stage: Stage, inputs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        t0 = time.perf_counter()
+        m = self.m
+        parts = stage.parts
+        keep_remote = len(parts) == 1 and stage.join == "none"
+        stage_puts: list[str] = []
+        futures: dict[int, Future[dict[str, Any]]] = {}
+        try:
+            cache: dict[tuple[str, Region], TensorEntry] = {}
+            events: dict[int, list[TensorEntry]] = {}
+            for i, part in enumerate(parts):
+                if part.function != m.function:
+                    events[i] = self._entries(stage, part, inputs[i], cache, stage_puts)
+            for i, entries in events.items():
+                futures[i] = m._fanout.submit(self._call, stage, parts[i], entries, keep_remote)
+            results: list[dict[str, Any]] = [{} for _ in parts]
+            try:
+                for i, part in enumerate(parts):
+                    if i not in futures:
+                        results[i] = self._run_local(part, inputs[i])
+                for i, fut in futures.items():
+                    results[i] = fut.result()
+            except BaseException:
+                for fut in futures.values():
+                    fut.add_done_callback(self._discard_future)
+                raise
+        finally:
+            self._delete(stage_puts)
+            self._retire(stage.index)
+        for res in results:
+            for name, v in res.items():
+                if isinstance(v, RemoteTensor):
+                    self.remote[name] = v
+        self.timings[f"stage{stage.index}_ms"] = 1e3 * (time.perf_counter() - t0)
+        return results
+
+    def run_epilogue(self, stage: Stage, env: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        assert stage.epilogue is not None
+        path = self.m.bundle_dir / stage.epilogue
+        names = self.m.sessions.input_names(path)
+        try:
+            return self.m.sessions.run(path, {n: self.materialize(env[n]) for n in names})
+        except KeyError as e:
+            raise PartError(f"epilogue {stage.epilogue} needs tensor {e}, which no stage produced") from e
+        except Exception as e:
+            if isinstance(e, FunctionError):
+                raise
+            raise PartError(f"epilogue {stage.epilogue} failed: {e}", function=self.m.function) from e
+
+    # -- helpers -----------------------------------------------------------------------------------------
+
+    def materialize(self, value: Any, *, delete: bool = False) -> np.ndarray:
+        if isinstance(value, RemoteRegion):
+            return self.materialize(value.tensor)[region_slices(value.region)]
+        if isinstance(value, RemoteTensor):
+            if value.array is None:
+                value.array = self.m.transports.get(value.ref, delete=delete and value.live)
+                self.fetched_bytes += value.array.nbytes
+                if delete:
+                    value.live = False
+            elif delete and value.live:
+                self._delete([value.ref])
+                value.live = False
+            return value.array
+        return np.asarray(value)
+
+    def _entries(
+        self,
+        stage: Stage,
+        part: Part,
+        inputs: Mapping[str, Any],
+        cache: dict[tuple[str, Region], TensorEntry],
+        stage_puts: list[str],
+    ) -> list[TensorEntry]:
+        """The event inputs of one part: refs passed on where possible, the rest sent through the channel.
+
+        A tensor region several parts need (a channel split's whole input) is stored once per stage.
+        """
+        m = self.m
+        region_of = {pi.name: pi.region for pi in part.inputs}
+        entries: list[TensorEntry] = []
+        to_send: dict[str, np.ndarray] = {}
+        for name, value in inputs.items():
+            ck = (name, region_of[name])
+            hit = cache.get(ck)
+            if hit is not None:
+                entries.append(hit)
+                continue
+            if isinstance(value, RemoteRegion) and value.tensor.array is None:
+                rt = value.tensor
+                if value.whole or m.transports.transport(scheme_of(rt.ref)).zero_copy:
+                    e = TensorEntry(
+                        name, ref=rt.ref, region=None if value.whole else value.region,
+                        dtype=rt.dtype.name, shape=rt.shape,
+                    )
+                    cache[ck] = e
+                    entries.append(e)
+                    continue
+            to_send[name] = self.materialize(value)
+        if to_send:
+            n = next(self._puts)
+            sent = m.channel.send(
+                to_send,
+                lambda name: TensorKey(
+                    self.event.deployment, self.event.request_id, f"s{stage.index}.i{n}.{_idx(part, name)}"
+                ),
+                reserved_bytes=m.channel.inline_bytes(entries),
+            )
+            for e in sent:
+                cache[(e.name, region_of[e.name])] = e
+                if e.ref is not None:
+                    stage_puts.append(e.ref)
+                self.sent_bytes += int(np.asarray(to_send[e.name]).nbytes)
+            entries += sent
+        return entries
+
+    def _call(self, stage: Stage, part: Part, entries: list[TensorEntry], keep_remote: bool) -> dict[str, Any]:
+        """Invoke one part (with retries / hedging) and return its outputs: arrays, or remote tensors."""
+        m = self.m
+        ev = self.event
+        wire = m.caller.invoker.wire
+        launched = self.launched[(stage.index, part.index)]
+
+        def payload_for(attempt: int) -> bytes:
+            launched.add(attempt)
+            with self._lock:
+                self.invocations += 1
+            return Event(
+                "part", ev.request_id, ev.deployment, ev.deadline_ms, tuple(entries),
+                stage=stage.index, part=part.index, attempt=attempt,
+            ).encode(wire)
+
+        reply = m.caller.call(
+            m.config.deployed_name(part.function),
+            payload_for,
+            deadline=self.deadline,
+            key=CallKey(part.function, stage.index, part.index),
+            discard=self._discard_reply,
+        )
+        refs = [e.ref for e in reply.outputs if e.ref is not None]
+        with self._lock:
+            self.won.update(refs)
+        missing = set(part.outputs) - {e.name for e in reply.outputs}
+        if missing:
+            self._delete(refs)
+            raise PartError(f"stage {stage.index} part {part.index} replied without outputs {sorted(missing)}",
+                            function=part.function)
+        if keep_remote:
+            with self._lock:
+                self.succeeded.add((stage.index, part.index))
+            out: dict[str, Any] = {}
+            inline = [e for e in reply.outputs if e.ref is None]
+            out.update(m.channel.receive(inline))
+            for e in reply.outputs:
+                if e.ref is not None:
+                    if e.dtype is None or e.shape is None:
+                        out[e.name] = m.transports.get(e.ref, delete=True)
+                    else:
+                        out[e.name] = RemoteTensor(e.name, e.ref, e.dtype, e.shape)
+            return out
+        arrays = m.channel.receive(reply.outputs, delete=True)
+        by_ref = {e.name for e in reply.outputs if e.ref is not None}
+        with self._lock:
+            self.fetched_bytes += sum(a.nbytes for n, a in arrays.items() if n in by_ref)
+            self.succeeded.add((stage.index, part.index))
+        return arrays
+
+    def _run_local(self, part: Part, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        arrays = {name: self.materialize(v) for name, v in inputs.items()}
+        try:
+            outs = self.m.sessions.run(self.m.bundle_dir / part.file, arrays)
+        except Exception as e:
+            if isinstance(e, FunctionError):
+                raise
+            raise PartError(f"part {part.file} failed in the master: {e}", function=self.m.function) from e
+        return {name: outs[name] for name in part.outputs}
+
+    def _retire(self, stage_index: int) -> None:
+        """Delete remote tensors no later stage reads."""
+        for name, rt in list(self.remote.items()):
+            if self.m.last_use.get(name, -1) <= stage_index and name not in self.m.final:
+                if rt.live:
+                    self._delete([rt.ref])
+                    rt.live = False
+                del self.remote[name]
+
+    def _delete(self, refs: Sequence[str]) -> None:
+        if not refs:
+            return
+        try:
+            self.m.transports.delete(refs)
+        except FunctionError as e:
+            log.warning("could not delete %d tensor(s) of request %s: %s", len(refs), self.event.request_id, e)
+
+    def _discard_reply(self, reply: Reply) -> None:
+        self._delete([e.ref for e in reply.outputs if e.ref is not None])
+
+    def _discard_future(self, fut: Future[dict[str, Any]]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        for v in fut.result().values():
+            if isinstance(v, RemoteTensor) and v.live:
+                self._delete([v.ref])
+                v.live = False
+
+    def cleanup(self) -> None:
+        """Delete what this request left in the transports: live remote tensors, lost attempts' outputs."""
+        refs = [rt.ref for rt in self.remote.values() if rt.live]
+        for rt in self.remote.values():
+            rt.live = False
+        self.remote.clear()
+        m = self.m
+        ev = self.event
+        for (s, p), attempts in self.launched.items():
+            if len(attempts) == 1 and (s, p) in self.succeeded:
+                continue  # the usual case: one attempt, whose outputs are handled already
+            n_out = len(m.parts[(s, p)].outputs)
+            for a in attempts:
+                for i in range(n_out):
+                    key = output_key(ev.deployment, ev.request_id, s, p, a, i)
+                    for scheme in m.output_schemes:
+                        ref = f"{scheme}:{key}"
+                        if ref not in self.won:
+                            refs.append(ref)
+        self._delete(refs)
+
+
+def _idx(part: Part, name: str) -> int:
+    for i, pi in enumerate(part.inputs):
+        if pi.name == name:
+            return i
+    raise BadRequest(f"part {part.file} has no input {name!r}")

@@ -1,0 +1,153 @@
+"""`flatpack platform start|stop|status`: the local serverless platform as a background process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from serving.cli.console import console
+
+__all__ = ["platform"]
+
+
+def _state_dir() -> Path:
+    return Path(os.environ.get("FLATPACK_STATE_DIR") or Path.home() / ".cache" / "flatpack")
+
+
+def _state_file() -> Path:
+    return _state_dir() / "platform.json"
+
+
+def _read_state() -> dict | None:
+    try:
+        return json.loads(_state_file().read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@click.group("platform")
+def platform() -> None:
+    """The local serverless platform (functions as processes with AWS Lambda's semantics)."""
+
+
+@platform.command("start")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8808, show_default=True)
+@click.option("--profile", default="local", show_default=True, help="Platform profile (name or YAML path).")
+@click.option("--idle-timeout-s", type=float, default=300.0, show_default=True,
+              help="Reap instances idle this long (the next request is a cold start).")
+@click.option("--wait-s", type=float, default=30.0, show_default=True, help="How long to wait for it to answer.")
+def start(host: str, port: int, profile: str, idle_timeout_s: float, wait_s: float) -> None:
+    """Start the platform in the background; prints its URL."""
+    from serving.platform.client import PlatformClient, PlatformUnavailable
+
+    state = _read_state()
+    if state and _alive(int(state["pid"])):
+        raise click.ClickException(f"a platform is already running at {state['url']} (pid {state['pid']}); "
+                                   f"stop it with `flatpack platform stop`")
+    _state_dir().mkdir(parents=True, exist_ok=True)
+    log = _state_dir() / "platform.log"
+    url = f"http://{host}:{port}"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            [sys.executable, "-m", "serving.platform", "--host", host, "--port", str(port), "--profile", profile,
+             "--idle-timeout-s", str(idle_timeout_s)],
+            stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    client = PlatformClient(url, timeout_s=2)
+    t_end = time.monotonic() + wait_s
+    while True:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+            raise click.ClickException(f"the platform exited at start (code {proc.returncode}): {' | '.join(tail)}; "
+                                       f"see {log}")
+        try:
+            client.health()
+            break
+        except PlatformUnavailable as e:
+            if time.monotonic() > t_end:
+                proc.terminate()
+                raise click.ClickException(
+                    f"the platform did not answer at {url} within {wait_s:.0f} s; see {log}"
+                ) from e
+            time.sleep(0.1)
+    _state_file().write_text(json.dumps({"pid": proc.pid, "url": url, "started": time.time(), "log": str(log)}))
+    click.echo(url)
+
+
+@platform.command("stop")
+@click.option("--wait-s", type=float, default=15.0, show_default=True)
+def stop(wait_s: float) -> None:
+    """Stop the background platform (its function instances stop with it)."""
+    state = _read_state()
+    if not state or not _alive(int(state["pid"])):
+        _state_file().unlink(missing_ok=True)
+        raise click.ClickException("no local platform is running; start one with `flatpack platform start`")
+    pid = int(state["pid"])
+    os.kill(pid, signal.SIGTERM)
+    t_end = time.monotonic() + wait_s
+    while _alive(pid) and time.monotonic() < t_end:
+        time.sleep(0.1)
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    _state_file().unlink(missing_ok=True)
+    click.echo(f"stopped the platform at {state['url']} (pid {pid})")
+
+
+@platform.command("status")
+@click.option("--url", default=None, help="Platform URL (default: the one `flatpack platform start` started).")
+@click.option("--json", "as_json", is_flag=True, help="Print functions and the billing meter as JSON.")
+def status(url: str | None, as_json: bool) -> None:
+    """Show the platform's functions, their instances, and the billing meter."""
+    from serving.platform.client import PlatformClient, PlatformUnavailable
+
+    state = _read_state()
+    url = url or (state or {}).get("url")
+    if not url:
+        raise click.ClickException("no local platform is running; start one with `flatpack platform start`")
+    client = PlatformClient(url, timeout_s=5)
+    try:
+        health, functions, meter = client.health(), client.functions(), client.meter()
+    except PlatformUnavailable as e:
+        raise click.ClickException(f"{e}; start one with `flatpack platform start`") from e
+    if as_json:
+        click.echo(json.dumps({"url": url, "health": health, "functions": functions, "meter": meter}))
+        return
+    console.print(f"local platform at {url} (profile {health.get('profile')}), {len(functions)} function(s)")
+    t = Table()
+    for c in ("function", "memory_mb", "threads", "instances", "busy", "invocations", "cold_starts", "errors",
+              "billed_gb_s"):
+        t.add_column(c, justify="left" if c == "function" else "right")
+    usage = meter.get("functions", {})
+    for f in functions:
+        u = usage.get(f["name"], {})
+        inst = f.get("instances", [])
+        t.add_row(f["name"], str(f["memory_mb"]), str(f.get("intra_op_threads", "")), str(len(inst)),
+                  str(sum(1 for i in inst if i.get("busy"))), str(u.get("invocations", 0)),
+                  str(u.get("cold_starts", 0)), str(u.get("errors", 0)), f"{u.get('billed_gb_s', 0.0):.4g}")
+    console.print(t)
+    total = meter.get("total", {})
+    console.print(f"total: {int(total.get('invocations', 0))} invocations, {total.get('billed_gb_s', 0.0):.4g} "
+                  f"GB-s billed, {int(total.get('cold_starts', 0))} cold starts, {int(total.get('errors', 0))} errors")

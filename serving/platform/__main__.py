@@ -1,0 +1,27 @@
+"""``python -m serving.platform``: the local platform in the foreground (``flatpack platform start`` runs this)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from serving.platform.config import PlatformConfig
+from serving.platform.server import serve
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m serving.platform", description=__doc__)
+    ap.add_argument("--host", default=None)
+    ap.add_argument("--port", type=int, default=None)
+    ap.add_argument("--profile", default=None)
+    ap.add_argument("--idle-timeout-s", type=float, default=None)
+    args = ap.parse_args()
+    logging.basicConfig(level=os.environ.get("FLATPACK_LOG_LEVEL", "WARNING"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(PlatformConfig.from_env(host=args.host, port=args.port, profile=args.profile,
+                                  idle_timeout_s=args.idle_timeout_s))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""HTTP routes of the local platform (thin; the work is in :class:`PlatformService`).
+
+* ``POST /2015-03-31/functions/{name}/invocations`` — AWS Lambda's Invoke REST shape, so boto3's Lambda
+  client (``endpoint_url`` pointed here) and the Lambda invoker work against it unchanged.
+* ``POST /function/{name}`` — the OpenFaaS gateway's shape.
+* ``PUT|DELETE|GET /flatpack/functions[/{name}]`` — register, remove, list functions and their instances.
+* ``GET /flatpack/meter`` (JSON) and ``GET /metrics`` (Prometheus text) — the billing meter.
+* ``GET /healthz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request, Response
+
+from partitioner.platform import PlatformProfile
+from serving.platform.config import PlatformConfig
+from serving.platform.errors import FunctionFailed, PlatformError
+from serving.platform.service import PlatformService
+from serving.platform.spec import FunctionSpec, check_name
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+
+_JSON = "application/json"
+
+
+def _json(doc: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(doc), status_code=status, media_type=_JSON, headers=headers)
+
+
+def _lambda_platform_error(e: PlatformError) -> Response:
+    return _json({"Type": "User" if e.status < 500 else "Service", "message": e.message}, e.status,
+                 {"x-amzn-ErrorType": e.error_type})
+
+
+def create_app(config: PlatformConfig, profile: PlatformProfile | None = None) -> FastAPI:
+    """A new app with its own :class:`PlatformService` on ``app.state.service``."""
+    service = PlatformService(config, profile)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title="flatpack local platform", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = service
+    background: set[asyncio.Task[object]] = set()
+
+    @app.post("/2015-03-31/functions/{name}/invocations")
+    async def lambda_invoke(name: str, request: Request) -> Response:
+        kind = request.headers.get("x-amz-invocation-type", "RequestResponse")
+        try:
+            service.pool(name)
+            payload = await request.body()
+            if kind == "DryRun":
+                return Response(status_code=204)
+            if kind == "Event":
+                task = asyncio.create_task(service.invoke(name, payload))
+                background.add(task)
+                task.add_done_callback(background.discard)
+                return Response(status_code=202)
+            reply = await service.invoke(name, payload)
+        except PlatformError as e:
+            return _lambda_platform_error(e)
+        except FunctionFailed as e:
+            return _json({"errorType": e.lambda_type, "errorMessage": e.message}, 200,
+                         {"X-Amz-Function-Error": "Unhandled", "X-Amz-Executed-Version": "$LATEST"})
+        return Response(reply.body, media_type="application/octet-stream",
+                        headers={"X-Amz-Executed-Version": "$LATEST"})
+
+    @app.post("/function/{name}")
+    async def openfaas_invoke(name: str, request: Request) -> Response:
+        try:
+            reply = await service.invoke(name, await request.body())
+        except PlatformError as e:
+            return _json({"error": {"type": e.error_type, "message": e.message}}, e.status)
+        except FunctionFailed as e:
+            return _json({"error": {"type": e.flatpack_type, "message": e.message}}, e.status)
+        return Response(reply.body, status_code=500 if reply.failed else 200,
+                        media_type="application/octet-stream")
+
+    @app.put("/flatpack/functions/{name}")
+    async def register(name: str, request: Request) -> Response:
+        try:
+            check_name(name)
+            doc = json.loads(await request.body() or b"{}")
+            spec = FunctionSpec.from_json(doc, name=name)
+            return _json(await service.register(spec), 201)
+        except ValueError as e:  # includes JSONDecodeError
+            return _json({"error": {"type": "InvalidParameterValueException", "message": str(e)}}, 400)
+
+    @app.delete("/flatpack/functions/{name}")
+    async def remove(name: str) -> Response:
+        try:
+            await service.remove(name)
+        except PlatformError as e:
+            return _json({"error": {"type": e.error_type, "message": e.message}}, e.status)
+        return Response(status_code=204)
+
+    @app.get("/flatpack/functions")
+    async def list_functions() -> Response:
+        return _json({"functions": service.describe()})
+
+    @app.get("/flatpack/functions/{name}")
+    async def describe(name: str) -> Response:
+        try:
+            return _json(service.pool(name).describe())
+        except PlatformError as e:
+            return _json({"error": {"type": e.error_type, "message": e.message}}, e.status)
+
+    @app.get("/flatpack/meter")
+    async def meter() -> Response:
+        return _json(service.meter.snapshot())
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(service.meter.prometheus_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return _json({"ok": True, "profile": service.profile.name, "functions": len(service.describe()),
+                      "url": service.url})
+
+    return app

@@ -1,0 +1,72 @@
+"""Configuration of the local platform, with ``FLATPACK_PLATFORM_*`` environment overrides."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+__all__ = ["PlatformConfig"]
+
+
+@dataclass(frozen=True)
+class PlatformConfig:
+    """The local platform's settings.
+
+    Parameters
+    ----------
+    host, port: where the HTTP API listens (127.0.0.1 unless told otherwise; port 0 picks a free one).
+    profile: platform profile name or YAML path (CPU share, billing granularity, payload limit).
+    idle_timeout_s: an instance idle this long is reaped (the next request to it is a cold start).
+    default_concurrency: instance limit of a function registered without one (None: the profile's
+        ``max_concurrency``).
+    function_timeout_s: default per-invocation time limit of a function (Lambda's "timeout").
+    memory_poll_ms: how often a busy instance's resident memory is checked against its limit.
+    init_timeout_s: how long an instance may take to start (import, load its parts).
+    shm_dir: shared-memory root swept of stale tensors every ``sweep_interval_s``, files older than
+        ``shm_max_age_s``.
+    python: interpreter that runs instances.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8808
+    profile: str = "local"
+    idle_timeout_s: float = 300.0
+    default_concurrency: int | None = None
+    function_timeout_s: float = 60.0
+    memory_poll_ms: float = 10.0
+    init_timeout_s: float = 60.0
+    shm_dir: Path = Path("/dev/shm/flatpack")  # noqa: S108 - the shared tmpfs is the point
+    sweep_interval_s: float = 30.0
+    shm_max_age_s: float = 900.0
+    python: str = sys.executable
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> PlatformConfig:
+        """Defaults, then ``FLATPACK_PLATFORM_<FIELD>`` variables, then ``overrides`` (None ones skipped)."""
+        env = os.environ if environ is None else environ
+        cfg = cls()
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            var = f"FLATPACK_PLATFORM_{f.name.upper()}"
+            raw = env.get(var)
+            if raw is None:
+                continue
+            current = getattr(cfg, f.name)
+            try:
+                if isinstance(current, bool):
+                    values[f.name] = raw.lower() in ("1", "true", "yes")
+                elif isinstance(current, int) or f.name == "default_concurrency":
+                    values[f.name] = int(raw)
+                elif isinstance(current, float):
+                    values[f.name] = float(raw)
+                elif isinstance(current, Path):
+                    values[f.name] = Path(raw)
+                else:
+                    values[f.name] = raw
+            except ValueError as e:
+                raise ValueError(f"{var}={raw!r} is not a valid {type(current).__name__}") from e
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cfg, **values)  # type: ignore[arg-type]

@@ -1,0 +1,134 @@
+"""Deploying a bundle onto the local platform: one platform function per plan function.
+
+The platform function of plan function ``F`` is ``<deployment>-F``; its environment is the
+:class:`functions.config.FunctionConfig` of ``F`` (transport, stores, invoker pointed back at the
+platform). Removing the deployment stops its instances and purges whatever its requests left in the
+transports (normally nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from functions.config import FunctionConfig
+from functions.plan import Plan
+from functions.transport.factory import open_transport
+from serving.platform.client import PlatformClient
+from serving.platform.spec import FunctionSpec
+
+__all__ = ["Deployment", "deploy_bundle", "new_deployment_id"]
+
+log = logging.getLogger(__name__)
+
+
+def new_deployment_id(prefix: str = "d") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+@dataclass
+class Deployment:
+    """A bundle's functions on a platform."""
+
+    client: PlatformClient
+    bundle_dir: Path
+    plan: Plan
+    config: FunctionConfig  # the master's; workers differ only in ``function``
+    names: dict[str, str] = field(default_factory=dict)  # plan function -> platform function
+
+    @property
+    def id(self) -> str:
+        return self.config.deployment
+
+    @property
+    def master(self) -> str:
+        return self.names[self.plan.master]
+
+    def leftovers(self) -> dict[str, int]:
+        """Tensors of this deployment still in each reference transport it uses."""
+        out: dict[str, int] = {}
+        for name in {n for n in (self.config.transport, self.config.fallback_transport) if n and n != "inline"}:
+            t = open_transport(name, self.config)
+            try:
+                out[name] = t.count(self.id)
+            finally:
+                t.close()
+        return out
+
+    def remove(self, *, purge: bool = True) -> None:
+        """Remove the functions (stopping their instances) and, with ``purge``, everything the deployment
+        left in its transports (shared-memory directory included)."""
+        for name in self.names.values():
+            try:
+                self.client.remove(name)
+            except ValueError as e:
+                log.warning("removing %s: %s", name, e)
+        if purge:
+            for name in {n for n in (self.config.transport, self.config.fallback_transport) if n and n != "inline"}:
+                t = open_transport(name, self.config)
+                try:
+                    t.purge(self.id)
+                except Exception as e:  # noqa: BLE001 - best effort: report, do not mask the caller's result
+                    log.warning("purging %s of deployment %s: %s", name, self.id, e)
+                finally:
+                    t.close()
+
+
+def deploy_bundle(
+    client: PlatformClient,
+    bundle_dir: str | Path,
+    *,
+    transport: str = "shm",
+    deployment: str | None = None,
+    concurrency: int | None = None,
+    timeout_s: float | None = None,
+    memory_mb: dict[str, int] | None = None,
+    **config: object,
+) -> Deployment:
+    """Register every function of the bundle's plan on the platform behind ``client``.
+
+    ``config`` are further :class:`FunctionConfig` fields (``redis_url``, ``s3_endpoint_url``,
+    ``max_retries``, ``inline_max_bytes``, ...). ``memory_mb`` overrides the plan's memory per function.
+    """
+    bundle_dir = Path(bundle_dir).resolve()
+    plan = Plan.load(bundle_dir / "plan.json")
+    dep = deployment or new_deployment_id()
+    health = client.health()
+    base = FunctionConfig(
+        bundle_dir=bundle_dir,
+        deployment=dep,
+        function=plan.master,
+        transport=transport,
+        invoker="local",
+        invoke_url=health.get("url") or client.url,
+        function_prefix=f"{dep}-",
+        **config,  # type: ignore[arg-type]
+    )
+    d = Deployment(client, bundle_dir, plan, base)
+    try:
+        for fn in plan.functions:
+            cfg = replace(base, function=fn.name)
+            env = cfg.to_env()
+            # what the platform derives (from the memory size and its profile) unless set here explicitly
+            platform_set = ["FLATPACK_MEMORY_MB", "FLATPACK_INTRA_OP_THREADS"]
+            if "payload_limit_bytes" not in config:
+                platform_set.append("FLATPACK_PAYLOAD_LIMIT_BYTES")
+            for var in platform_set:
+                env.pop(var, None)
+            name = cfg.deployed_name(fn.name)
+            client.register(FunctionSpec(
+                name=name,
+                memory_mb=(memory_mb or {}).get(fn.name, fn.memory_mb),
+                bundle_dir=str(bundle_dir),
+                handler="master" if fn.name == plan.master else "worker",
+                env=env,
+                concurrency=concurrency,
+                timeout_s=timeout_s,
+            ))
+            d.names[fn.name] = name
+    except BaseException:
+        d.remove()
+        raise
+    return d

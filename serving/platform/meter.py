@@ -1,0 +1,116 @@
+"""The billing meter: per function invocations, billed GB-seconds, cold starts, errors.
+
+Billed duration is the invocation's duration rounded up to the profile's granularity, times the
+function's memory in GB (Lambda's rule). Instance start-up (process start, imports, loading the parts)
+is counted separately as ``init_ms`` and not billed, as Lambda did for on-demand functions until 2025.
+Readable as JSON (:meth:`Meter.snapshot`) and as Prometheus text (:meth:`Meter.prometheus_text`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from partitioner.platform import PlatformProfile
+
+__all__ = ["FunctionUsage", "Meter"]
+
+
+@dataclass
+class FunctionUsage:
+    memory_mb: int = 0
+    invocations: int = 0
+    errors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    cold_starts: int = 0
+    duration_ms: float = 0.0
+    billed_ms: float = 0.0
+    billed_gb_s: float = 0.0
+    init_ms: float = 0.0
+    max_rss_mb: float = 0.0
+
+    def to_json(self, profile: PlatformProfile) -> dict[str, object]:
+        return {
+            "memory_mb": self.memory_mb,
+            "invocations": self.invocations,
+            "errors": sum(self.errors.values()),
+            "errors_by_type": dict(self.errors),
+            "cold_starts": self.cold_starts,
+            "duration_ms": round(self.duration_ms, 3),
+            "billed_ms": round(self.billed_ms, 3),
+            "billed_gb_s": self.billed_gb_s,
+            "init_ms": round(self.init_ms, 1),
+            "max_rss_mb": round(self.max_rss_mb, 1),
+            "cost_usd": self.billed_gb_s * profile.price_per_gb_s + self.invocations * profile.price_per_request,
+        }
+
+
+class Meter:
+    """Thread-safe usage per function, plus the same numbers as Prometheus metrics."""
+
+    def __init__(self, profile: PlatformProfile) -> None:
+        self.profile = profile
+        self._usage: dict[str, FunctionUsage] = {}
+        self._lock = threading.Lock()
+        self.registry = CollectorRegistry()
+        self._invocations = Counter("flatpack_invocations", "Invocations", ["function"], registry=self.registry)
+        self._errors = Counter("flatpack_errors", "Failed invocations", ["function", "type"], registry=self.registry)
+        self._cold = Counter("flatpack_cold_starts", "Instances started", ["function"], registry=self.registry)
+        self._billed = Counter("flatpack_billed_gb_seconds", "Billed GB-seconds", ["function"], registry=self.registry)
+        self._billed_ms = Counter("flatpack_billed_milliseconds", "Billed duration", ["function"],
+                                  registry=self.registry)
+        self._duration = Histogram(
+            "flatpack_duration_seconds", "Invocation duration", ["function"], registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+
+    def _get(self, function: str, memory_mb: int) -> FunctionUsage:
+        u = self._usage.get(function)
+        if u is None:
+            u = self._usage[function] = FunctionUsage(memory_mb=memory_mb)
+        u.memory_mb = memory_mb
+        return u
+
+    def cold_start(self, function: str, memory_mb: int, init_ms: float) -> None:
+        with self._lock:
+            u = self._get(function, memory_mb)
+            u.cold_starts += 1
+            u.init_ms += init_ms
+        self._cold.labels(function).inc()
+
+    def record(self, function: str, memory_mb: int, duration_ms: float | None, *, error: str | None = None,
+               peak_rss_mb: float = 0.0) -> None:
+        """One invocation; ``duration_ms`` None when it never ran (e.g. its instance failed to start)."""
+        billed_ms = self.profile.billed_ms(duration_ms) if duration_ms is not None else 0.0
+        gb_s = memory_mb / 1024 * billed_ms / 1000
+        with self._lock:
+            u = self._get(function, memory_mb)
+            u.invocations += 1
+            if duration_ms is not None:
+                u.duration_ms += duration_ms
+                u.billed_ms += billed_ms
+                u.billed_gb_s += gb_s
+            if error is not None:
+                u.errors[error] += 1
+            u.max_rss_mb = max(u.max_rss_mb, peak_rss_mb)
+        self._invocations.labels(function).inc()
+        if duration_ms is not None:
+            self._billed.labels(function).inc(gb_s)
+            self._billed_ms.labels(function).inc(billed_ms)
+            self._duration.labels(function).observe(duration_ms / 1000)
+        if error is not None:
+            self._errors.labels(function, error).inc()
+
+    def snapshot(self) -> dict[str, object]:
+        with self._lock:
+            functions = {name: u.to_json(self.profile) for name, u in sorted(self._usage.items())}
+        total: dict[str, float] = defaultdict(float)
+        for f in functions.values():
+            for k in ("invocations", "errors", "cold_starts", "billed_ms", "billed_gb_s", "cost_usd"):
+                total[k] += f[k]  # type: ignore[operator]
+        return {"profile": self.profile.name, "functions": functions, "total": dict(total)}
+
+    def prometheus_text(self) -> bytes:
+        return generate_latest(self.registry)

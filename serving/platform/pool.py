@@ -1,0 +1,151 @@
+"""The instances of one function: started on demand up to a concurrency limit, reused, reaped when idle."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+
+from serving.platform.errors import FunctionFailed, TooManyRequests
+from serving.platform.instance import Instance, InstanceReply
+from serving.platform.meter import Meter
+from serving.platform.spec import FunctionSpec
+
+__all__ = ["FunctionPool"]
+
+log = logging.getLogger(__name__)
+
+
+class FunctionPool:
+    """Lambda semantics for one function: each instance serves one request at a time; a request that
+    finds no idle instance starts one (a cold start) unless ``concurrency`` instances exist, in which
+    case it waits for one to free up until its deadline (then: 429 TooManyRequests)."""
+
+    def __init__(self, spec: FunctionSpec, *, argv: list[str], env: Mapping[str, str], concurrency: int,
+                 timeout_s: float, init_timeout_s: float, meter: Meter) -> None:
+        self.spec = spec
+        self.concurrency = concurrency
+        self.timeout_s = timeout_s
+        self._argv = argv
+        self._env = dict(env)
+        self._init_timeout_s = init_timeout_s
+        self._meter = meter
+        self.idle: list[Instance] = []
+        self.busy: set[Instance] = set()
+        self._starting = 0
+        self._cond = asyncio.Condition()
+        self.closed = False
+
+    @property
+    def instances(self) -> list[Instance]:
+        return [*self.busy, *self.idle]
+
+    async def invoke(self, payload: bytes, *, timeout_s: float | None = None) -> InstanceReply:
+        """Run ``payload`` on an instance; meters it. Raises FunctionFailed subclasses / TooManyRequests."""
+        limit = min(self.timeout_s, timeout_s) if timeout_s else self.timeout_s
+        deadline = time.monotonic() + limit
+        name, mem = self.spec.name, self.spec.memory_mb
+        try:
+            inst = await self._acquire(deadline)
+        except FunctionFailed as e:
+            self._meter.record(name, mem, None, error=e.flatpack_type)
+            raise
+        except TooManyRequests:
+            self._meter.record(name, mem, None, error="Throttled")
+            raise
+        started = time.monotonic()
+        try:
+            reply = await inst.invoke(payload, max(0.05, deadline - started))
+        except FunctionFailed as e:
+            # a failed invocation is billed for the time it ran, as on Lambda
+            self._meter.record(name, mem, 1e3 * (time.monotonic() - started), error=e.flatpack_type,
+                               peak_rss_mb=inst.oom_rss_mb or 0.0)
+            raise
+        finally:
+            await self._release(inst)
+        self._meter.record(name, mem, reply.duration_ms, error="FunctionError" if reply.failed else None,
+                           peak_rss_mb=reply.peak_rss_mb)
+        return reply
+
+    async def _acquire(self, deadline: float) -> Instance:
+        async with self._cond:
+            while True:
+                if self.closed:
+                    raise TooManyRequests(f"function {self.spec.name} is being removed")
+                while self.idle:
+                    inst = self.idle.pop()  # most recently used first: keeps the others reapable
+                    if inst.alive:
+                        self.busy.add(inst)
+                        return inst
+                if len(self.busy) + self._starting < self.concurrency:
+                    self._starting += 1
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TooManyRequests(
+                        f"function {self.spec.name} is at its concurrency limit ({self.concurrency} instances, all "
+                        f"busy); raise its concurrency or send fewer requests at once"
+                    )
+                try:
+                    await asyncio.wait_for(self._cond.wait(), remaining)
+                except TimeoutError:
+                    continue
+        inst = Instance(self.spec.name, self.spec.memory_mb, self._argv, self._env)
+        try:
+            await inst.start(min(self._init_timeout_s, max(0.1, deadline - time.monotonic()) + 5))
+        except BaseException:
+            await inst.stop()
+            async with self._cond:
+                self._starting -= 1
+                self._cond.notify()
+            raise
+        self._meter.cold_start(self.spec.name, self.spec.memory_mb, inst.init_ms)
+        async with self._cond:
+            self._starting -= 1
+            self.busy.add(inst)
+        return inst
+
+    async def _release(self, inst: Instance) -> None:
+        async with self._cond:
+            self.busy.discard(inst)
+            if inst.alive and not self.closed:
+                self.idle.append(inst)
+            self._cond.notify()
+        if not inst.alive:
+            await inst.stop()
+
+    def check_memory(self) -> None:
+        for inst in list(self.busy):
+            inst.check_memory()
+
+    async def reap(self, idle_timeout_s: float) -> int:
+        """Stop instances idle for longer than ``idle_timeout_s``."""
+        now = time.monotonic()
+        async with self._cond:
+            old = [i for i in self.idle if now - i.last_used > idle_timeout_s or not i.alive]
+            self.idle = [i for i in self.idle if i not in old]
+        for inst in old:
+            log.info("reaping idle %s instance %d", self.spec.name, inst.id)
+            await inst.stop()
+        return len(old)
+
+    async def close(self) -> None:
+        """Stop every instance (busy ones are killed: their requests fail as crashed)."""
+        async with self._cond:
+            self.closed = True
+            idle, busy = list(self.idle), list(self.busy)
+            self.idle.clear()
+            self._cond.notify_all()
+        for inst in busy:
+            inst.kill()
+        await asyncio.gather(*(i.stop() for i in idle + busy), return_exceptions=True)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            **self.spec.to_json(),
+            "concurrency": self.concurrency,
+            "timeout_s": self.timeout_s,
+            "intra_op_threads": int(self._env.get("FLATPACK_INTRA_OP_THREADS", "0")),
+            "instances": [i.describe() for i in self.instances],
+        }

@@ -1,0 +1,364 @@
+"""Running a bundle on the local platform and checking it: what ``flatpack run`` does.
+
+Deploys the bundle's functions, sends requests with seeded random inputs from several client threads,
+checks every output against onnxruntime on the unsplit model (``source.onnx``), reads the billing
+meter, and optionally measures fork-join overhead: a one-part bundle of the same model through the
+platform against onnxruntime in this process, both sequential, same thread count. Everything it
+started is torn down, and what the requests left in the transports is counted (it should be nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from functions.errors import FunctionError, TransportError, error_from_json
+from functions.event import Event, Reply, now_ms
+from functions.invoker.local import LocalInvoker
+from functions.plan import Function, Part, PartInput, Plan, Split, Stage, full_region
+from functions.session import make_session
+from functions.transport.base import TensorKey
+from functions.transport.channel import TensorChannel
+from functions.transport.factory import TransportSet
+from serving.platform.config import PlatformConfig
+from serving.platform.deploy import Deployment, deploy_bundle, new_deployment_id
+from serving.platform.server import LocalPlatform
+
+__all__ = ["RunReport", "one_part_bundle", "rel_err", "run_bundle"]
+
+log = logging.getLogger(__name__)
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    """max|got - want| / max(1, max|want|); inf on a shape mismatch or a non-finite difference."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        return float("inf")
+    if want.size == 0:
+        return 0.0
+    diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    if not np.all(np.isfinite(diff)):
+        return float("inf")
+    return float(diff.max() / max(1.0, float(np.abs(want.astype(np.float64)).max())))
+
+
+@dataclass
+class RunReport:
+    bundle: str
+    transport: str
+    requests: int
+    correct: int
+    errors: int
+    max_rel_err: float
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    throughput_rps: float
+    billed_gb_s: float
+    cold_starts: int
+    invocations: int
+    leftover_tensors: int
+    inprocess_p50_ms: float | None = None
+    one_part_p50_ms: float | None = None
+    overhead_ratio: float | None = None
+    split_vs_inprocess: float | None = None
+    first_error: str | None = None
+    functions: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.correct == self.requests and self.leftover_tensors == 0
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: (round(v, 6) if isinstance(v, float) and np.isfinite(v) else v) for k, v in d.items()}
+
+
+def _percentile(xs: list[float], p: float) -> float:
+    return float(np.percentile(xs, p)) if xs else float("nan")
+
+
+def _random_inputs_fn(source: Path) -> Callable[[int], dict[str, np.ndarray]]:
+    try:
+        from partitioner.inputs import random_inputs
+    except ImportError:  # functions-only install: float inputs are all the fallback knows
+        random_inputs = None
+    if random_inputs is not None:
+        import onnx
+
+        model = onnx.load(str(source), load_external_data=False)
+        return lambda seed: random_inputs(model, seed)
+
+    def floats(seed: int) -> dict[str, np.ndarray]:
+        sess = make_session(source)
+        rng = np.random.default_rng(seed)
+        return {i.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
+                for i in sess.get_inputs()}
+
+    return floats
+
+
+class _Client:
+    """Sends inference requests to a deployment's master and decodes the outputs."""
+
+    def __init__(self, deployment: Deployment, platform_url: str, *, timeout_s: float) -> None:
+        self.d = deployment
+        self.invoker = LocalInvoker(platform_url)
+        cfg = deployment.config
+        self.channel = TensorChannel(
+            TransportSet.from_config(cfg), transport=cfg.transport, fallback=cfg.fallback_transport,
+            payload_limit_bytes=cfg.payload_limit_bytes, inline_max_bytes=cfg.inline_max_bytes,
+        )
+        self.timeout_s = timeout_s
+        self._ids = iter(range(1 << 62))
+        self._lock = threading.Lock()
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self._lock:
+            rid = f"q{next(self._ids)}"
+        dep = self.d.id
+        entries = self.channel.send(inputs, lambda n: TensorKey(dep, rid, f"in.{_safe(n)}"))
+        ev = Event("infer", rid, dep, now_ms() + int(1000 * self.timeout_s), tuple(entries))
+        try:
+            body = self.invoker.invoke(self.d.master, ev.encode(self.invoker.wire), timeout_s=self.timeout_s + 5)
+        finally:
+            self.channel.transports.delete(e.ref for e in entries if e.ref is not None)
+        reply = Reply.decode(body)
+        if reply.error is not None:
+            raise error_from_json(reply.error)
+        return self.channel.receive(reply.outputs, delete=True)
+
+    def close(self) -> None:
+        self.invoker.close()
+        self.channel.transports.close()
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in name)[:100] or "x"
+
+
+def one_part_bundle(bundle_dir: Path, out: Path) -> Path:
+    """A bundle of the whole unsplit model as one part run by the master (the fork-join baseline)."""
+    plan = Plan.load(bundle_dir / "plan.json")
+    (out / "parts").mkdir(parents=True, exist_ok=True)
+    src = (bundle_dir / "source.onnx").resolve()
+    for name in ("source.onnx", "parts/whole.onnx"):
+        link = out / name
+        if not link.exists():
+            link.symlink_to(src)
+    part = Part(0, plan.master, "parts/whole.onnx",
+                tuple(PartInput(t.name, full_region(t.shape)) for t in plan.model.inputs),
+                tuple(t.name for t in plan.model.outputs))
+    last = max((s.units[1] for s in plan.stages), default=0)
+    stage = Stage(0, (0, last), Split(), tuple(t.name for t in plan.model.inputs), plan.model.outputs, (part,))
+    one = Plan(plan.model, (Function(plan.master, plan.function(plan.master).memory_mb),), (stage,),
+               platform=plan.platform, transport=plan.transport, mode="one-part")
+    one.save(out / "plan.json")
+    return out
+
+
+@contextmanager
+def _s3_endpoint(url: str | None, bucket: str) -> Iterator[str]:
+    """The given S3 endpoint, or moto's server on a loopback port for the length of the run."""
+    if url:
+        yield url
+        return
+    try:
+        import boto3
+        from moto.server import ThreadedMotoServer
+    except ImportError as e:
+        raise TransportError(
+            "--transport s3 without --s3-endpoint-url needs moto to stand in for S3 locally: "
+            "pip install 'flatpack[dev]', or pass --s3-endpoint-url"
+        ) from e
+    for k, v in (("AWS_ACCESS_KEY_ID", "local"), ("AWS_SECRET_ACCESS_KEY", "local"),
+                 ("AWS_DEFAULT_REGION", "us-east-1")):
+        os.environ.setdefault(k, v)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request at INFO
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+        yield endpoint
+    finally:
+        server.stop()
+
+
+def _check_store(transport: str, cfg: dict[str, Any]) -> None:
+    if transport == "redis":
+        from functions.transport.redis import RedisTransport
+
+        t = RedisTransport(str(cfg.get("redis_url") or "redis://127.0.0.1:6379/0"))
+        try:
+            t.ping()
+        finally:
+            t.close()
+
+
+def run_bundle(
+    bundle_dir: str | Path,
+    *,
+    transport: str = "shm",
+    requests: int = 20,
+    concurrency: int = 1,
+    seed: int = 0,
+    max_instances: int | None = None,
+    timeout_s: float = 60.0,
+    tolerance: float = 1e-4,
+    overhead: bool = True,
+    overhead_requests: int = 20,
+    redis_url: str | None = None,
+    s3_endpoint_url: str | None = None,
+    s3_bucket: str = "flatpack-tensors",
+    platform: PlatformConfig | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> RunReport:
+    """Deploy, load, check and tear down; see the module docstring. Raises FunctionError for setup failures
+    (an unreachable Redis, say); request failures are counted in the report, not raised."""
+    bundle_dir = Path(bundle_dir).resolve()
+    plan = Plan.load(bundle_dir / "plan.json")
+    source = bundle_dir / "source.onnx"
+    make_inputs = _random_inputs_fn(source)
+    inputs = [make_inputs(seed + i) for i in range(requests)]
+    ref = make_session(source)
+    out_names = [o.name for o in ref.get_outputs()]
+    expected = [dict(zip(out_names, ref.run(out_names, x), strict=True)) for x in inputs]
+
+    cfg: dict[str, Any] = {}
+    if redis_url:
+        cfg["redis_url"] = redis_url
+    with ExitStack() as stack:
+        if transport == "s3":
+            cfg["s3_endpoint_url"] = stack.enter_context(_s3_endpoint(s3_endpoint_url, s3_bucket))
+            cfg["s3_bucket"] = s3_bucket
+        _check_store(transport, cfg)
+        pcfg = platform or PlatformConfig.from_env(port=0)
+        cfg.setdefault("shm_dir", pcfg.shm_dir)
+        local = stack.enter_context(LocalPlatform(pcfg))
+        client = local.client
+        dep = deploy_bundle(client, bundle_dir, transport=transport, deployment=new_deployment_id("run"),
+                            concurrency=max_instances or concurrency, timeout_s=timeout_s, **cfg)
+        try:
+            lat, errs, first_error, max_err, correct = _load(dep, local.url, inputs, expected, concurrency,
+                                                              timeout_s, tolerance, progress)
+            wall = lat.pop()
+            leftovers = dep.leftovers()
+        finally:
+            dep.remove()
+        meter = client.meter()["functions"]
+        mine = {k: v for k, v in meter.items() if k in dep.names.values()}
+        report = RunReport(
+            bundle=str(bundle_dir), transport=transport, requests=requests, correct=correct, errors=errs,
+            max_rel_err=max_err, p50_ms=_percentile(lat, 50), p99_ms=_percentile(lat, 99),
+            mean_ms=statistics.fmean(lat) if lat else float("nan"),
+            throughput_rps=requests / wall if wall > 0 else float("nan"),
+            billed_gb_s=sum(v["billed_gb_s"] for v in mine.values()),
+            cold_starts=sum(v["cold_starts"] for v in mine.values()),
+            invocations=sum(v["invocations"] for v in mine.values()),
+            leftover_tensors=sum(leftovers.values()), first_error=first_error,
+            functions={k.removeprefix(f"{dep.id}-"): v for k, v in mine.items()},
+        )
+        if overhead and requests:
+            _overhead(report, local, bundle_dir, plan, inputs, transport, cfg, timeout_s, overhead_requests)
+    return report
+
+
+def _load(dep: Deployment, url: str, inputs: list[dict[str, np.ndarray]], expected: list[dict[str, np.ndarray]],
+          concurrency: int, timeout_s: float, tolerance: float, progress: Callable[[int], None] | None
+          ) -> tuple[list[float], int, str | None, float, int]:
+    client = _Client(dep, url, timeout_s=timeout_s)
+    lat: list[float] = []
+    errs = 0
+    first_error: str | None = None
+    max_err = 0.0
+    correct = 0
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        nonlocal errs, first_error, max_err, correct
+        t0 = time.perf_counter()
+        try:
+            got = client.infer(inputs[i])
+        except FunctionError as e:
+            with lock:
+                errs += 1
+                first_error = first_error or str(e)
+            return
+        finally:
+            if progress:
+                progress(1)
+        dt = 1e3 * (time.perf_counter() - t0)
+        err = max((rel_err(got.get(k, np.empty(0)), v) for k, v in expected[i].items()), default=0.0)
+        with lock:
+            lat.append(dt)
+            max_err = max(max_err, err)
+            correct += int(err <= tolerance)
+
+    t0 = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="flatpack-client") as pool:
+            list(pool.map(one, range(len(inputs))))
+    finally:
+        client.close()
+    lat.append(time.perf_counter() - t0)  # wall time, popped by the caller
+    return lat, errs, first_error, max_err, correct
+
+
+def _overhead(report: RunReport, local: LocalPlatform, bundle_dir: Path, plan: Plan,
+              inputs: list[dict[str, np.ndarray]], transport: str, cfg: dict[str, Any], timeout_s: float,
+              n: int) -> None:
+    """Fork-join overhead: the unsplit model as a one-part bundle through the platform vs in-process."""
+    memory = plan.function(plan.master).memory_mb
+    threads = local.service.profile.threads(memory)
+    sess = make_session(bundle_dir / "source.onnx", intra_op_threads=threads)
+    names = [o.name for o in sess.get_outputs()]
+    xs = [inputs[i % len(inputs)] for i in range(n + 1)]
+    t_in = []
+    for x in xs:
+        t0 = time.perf_counter()
+        sess.run(names, x)
+        t_in.append(1e3 * (time.perf_counter() - t0))
+    with tempfile.TemporaryDirectory(prefix="flatpack-one-part-") as tmp:
+        one = one_part_bundle(bundle_dir, Path(tmp))
+        dep = deploy_bundle(local.client, one, transport=transport, deployment=new_deployment_id("one"),
+                            concurrency=1, timeout_s=timeout_s, **cfg)
+        client = _Client(dep, local.url, timeout_s=timeout_s)
+        t_one = []
+        try:
+            for x in xs:
+                t0 = time.perf_counter()
+                client.infer(x)
+                t_one.append(1e3 * (time.perf_counter() - t0))
+        except FunctionError as e:
+            log.warning("one-part baseline failed: %s", e)
+            return
+        finally:
+            client.close()
+            dep.remove()
+    # the first of each is a warm-up (the one-part one is a cold start)
+    report.inprocess_p50_ms = _percentile(t_in[1:], 50)
+    report.one_part_p50_ms = _percentile(t_one[1:], 50)
+    report.overhead_ratio = report.one_part_p50_ms / report.inprocess_p50_ms
+    report.split_vs_inprocess = report.p50_ms / report.inprocess_p50_ms
+
+
+def report_json(report: RunReport) -> str:
+    return json.dumps(report.to_json(), indent=1)

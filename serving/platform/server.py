@@ -1,0 +1,109 @@
+"""Running the local platform: in a background thread (tests, ``flatpack run``) or in the foreground
+(``python -m serving.platform``, what ``flatpack platform start`` launches)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import uvicorn
+
+from partitioner.platform import PlatformProfile
+from serving.platform.app import create_app
+from serving.platform.client import PlatformClient
+from serving.platform.config import PlatformConfig
+from serving.platform.service import PlatformService
+
+__all__ = ["LocalPlatform", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto IPPROTO_TCP (not 0): asyncio sets TCP_NODELAY on accepted connections only then, and without it
+    # a response written as headers + body waits ~40 ms for the client's delayed ACK (Nagle).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e}; pick another port with --port") from e
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _server(config: PlatformConfig, profile: PlatformProfile | None, sock: socket.socket) -> uvicorn.Server:
+    app = create_app(config, profile)
+    app.state.service.url = _url(sock)
+    ucfg = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=75,
+                          timeout_graceful_shutdown=5, access_log=False)
+    return uvicorn.Server(ucfg)
+
+
+class LocalPlatform:
+    """The local platform in a background thread of this process.
+
+    ``with LocalPlatform(PlatformConfig(port=0)) as p: p.client.register(...)``; :attr:`url` is known as
+    soon as the object exists (the socket is bound in the constructor).
+    """
+
+    def __init__(self, config: PlatformConfig | None = None, profile: PlatformProfile | None = None) -> None:
+        self.config = config or PlatformConfig(port=0)
+        self._sock = _bind(self.config.host, self.config.port)
+        self.url = _url(self._sock)
+        self._server = _server(self.config, profile, self._sock)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def service(self) -> PlatformService:
+        return self._server.config.app.state.service  # type: ignore[no-any-return]
+
+    @property
+    def client(self) -> PlatformClient:
+        return PlatformClient(self.url)
+
+    def start(self, timeout_s: float = 30.0) -> LocalPlatform:
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name="flatpack-platform", daemon=True)
+        self._thread.start()
+        t_end = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"the local platform at {self.url} stopped while starting")
+            if time.monotonic() > t_end:
+                raise TimeoutError(f"the local platform at {self.url} did not start within {timeout_s} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self._thread is None:
+            self._sock.close()
+            return
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
+        self._thread = None
+        self._sock.close()
+
+    def __enter__(self) -> LocalPlatform:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve(config: PlatformConfig, profile: PlatformProfile | None = None) -> None:
+    """Run the platform in the foreground until SIGINT / SIGTERM (instances are stopped on the way out)."""
+    sock = _bind(config.host, config.port)
+    server = _server(config, profile, sock)
+    log.warning("flatpack local platform listening on %s (profile %s)", _url(sock), config.profile)
+    server.run(sockets=[sock])

@@ -1,0 +1,77 @@
+"""What the platform knows about a registered function."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["FunctionSpec", "check_name"]
+
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,140}")
+
+Handler = Literal["master", "worker"]
+
+
+def check_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"function name {name!r} is not valid: letters, digits, '-' and '_', 1-140 characters")
+    return name
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """A function on the local platform.
+
+    ``env`` is the function's environment (the ``FLATPACK_*`` configuration the deployer renders);
+    the platform adds ``FLATPACK_BUNDLE_DIR`` (from ``bundle_dir``), ``FLATPACK_MEMORY_MB`` and
+    ``FLATPACK_INTRA_OP_THREADS`` (from the memory size through the profile). ``handler`` says which
+    role the function plays (informational: one runtime serves both). ``concurrency``: most instances
+    at once (None: the platform default). ``timeout_s``: limit of one invocation (None: default).
+    """
+
+    name: str
+    memory_mb: int
+    bundle_dir: str | None = None
+    handler: Handler = "worker"
+    env: Mapping[str, str] = field(default_factory=dict)
+    concurrency: int | None = None
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        if self.memory_mb <= 0:
+            raise ValueError(f"function {self.name}: memory_mb must be positive, got {self.memory_mb}")
+        if self.handler not in ("master", "worker"):
+            raise ValueError(f"function {self.name}: handler must be 'master' or 'worker', got {self.handler!r}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"function {self.name}: concurrency must be at least 1")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "memory_mb": self.memory_mb,
+            "bundle_dir": self.bundle_dir,
+            "handler": self.handler,
+            "env": dict(self.env),
+            "concurrency": self.concurrency,
+            "timeout_s": self.timeout_s,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], *, name: str | None = None) -> FunctionSpec:
+        try:
+            return cls(
+                name=str(name or d["name"]),
+                memory_mb=int(d["memory_mb"]),
+                bundle_dir=None if d.get("bundle_dir") is None else str(d["bundle_dir"]),
+                handler=str(d.get("handler", "worker")),  # type: ignore[arg-type]
+                env={str(k): str(v) for k, v in (d.get("env") or {}).items()},
+                concurrency=None if d.get("concurrency") is None else int(d["concurrency"]),
+                timeout_s=None if d.get("timeout_s") is None else float(d["timeout_s"]),
+            )
+        except KeyError as e:
+            raise ValueError(f"function spec is missing {e}") from e
+        except (TypeError, AttributeError) as e:
+            raise ValueError(f"malformed function spec: {e}") from e

@@ -17,7 +17,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
@@ -26,16 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from functions.errors import FunctionError, TransportError, error_from_json
-from functions.event import Event, Reply, now_ms
-from functions.invoker.local import LocalInvoker
+from functions.errors import FunctionError, TransportError
 from functions.plan import Function, Part, PartInput, Plan, Split, Stage, full_region
 from functions.session import make_session
-from functions.transport.base import TensorKey
-from functions.transport.channel import TensorChannel
-from functions.transport.factory import TransportSet
 from serving.platform.config import PlatformConfig
 from serving.platform.deploy import Deployment, deploy_bundle, new_deployment_id
+from serving.platform.master_client import MasterClient
 from serving.platform.server import LocalPlatform
 
 __all__ = ["RunReport", "one_part_bundle", "rel_err", "run_bundle"]
@@ -110,45 +106,6 @@ def _random_inputs_fn(source: Path) -> Callable[[int], dict[str, np.ndarray]]:
                 for i in sess.get_inputs()}
 
     return floats
-
-
-class _Client:
-    """Sends inference requests to a deployment's master and decodes the outputs."""
-
-    def __init__(self, deployment: Deployment, platform_url: str, *, timeout_s: float) -> None:
-        self.d = deployment
-        self.invoker = LocalInvoker(platform_url)
-        cfg = deployment.config
-        self.channel = TensorChannel(
-            TransportSet.from_config(cfg), transport=cfg.transport, fallback=cfg.fallback_transport,
-            payload_limit_bytes=cfg.payload_limit_bytes, inline_max_bytes=cfg.inline_max_bytes,
-        )
-        self.timeout_s = timeout_s
-        self._ids = iter(range(1 << 62))
-        self._lock = threading.Lock()
-
-    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        with self._lock:
-            rid = f"q{next(self._ids)}"
-        dep = self.d.id
-        entries = self.channel.send(inputs, lambda n: TensorKey(dep, rid, f"in.{_safe(n)}"))
-        ev = Event("infer", rid, dep, now_ms() + int(1000 * self.timeout_s), tuple(entries))
-        try:
-            body = self.invoker.invoke(self.d.master, ev.encode(self.invoker.wire), timeout_s=self.timeout_s + 5)
-        finally:
-            self.channel.transports.delete(e.ref for e in entries if e.ref is not None)
-        reply = Reply.decode(body)
-        if reply.error is not None:
-            raise error_from_json(reply.error)
-        return self.channel.receive(reply.outputs, delete=True)
-
-    def close(self) -> None:
-        self.invoker.close()
-        self.channel.transports.close()
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in name)[:100] or "x"
 
 
 def one_part_bundle(bundle_dir: Path, out: Path) -> Path:
@@ -284,7 +241,7 @@ def run_bundle(
 def _load(dep: Deployment, url: str, inputs: list[dict[str, np.ndarray]], expected: list[dict[str, np.ndarray]],
           concurrency: int, timeout_s: float, tolerance: float, progress: Callable[[int], None] | None
           ) -> tuple[list[float], int, str | None, float, int]:
-    client = _Client(dep, url, timeout_s=timeout_s)
+    client = MasterClient(dep, url, timeout_s=timeout_s)
     lat: list[float] = []
     errs = 0
     first_error: str | None = None
@@ -340,7 +297,7 @@ def _overhead(report: RunReport, local: LocalPlatform, bundle_dir: Path, plan: P
         one = one_part_bundle(bundle_dir, Path(tmp))
         dep = deploy_bundle(local.client, one, transport=transport, deployment=new_deployment_id("one"),
                             concurrency=1, timeout_s=timeout_s, **cfg)
-        client = _Client(dep, local.url, timeout_s=timeout_s)
+        client = MasterClient(dep, local.url, timeout_s=timeout_s)
         t_one = []
         try:
             for x in xs:

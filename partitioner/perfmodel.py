@@ -183,7 +183,7 @@ class ComputeModel:
     unit_flops: tuple[int, ...]
     base_mb: float = 60.0
     activation_factor: float = 1.5
-    weight_factor: float = 1.05
+    weight_factor: float = 2.0  # measured: onnxruntime holds a second copy of initializers while it prepacks
     overhead_ms: float = 0.05  # per session run
     stage_overhead_ms: float = 0.3  # the master's slicing, bookkeeping and joining per stage
     invocation_overhead_ms: float = 0.3  # a worker's decoding and encoding per invocation

@@ -18,11 +18,12 @@ Targets, and why this loss:
   it turns negative and it boosts from a flat base score, so it converges slowly and unevenly; squared
   error on log1p has exact Newton steps.
 
-Both boost from an analytic prior given as a per-sample base margin (time: FLOPs over a fitted
-throughput plus a per-op overhead; memory: weights x2, onnxruntime's copy and the loaded proto, plus
-input and activations). Trees cannot extrapolate beyond the targets they saw; with the prior they learn a
-bounded correction to a quantity that does scale, so a model larger than any in the training set is
-not capped at the largest training target.
+Both boost from an analytic prior given as a per-sample base margin (time: Amdahl's law per op family,
+``(a / threads + b) x work`` for conv, depthwise, matmul, RNN and other FLOPs and for the bytes touched,
+plus a per-node overhead, fitted by non-negative least squares on relative error; memory: weights x2,
+onnxruntime's copy and the loaded proto, plus input and activations). Trees cannot extrapolate beyond
+the targets they saw; with the prior they learn a bounded correction to a quantity that does scale, so a
+model larger than any in the training set is not capped at the largest training target.
 
 ``LinearBaseline`` is scikit-learn's LinearRegression on the same features (log1p) and the same log
 target, the baseline MOPAR compares XGBoost with. ``aggregate`` combines layer profiles as MOPAR does.
@@ -82,13 +83,14 @@ _LAYOUT = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", 
                      "Identity", "Expand", "Pad", "Cast", "Shape", "Tile", "Resize"})
 
 FEATURE_NAMES: tuple[str, ...] = (
-    "threads", "flops", "flops_per_thread", "weight_bytes", "max_weight_bytes", "input_bytes", "output_bytes",
+    "threads", "flops", "flops_per_thread", "weight_bytes", "max_weight_bytes", "gather_bytes", "input_bytes",
+    "output_bytes",
     "activation_bytes", "max_activation_bytes", "nodes",
     "n_conv", "n_dwconv", "n_matmul", "n_gemm", "n_rnn", "n_gather", "n_pool", "n_norm", "n_softmax",
     "n_elementwise", "n_layout",
     "conv_flops", "dwconv_flops", "matmul_flops", "rnn_flops", "other_flops",
     "kernel_max", "stride_max", "conv_out_hw_max", "channels_in_max", "channels_out_max", "matmul_k_max",
-    "rnn_hidden_max", "seq_len_max", "intensity",
+    "matmul_rows_max", "rnn_hidden_max", "seq_len_max", "intensity",
 )
 """Feature order of the matrices the predictors see (every feature is >= 0)."""
 
@@ -161,6 +163,9 @@ def _features(nodes: Sequence[onnx.NodeProto], shape: Callable[[str], tuple[int,
             f["n_gemm" if op == "Gemm" else "n_matmul"] += 1
             f["matmul_flops"] += flops
             f["matmul_k_max"] = max(f["matmul_k_max"], float(k))
+            # rows of the left operand (batch dims included): 1 for a GEMV, which is bound by weight bytes
+            if a and k:
+                f["matmul_rows_max"] = max(f["matmul_rows_max"], float(np.prod(a, dtype=np.int64)) / float(k))
             f["flops"] += flops
         elif op in _RNN:
             x = shape(n.input[0]) or (0, 0, 0)
@@ -177,6 +182,8 @@ def _features(nodes: Sequence[onnx.NodeProto], shape: Callable[[str], tuple[int,
             cat = ("n_gather" if op in _GATHER else "n_pool" if op in _POOL else "n_norm" if op in _NORM
                    else "n_softmax" if op in _SOFTMAX else "n_layout" if op in _LAYOUT else "n_elementwise")
             f[cat] += 1
+            if op in _GATHER and n.input and is_weight(n.input[0]):
+                f["gather_bytes"] += nbytes(n.input[0])  # a lookup table: only the rows gathered are read
             if op in _POOL and out is not None and len(out) > 2:
                 k = _attr(n, "kernel_shape", None)
                 if k:
@@ -213,10 +220,7 @@ def model_features(model: onnx.ModelProto, threads: int) -> Features:
     known = {vi.name for vi in [*g.value_info, *g.output]}
     needed = {o for n in g.node for o in n.output if o}
     if not needed <= known:
-        # infer on a weightless copy: shapes come from the initializers' dims, not their bytes
-        light = onnx.ModelProto()
-        light.CopyFrom(model) if model.ByteSize() < 64 * MB else _copy_without_data(model, light)
-        model_i = shape_inference.infer_shapes(light)
+        model_i = shape_inference.infer_shapes(_without_weights(model))
         vis = [*model_i.graph.input, *model_i.graph.value_info, *model_i.graph.output]
     else:
         vis = [*g.input, *g.value_info, *g.output]
@@ -242,7 +246,13 @@ def model_features(model: onnx.ModelProto, threads: int) -> Features:
     )
 
 
-def _copy_without_data(model: onnx.ModelProto, out: onnx.ModelProto) -> None:
+_SMALL_CONSTANT = 4096  # elements; shape and index constants that shape inference reads stay
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy for shape inference: large initializers become typed graph inputs (their shapes are all
+    inference needs), small ones (Reshape shapes, Slice starts) stay, so copying a big model costs nothing."""
+    out = onnx.ModelProto()
     out.ir_version = model.ir_version
     out.opset_import.extend(model.opset_import)
     g = out.graph
@@ -251,7 +261,11 @@ def _copy_without_data(model: onnx.ModelProto, out: onnx.ModelProto) -> None:
     g.input.extend(model.graph.input)
     g.output.extend(model.graph.output)
     for t in model.graph.initializer:
-        g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        if int(np.prod(t.dims, dtype=np.int64)) <= _SMALL_CONSTANT:
+            g.initializer.append(t)
+        else:
+            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -317,41 +331,65 @@ def _memory_prior_mb(f: Mapping[str, float]) -> float:
     return (2.0 * f["weight_bytes"] + f["input_bytes"] + f["activation_bytes"]) / MB
 
 
+# Work terms of the time prior, each split into a part that threads share (divided by the thread count)
+# and a part they do not: Amdahl's law per op family, fitted by non-negative least squares.
+_WORK_TERMS: tuple[tuple[str, float], ...] = (
+    ("conv_flops", 1e9), ("dwconv_flops", 1e9), ("matmul_flops", 1e9), ("rnn_flops", 1e9), ("other_flops", 1e9),
+    ("weight_bytes", 1e9), ("activation_bytes", 1e9),
+)
+
+
+def _time_design(features: Sequence[Mapping[str, float]]) -> np.ndarray:
+    """Columns: 1, nodes, then per work term (term / threads, term), terms in GFLOP or GB."""
+    rows = []
+    for f in features:
+        t = max(float(f["threads"]), 1.0)
+        row = [1.0, float(f["nodes"])]
+        for name, unit in _WORK_TERMS:
+            w = float(f.get(name, 0.0))
+            if name == "weight_bytes":
+                w -= float(f.get("gather_bytes", 0.0))  # weights a run reads, not lookup tables
+            w = max(w, 0.0) / unit
+            row += [w / t, w]
+        rows.append(row)
+    return np.array(rows, dtype=float)
+
+
 @dataclass(frozen=True)
 class _TimePrior:
-    """t = overhead + nodes * per_node + flops / (rate * threads^alpha), in ms."""
+    """ms = c0 + c1 * nodes + sum over work terms of (a / threads + b) * work, every coefficient >= 0.
 
-    gflops: float = 10.0
-    per_node_ms: float = 0.005
-    overhead_ms: float = 0.01
-    alpha: float = 0.8
+    Fitted on relative error (rows weighted by 1 / measured time), so small and large units count alike.
+    Monotone in every work term and in 1/threads, so it extrapolates sensibly beyond the training data;
+    the trees only correct it.
+    """
+
+    coef: tuple[float, ...] = ()
 
     def __call__(self, f: Mapping[str, float]) -> float:
-        par = max(f["threads"], 1.0) ** self.alpha
-        return self.overhead_ms + self.per_node_ms * f["nodes"] + f["flops"] / (self.gflops * 1e6 * par)
+        return float(self.batch([f])[0])
+
+    def batch(self, features: Sequence[Mapping[str, float]]) -> np.ndarray:
+        x = _time_design(features)
+        if not self.coef:
+            # before fitting: 10 GFLOP/s per thread and 5 us per node
+            gflop = sum(x[:, 2 + 2 * k + 1] for k in range(5))
+            return 0.01 + 0.005 * x[:, 1] + gflop * 1e3 / 10.0 / np.maximum(_threads(features), 1.0) ** 0.8
+        return np.maximum(x @ np.asarray(self.coef), 1e-4)
 
     @classmethod
     def fit(cls, features: Sequence[Mapping[str, float]], time_ms: np.ndarray) -> _TimePrior:
-        """Throughput from the heavy samples (median FLOPs/ms at one thread), overhead from the light ones,
-        parallel efficiency from samples measured at several thread counts."""
-        flops = np.array([f["flops"] for f in features])
-        thr = np.array([max(f["threads"], 1.0) for f in features])
-        nodes = np.array([f["nodes"] for f in features])
-        if len(flops) == 0:
-            return cls()
-        light = flops <= np.quantile(flops, 0.25)
-        per_node = float(np.median(time_ms[light] / np.maximum(nodes[light], 1))) if light.any() else 0.005
-        per_node = min(max(per_node, 1e-4), 0.1)
-        heavy = flops >= np.quantile(flops, 0.5)
-        rate = np.maximum(time_ms - per_node * nodes, 1e-4)
-        one = heavy & (thr == 1)
-        gflops = float(np.median(flops[one] / rate[one] / 1e6)) if one.any() else 10.0
-        alpha = 0.8
-        more = heavy & (thr > 1)
-        if one.any() and more.any():
-            ratios = flops[more] / rate[more] / 1e6 / gflops
-            alpha = float(np.clip(np.median(np.log(np.maximum(ratios, 1e-3)) / np.log(thr[more])), 0.0, 1.0))
-        return cls(gflops=max(gflops, 0.1), per_node_ms=per_node, overhead_ms=0.0, alpha=alpha)
+        from scipy.optimize import nnls
+
+        x = _time_design(features)
+        y = np.asarray(time_ms, dtype=float)
+        w = 1.0 / np.maximum(y, 1e-3)
+        coef, _ = nnls(x * w[:, None], y * w, maxiter=50 * x.shape[1])
+        return cls(tuple(float(c) for c in coef))
+
+
+def _threads(features: Sequence[Mapping[str, float]]) -> np.ndarray:
+    return np.array([float(f["threads"]) for f in features])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -384,9 +422,12 @@ class _Boosted:
 
     kind = ""
 
+    safety_quantile: float | None = None  # fit() measures this quantile of held-out-model errors
+
     def __init__(self, *, seed: int = 0, **xgb_params: Any) -> None:
         self.params = {**_XGB_DEFAULTS, **xgb_params, "random_state": seed}
         self._model: Any = None
+        self.safety_log = 0.0
 
     # subclasses: the target in log space, its inverse, and the prior in log space
     def _target(self, s: Sample) -> float | None:
@@ -417,19 +458,45 @@ class _Boosted:
             raise ValueError(f"{type(self).__name__}.fit needs at least 2 samples with a target, got {len(rows)}")
         feats = [r[0] for r in rows]
         z = np.array([r[1] for r in rows], dtype=float)
+        groups = [s.model for s in samples if self._target(s) is not None]
+        self.safety_log = 0.0
+        if self.safety_quantile is not None:
+            self.safety_log = self._held_out_error(feats, z, groups, self.safety_quantile)
+        self._model = self._fit_once(feats, z)
+        return self
+
+    def _fit_once(self, feats: Sequence[Mapping[str, float]], z: np.ndarray) -> Any:
         self._fit_prior(feats, z)
         model = _xgb(self.params)
         model.fit(_matrix(feats), z, base_margin=self._margin(feats))
-        self._model = model
-        return self
+        return model
 
-    def predict(self, features: Sequence[Mapping[str, float]]) -> np.ndarray:
+    def _held_out_error(self, feats: Sequence[Mapping[str, float]], z: np.ndarray, groups: Sequence[str],
+                        q: float, folds: int = 4) -> float:
+        """The ``q`` quantile of log-space under-prediction on models held out of training (group k-fold
+        over ``Sample.model``), so that the margin reflects models the predictor has not seen."""
+        from sklearn.model_selection import GroupKFold, KFold
+
+        n_groups = len(set(groups))
+        splitter = GroupKFold(n_splits=min(folds, n_groups)) if n_groups >= 2 else KFold(min(folds, len(z)))
+        under = []
+        for tr, te in splitter.split(np.zeros(len(z)), z, groups if n_groups >= 2 else None):
+            if len(tr) < 2:
+                continue
+            m = self._fit_once([feats[i] for i in tr], z[tr])
+            te_feats = [feats[i] for i in te]
+            under.extend(z[te] - m.predict(_matrix(te_feats), base_margin=self._margin(te_feats)))
+        return float(max(np.quantile(under, q), 0.0)) if under else 0.0
+
+    def predict(self, features: Sequence[Mapping[str, float]], *, safe: bool = False) -> np.ndarray:
+        """Predictions for ``features``. ``safe``: raised by the held-out error margin measured at fit time
+        (``safety_quantile``), so that about that fraction of unseen models' values is not under-predicted."""
         if self._model is None:
             raise RuntimeError(f"{type(self).__name__} is not fitted; call fit() or load() first")
         if not features:
             return np.zeros(0)
         z = self._model.predict(_matrix(features), base_margin=self._margin(features))
-        return self._inverse(np.asarray(z, dtype=float))
+        return self._inverse(np.asarray(z, dtype=float) + (self.safety_log if safe else 0.0))
 
     def to_json(self) -> dict[str, Any]:
         if self._model is None:
@@ -441,6 +508,7 @@ class _Boosted:
             "features": list(FEATURE_NAMES),
             "params": {k: v for k, v in self.params.items() if isinstance(v, int | float | str | bool)},
             "prior": self._prior_json(),
+            "safety": {"quantile": self.safety_quantile, "log_margin": self.safety_log},
             "booster": json.loads(bytes(raw).decode()),
         }
 
@@ -455,6 +523,7 @@ class _Boosted:
         seed = int(params.pop("random_state", 0))
         obj = cls(seed=seed, **params)
         obj._prior_from_json(d.get("prior", {}))
+        obj.safety_log = float(d.get("safety", {}).get("log_margin", 0.0))
         model = _xgb(obj.params)
         model.load_model(bytearray(json.dumps(d["booster"]).encode()))
         obj._model = model
@@ -487,23 +556,29 @@ class TimePredictor(_Boosted):
         return np.exp(z)
 
     def _margin(self, features: Sequence[Mapping[str, float]]) -> np.ndarray:
-        return np.log(np.array([max(self.prior(f), 1e-4) for f in features]))
+        return np.log(np.maximum(self.prior.batch(features), 1e-4))
 
     def _fit_prior(self, features: Sequence[Mapping[str, float]], z: np.ndarray) -> None:
         self.prior = _TimePrior.fit(features, np.exp(z))
 
     def _prior_json(self) -> dict[str, Any]:
-        return {"gflops": self.prior.gflops, "per_node_ms": self.prior.per_node_ms,
-                "overhead_ms": self.prior.overhead_ms, "alpha": self.prior.alpha}
+        return {"coef": list(self.prior.coef), "terms": [n for n, _ in _WORK_TERMS]}
 
     def _prior_from_json(self, d: Mapping[str, Any]) -> None:
-        self.prior = _TimePrior(**{k: float(v) for k, v in d.items()}) if d else _TimePrior()
+        if d.get("terms", [n for n, _ in _WORK_TERMS]) != [n for n, _ in _WORK_TERMS]:
+            raise ValueError("the saved time predictor's prior has other terms; retrain it (flatpack bench predictors)")
+        self.prior = _TimePrior(tuple(float(c) for c in d.get("coef", ())))
 
 
 class MemoryPredictor(_Boosted):
-    """Peak resident memory (MB) a unit or part adds above the runtime base. Fitted on log1p(MB) (RMSLE)."""
+    """Peak resident memory (MB) a unit or part adds above the runtime base. Fitted on log1p(MB) (RMSLE).
+
+    ``predict(..., safe=True)`` adds the 95th percentile of the under-prediction seen on held-out models
+    (measured at fit time): use it to size functions, since under-predicted memory means OOM.
+    """
 
     kind = "memory"
+    safety_quantile = 0.95
 
     def _target(self, s: Sample) -> float | None:
         return None if s.memory_mb is None else math.log1p(max(s.memory_mb, 0.0))

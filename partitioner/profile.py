@@ -10,8 +10,9 @@ session creation).
 
 Results are cached on disk as JSON (never pickle), keyed by the measured content (model sha256 plus
 unit or part), thread count, repetitions, onnxruntime version and a machine fingerprint, so a second
-profile of the same model measures nothing. Under a time budget the heaviest work (by FLOPs) is measured
-first and the rest is predicted (``partitioner.predictors``) and marked ``measured=False``.
+profile of the same model measures nothing. Under a time budget the units that matter most (their share
+of the model's FLOPs plus their share of its weights) are measured first and the rest is predicted
+(``partitioner.predictors``) and marked ``measured=False``.
 
 Thread counts above this machine's cores are not measured (the numbers would be a lie); they are
 listed in ``GraphProfile.skipped_threads`` and left to the performance model to extrapolate.
@@ -38,7 +39,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, overload
 
 import numpy as np
 import onnx
@@ -532,8 +533,8 @@ def measure_many(
     given: cached keys are not measured again. ``budget_s`` bounds the wall time spent measuring: it is
     checked before each process starts, which it does only if the budget is not spent and the previous
     process's time still fits (so the overrun is at most one process, and a positive budget always
-    measures the first model). Items not reached are absent from the result. Order items heaviest first
-    so that the budget goes where it matters. ``stats``, if given, receives counts: ``cached``,
+    measures the first model). Items not reached are absent from the result. Order items most important
+    first so that the budget goes where it matters. ``stats``, if given, receives counts: ``cached``,
     ``measured``, ``skipped`` (left out by the budget) and ``processes``.
 
     ``isolation``: "fork" (the default where the OS has fork) measures each model in a child of a fork
@@ -615,15 +616,21 @@ def _trivial_model() -> onnx.ModelProto:
 def runtime_base_mb(*, cache: ProfileCache | None = None) -> float:
     """Peak RSS (MB) of a measuring process with numpy and onnxruntime imported and a one-node session:
     what every function holds before its model's weights and activations. Cached per machine."""
+    return _runtime_base(cache).peak_rss_mb
+
+
+def _runtime_base(cache: ProfileCache | None) -> Measurement:
+    """The trivial model measured in a fresh process: its peak is the runtime base, its cold start that
+    of a function with (almost) no weights."""
     key = ProfileCache.key("runtime-base")
     if cache is not None:
         hit = cache.get(key)
         if hit is not None:
-            return hit.peak_rss_mb
+            return hit
     m = measure_model(_trivial_model(), threads=1, warmup=1, reps=3)
     if cache is not None:
         cache.put(key, m, item="runtime-base")
-    return m.peak_rss_mb
+    return m
 
 
 # ------------------------------------------------------------------------------------------------
@@ -763,6 +770,22 @@ def _split_threads(threads: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, 
     return ok, skipped
 
 
+def _by_importance(work: Sequence[tuple[int, int]]) -> list[int]:
+    """Indices of ``(flops, weight_bytes)`` pairs, most important first: share of the model's FLOPs plus
+    share of its weights, so the units that dominate its time and those that size its memory (a VGG's
+    first FC layer: few FLOPs, most of the weights) are measured before a budget runs out."""
+    total_f = sum(f for f, _ in work) or 1
+    total_w = sum(w for _, w in work) or 1
+    return sorted(range(len(work)), key=lambda i: -(work[i][0] / total_f + work[i][1] / total_w))
+
+
+def _stage_key(lg: LayerGraph, sha: str, first: int, last: int) -> str:
+    """What a stage's measurement is keyed by: the model's hash and the nodes the stage runs (not only the
+    unit indices, which mean other nodes if the unit builder changes)."""
+    nodes = ",".join(str(i) for i in lg.stage_nodes(first, last))
+    return f"{sha}:stage:{first}-{last}:{hashlib.sha256(nodes.encode()).hexdigest()[:16]}"
+
+
 def _unit_model_factory(lg: LayerGraph, index: int) -> Callable[[], onnx.ModelProto]:
     def build() -> onnx.ModelProto:
         whole = CutStage(lg, index, index).cut(Split()).whole
@@ -770,6 +793,18 @@ def _unit_model_factory(lg: LayerGraph, index: int) -> Callable[[], onnx.ModelPr
         return whole
 
     return build
+
+
+@overload
+def profile_graph(lg: LayerGraph, *, threads: Sequence[int] = ..., warmup: int = ..., reps: int = ...,
+                  budget_s: float | None = ..., cache_dir: str | Path | None = ..., progress: ProgressFn | None = ...,
+                  timeout_s: float = ..., cached_only: Literal[False] = ...) -> GraphProfile: ...
+
+
+@overload
+def profile_graph(lg: LayerGraph, *, threads: Sequence[int] = ..., warmup: int = ..., reps: int = ...,
+                  budget_s: float | None = ..., cache_dir: str | Path | None = ..., progress: ProgressFn | None = ...,
+                  timeout_s: float = ..., cached_only: bool) -> GraphProfile | None: ...
 
 
 def profile_graph(
@@ -782,32 +817,45 @@ def profile_graph(
     cache_dir: str | Path | None = None,
     progress: ProgressFn | None = None,
     timeout_s: float = 300,
-) -> GraphProfile:
+    cached_only: bool = False,
+) -> GraphProfile | None:
     """Measure every unit's stage model (``CutStage(lg, u, u)``, unsplit) at each thread count.
 
     Cached on disk (``cache_dir``, default :func:`default_cache_dir`): a second call measures nothing.
-    With ``budget_s`` the heaviest units (by FLOPs) are measured first; those the budget does not reach
-    are predicted (``measured=False``) by the predictors saved under the cache directory when there are
-    any (``flatpack bench predictors`` saves them), else by a FLOPs/bytes fit to the measured units.
+    With ``budget_s`` the units that matter most (share of FLOPs plus share of weights) are measured first;
+    those the budget does not reach are predicted (``measured=False``) by the predictors saved under the
+    cache directory when there are any (``flatpack bench predictors`` saves them; memory with their
+    held-out error margin), else by a FLOPs/bytes fit to the measured units.
+
+    Thread counts above this machine's cores are not measured but listed in ``skipped_threads``; if every
+    count asked is above them, the profile is measured at the core count instead.
+
+    ``cached_only``: measure nothing; return the profile if every unit is in the cache, else None (the
+    only case that returns None).
     """
     ok, skipped = _split_threads(threads)
     cache = ProfileCache(cache_dir)
     sha = model_sha256(lg.model)
+    if cached_only and cache.get(ProfileCache.key("runtime-base")) is None:
+        return None
     base = runtime_base_mb(cache=cache)
     stats: dict[str, int] = {}
-    order = sorted(range(len(lg.units)), key=lambda i: -lg.units[i].flops)
+    order = _by_importance([(u.flops, u.weight_bytes) for u in lg.units])
     items: list[tuple[str, ModelSource, int]] = []
+    keys = {i: _stage_key(lg, sha, i, i) for i in order}
     for i in order:
         factory = _unit_model_factory(lg, i)
         # most threads first: that run has the process to itself, so its peak memory is the clean one
-        items.extend((f"{sha}:unit:{i}:t{t}", factory, t) for t in sorted(ok, reverse=True))
+        items.extend((f"{keys[i]}:t{t}", factory, t) for t in sorted(ok, reverse=True))
     t_measure = time.perf_counter()
-    got = measure_many(items, progress=progress, budget_s=budget_s, cache=cache, warmup=warmup, reps=reps,
-                       timeout_s=timeout_s, stats=stats)
+    got = measure_many(items, progress=progress, budget_s=0.0 if cached_only else budget_s, cache=cache,
+                       warmup=warmup, reps=reps, timeout_s=timeout_s, stats=stats)
+    if cached_only and len(got) < len(items):
+        return None
     measure_s = time.perf_counter() - t_measure if stats["measured"] else 0.0
     measured: dict[int, dict[int, Measurement]] = {}
     for i in range(len(lg.units)):
-        ms = {t: got[f"{sha}:unit:{i}:t{t}"] for t in ok if f"{sha}:unit:{i}:t{t}" in got}
+        ms = {t: got[f"{keys[i]}:t{t}"] for t in ok if f"{keys[i]}:t{t}" in got}
         if len(ms) == len(ok):
             measured[i] = ms
     units: list[UnitProfile | None] = [None] * len(lg.units)
@@ -839,7 +887,7 @@ def profile_graph(
         base_mb=base,
         threads=ok,
         units=tuple(u for u in units if u is not None),
-        machine=machine_info(),
+        machine={**machine_info(), "loadavg_1m": _loadavg()},
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         skipped_threads=skipped,
         warmup=warmup,
@@ -864,7 +912,8 @@ def _predict_units(lg: LayerGraph, measured: Sequence[UnitProfile], missing: Seq
         t_pred = tp.predict([feats[k] for k in keys])
         scale = _time_calibration(lg, measured, threads, tp)
         time_of = {k: float(v) * scale.get(k[1], 1.0) for k, v in zip(keys, t_pred, strict=True)}
-        m_pred = mp.predict([feats[(i, threads[0])] for i in missing])
+        # with the held-out error margin: an under-predicted peak is an out-of-memory function
+        m_pred = mp.predict([feats[(i, max(threads))] for i in missing], safe=True)
         mem_of = {i: base_mb + float(v) for i, v in zip(missing, m_pred, strict=True)}
     else:
         fit = pr.FlopsFit.fit(measured, lg, base_mb)
@@ -875,7 +924,9 @@ def _predict_units(lg: LayerGraph, measured: Sequence[UnitProfile], missing: Seq
             mem_of[i] = fit.memory_mb(u.weight_bytes, u.activation_bytes + u.input_bytes)
     ratio = float(np.median([u.p95_ms[t] / u.time_ms[t] for u in measured for t in threads if u.time_ms[t] > 0])
                   ) if measured else 1.1
-    cold = [(u.weight_bytes, u.cold_start_ms) for u in measured]
+    # the trivial model anchors the line at no weights
+    cold = [(0, _runtime_base(ProfileCache(cache_root)).cold_start_ms)] + [(u.weight_bytes, u.cold_start_ms)
+                                                                           for u in measured]
     out = []
     for i in missing:
         u = lg.units[i]
@@ -913,16 +964,25 @@ def _time_calibration(lg: LayerGraph, measured: Sequence[UnitProfile], threads: 
     return out
 
 
+def _loadavg() -> float | None:
+    """The 1-minute load average while profiling: above the core count, other work competed for the CPU
+    and the timings are inflated (the CLI warns)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
 def _cold_start_estimate(points: Sequence[tuple[int, float]], weight_bytes: int) -> float:
-    """Cold start grows with the weights a session loads: a line through the measured units (or 400 ms
-    plus 1 ms per 4 MB when fewer than two were measured)."""
-    if len(points) >= 2 and len({w for w, _ in points}) >= 2:
+    """Cold start grows with the weights a session loads: a line through ``(weight bytes, ms)`` points (the
+    trivial model and the measured units); with one point, that point plus 1 ms per 4 MB of weights."""
+    if len({w for w, _ in points}) >= 2:
         w = np.array([p[0] for p in points], dtype=float)
         c = np.array([p[1] for p in points], dtype=float)
         slope, icpt = np.polyfit(w, c, 1)
         return float(max(icpt + max(slope, 0.0) * weight_bytes, float(c.min())))
     if points:
-        return float(points[0][1])
+        return float(points[0][1]) + weight_bytes / (4 * 2**20)
     return 400.0 + weight_bytes / (4 * 2**20)
 
 
@@ -944,7 +1004,7 @@ def profile_options(
     By default only the largest part of each option (by FLOPs, which bounds the stage's fork) is measured;
     ``all_parts`` measures every part. Unsplit options (``Split("none")``) measure the whole stage as
     part 0. Options that are not admissible are skipped (logged). Cached like :func:`profile_graph`;
-    under ``budget_s`` the heaviest parts go first and the result holds only what was measured.
+    under ``budget_s`` the parts that matter most go first and the result holds only what was measured.
     """
     ok, skipped = _split_threads([threads])
     if skipped:
@@ -974,7 +1034,7 @@ def profile_options(
 
         return build
 
-    work: list[tuple[int, str, ModelSource, int, OptionKey]] = []
+    work: list[tuple[tuple[int, int], str, ModelSource, int, OptionKey]] = []
     for first, last, split in options:
         try:
             costs = cutter(first, last).costs(split)
@@ -984,9 +1044,9 @@ def profile_options(
         picks = range(len(costs)) if all_parts else [int(np.argmax([c.flops for c in costs]))]
         for k in picks:
             okey: OptionKey = (first, last, str(split), k)
-            work.append((costs[k].flops, f"{sha}:part:{first}-{last}:{split}:{k}:t{threads}",
-                         factory(first, last, split, k), threads, okey))
-    work.sort(key=lambda w: -w[0])
+            key = f"{_stage_key(lg, sha, first, last)}:part:{split}:{k}:t{threads}"
+            work.append(((costs[k].flops, costs[k].weight_bytes), key, factory(first, last, split, k), threads, okey))
+    work = [work[i] for i in _by_importance([w[0] for w in work])]
     got = measure_many([(key, src, th) for _, key, src, th, _ in work], progress=progress, budget_s=budget_s,
                        cache=cache, warmup=warmup, reps=reps, timeout_s=timeout_s)
     return {okey: got[key] for _, key, _, _, okey in work if key in got}

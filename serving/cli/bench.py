@@ -16,6 +16,9 @@ _BENCHMARKS: dict[str, str] = {
     "endpoint": "bench.endpoint:endpoint_cmd",
     "perfmodel": "bench.perfmodel:perfmodel_cmd",
     "predictors": "bench.predictors:predictors_cmd",
+    "load": "bench.load:load_cmd",
+    "suite": "bench.suite:suite_cmd",
+    "sim": "bench.sim:sim_cmd",
 }
 
 

@@ -44,7 +44,10 @@ class _LazyGroup(click.Group):
         if target is None:
             return None
         module, _, attr = target.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except ImportError as e:  # an optional extra that is not installed: say which, don't crash --help
+            return _unavailable(cmd_name, e)
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -54,3 +57,13 @@ def main(verbose: int) -> None:
     """flatpack: serve deep-learning models on serverless functions, split into parallel parts."""
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     logging.basicConfig(level=os.environ.get("FLATPACK_LOG_LEVEL", level), format="%(levelname)s %(name)s: %(message)s")
+
+
+def _unavailable(name: str, error: ImportError) -> click.Command:
+    @click.command(name, help=f"(unavailable: {error})", context_settings={"ignore_unknown_options": True})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def cmd(args: tuple[str, ...]) -> None:
+        raise click.ClickException(f"`{name}` needs a module that is not installed: {error}. "
+                                   "Install the project's extras: pip install -e '.[dev]'")
+
+    return cmd

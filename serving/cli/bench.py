@@ -31,9 +31,22 @@ class _LazyBench(click.Group):
         if target is None:
             return None
         module, _, attr = target.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except ImportError as e:  # an optional extra that is not installed: say which, don't crash --help
+            return _unavailable(cmd_name, e)
 
 
 @click.group(cls=_LazyBench)
 def bench() -> None:
     """Benchmarks: each prints its figure and the ratio to its baseline, measured in one run."""
+
+
+def _unavailable(name: str, error: ImportError) -> click.Command:
+    @click.command(name, help=f"(unavailable: {error})", context_settings={"ignore_unknown_options": True})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def cmd(args: tuple[str, ...]) -> None:
+        raise click.ClickException(f"`{name}` needs a module that is not installed: {error}. "
+                                   "Install the project's extras: pip install -e '.[dev]'")
+
+    return cmd

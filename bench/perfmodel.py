@@ -123,7 +123,7 @@ def perfmodel_cmd(as_json: bool, n: int, quick: bool) -> None:
         for model, opts, plans in cases:
             path = build_to_file(model, tmp / f"{model}.onnx", **opts)
             lg = LayerGraph.load(path)
-            cm, source = compute_model(lg, "auto")
+            cm, source = compute_model(lg, "measure")
             for label, spec, transport in plans:
                 pm = PerfModel(lg, facts, cm, transport=transport)
                 out = tmp / f"{model}-{label}"

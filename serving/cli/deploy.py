@@ -40,6 +40,9 @@ def _check_name(name: str) -> None:
         old = DeploymentRecord.load(name)
     except LookupError:
         return
+    if old.target != "local":
+        raise click.ClickException(f"deployment {name!r} is on {old.target} at {old.endpoint}; "
+                                   f"`flatpack undeploy {name}` first, or pick another --name")
     if old.alive():
         raise click.ClickException(f"deployment {name!r} is running at {old.endpoint}; "
                                    f"`flatpack undeploy {name}` first, or pick another --name")
@@ -99,32 +102,52 @@ def _announce(r) -> None:  # type: ignore[no-untyped-def]
 @click.argument("model")
 @plan_options
 @click.option("--target", type=click.Choice(["local", "lambda", "openfaas"]), default="local", show_default=True)
-@click.option("--platform", default="local", show_default=True, help="Platform profile the plan is made for.")
-@click.option("--transport", type=click.Choice(["shm", "redis", "inline", "s3"]), default="shm", show_default=True)
+@click.option("--platform", default=None,
+              help="Platform profile the plan is made for (default: the target's: local, aws-lambda, openfaas).")
+@click.option("--transport", type=click.Choice(["shm", "redis", "inline", "s3"]), default=None,
+              help="How tensors move (default: shm locally, inline on lambda and openfaas).")
 @click.option("--name", default=None, help="Deployment name (default: from the model file).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Endpoint address (loopback unless told).")
 @click.option("--port", default=8080, show_default=True, help="Endpoint port (0: any free port).")
 @click.option("--detach", is_flag=True, help="Serve in the background and return once ready.")
 @click.option("--keep-warm", type=float, default=0.0, metavar="SECONDS",
               help="Ping the functions every SECONDS so instances stay warm (Gillis); off by default.")
+@click.option("--dry-run", is_flag=True, help="lambda/openfaas: render the service (-o DIR) and deploy nothing.")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="lambda/openfaas: where to render the service (default: the state directory).")
+@click.option("--region", default=None, help="lambda: AWS region (default: $AWS_REGION, else us-east-1).")
+@click.option("--endpoint-url", default=None,
+              help="lambda: AWS endpoint override (moto, serverless-offline's Lambda port), for the deployer and "
+                   "for the master's invokes.")
+@click.option("--gateway", default=None, help="openfaas: the gateway URL (default: $OPENFAAS_URL).")
+@click.option("--no-vendor", is_flag=True,
+              help="lambda: do not install numpy/onnxruntime wheels into the package (bring them as a layer).")
 def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str, memory: str,
-               max_group: int, profile_mode: str, input_shapes: tuple[str, ...], target: str, platform: str,
-               transport: str, name: str | None, host: str, port: int, detach: bool, keep_warm: float) -> None:
-    """Plan MODEL (a file or zoo name), export verified parts, start its functions and serve an endpoint."""
+               max_group: int, profile_mode: str, input_shapes: tuple[str, ...], target: str, platform: str | None,
+               transport: str | None, name: str | None, host: str, port: int, detach: bool, keep_warm: float,
+               dry_run: bool, out_dir: str | None, region: str | None, endpoint_url: str | None,
+               gateway: str | None, no_vendor: bool) -> None:
+    """Plan MODEL (a file or zoo name), export verified parts, start its functions and serve an endpoint.
+
+    With --target lambda or openfaas: render the service (one function per plan function) and deploy it
+    there (boto3 / the gateway's API), or with --dry-run only render it."""
     from partitioner.graph import LayerGraph
     from partitioner.planner import make_perfmodel
     from partitioner.solvers.common import Infeasible
     from serving.deploy.local import prepare
     from serving.deploy.state import DeploymentRecord
 
-    if target != "local":
-        raise click.ClickException(f"--target {target} is not available in this version; use --target local")
+    platform = platform or {"local": "local", "lambda": "aws-lambda", "openfaas": "openfaas"}[target]
+    transport = transport or ("shm" if target == "local" else "inline")
+    if target == "local" and (dry_run or out_dir or gateway or endpoint_url or region):
+        raise click.UsageError("--dry-run, -o, --region, --endpoint-url and --gateway are for --target lambda|openfaas")
     if input_shapes:
         raise click.UsageError("--input-shape is not supported by deploy yet; fix the shapes in the ONNX file")
     request = request_from(mode, slo, percentile, solver, platform, memory, max_group, transport, profile_mode)
     path = resolve_model(model)
     name = name or _name_for(str(path))
-    _check_name(name)
+    if target == "local" or not dry_run:
+        _check_name(name)
     try:
         with err_console.status("planning") as st:
             bundle, result, source = prepare(path, request, name, progress=lambda m: st.update(m))
@@ -135,6 +158,10 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     lg = LayerGraph.load(path)
     pm, _, _ = make_perfmodel(lg, request, compute=None)
     print_solution(lg, result, request, source, pm)
+    if target != "local":
+        _deploy_cloud(target, name, path, bundle, transport=transport, mode=mode, dry_run=dry_run, out_dir=out_dir,
+                      region=region, endpoint_url=endpoint_url, gateway=gateway, vendor=not no_vendor)
+        return
     from functions.bundle import Bundle
 
     b = Bundle.load(bundle)
@@ -142,6 +169,26 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
                               host=host, port=port, predicted=dict(b.plan.predicted),
                               functions=[f.to_json() for f in b.plan.functions])
     _start(record, detach, keep_warm)
+
+
+def _deploy_cloud(target: str, name: str, model: Path, bundle: Path, **kw) -> None:  # type: ignore[no-untyped-def]
+    from serving.deploy.cloud import deploy_cloud
+
+    try:
+        with err_console.status(f"deploying to {target}") as st:
+            res = deploy_cloud(target, name, model, bundle, progress=lambda m: st.update(m), **kw)
+    except Exception as e:  # noqa: BLE001 - AWS, the gateway or rendering: the user gets the message, not a trace
+        raise click.ClickException(f"{type(e).__name__}: {e}") from e
+    for w in res.warnings:
+        err_console.print(f"[yellow]warning:[/] {w}")
+    if res.record is None:
+        console.print(f"rendered the {target} service in [bold]{res.rendered}[/] (dry run: nothing deployed)")
+        for step in res.next_steps:
+            console.print(f"  {step}")
+        return
+    console.print(f"[green]ready[/]: [bold]{res.endpoint}/v2/models/{name}/infer[/] on {target} "
+                  f"(Open Inference Protocol v2); rendered in {res.rendered}")
+    console.print(f"stop: flatpack undeploy {name}")
 
 
 @click.command("serve")
@@ -342,6 +389,18 @@ def undeploy_cmd(name: str, keep_bundle: bool) -> None:
         r = DeploymentRecord.load(name)
     except LookupError as e:
         raise click.ClickException(str(e)) from e
+    if r.target in ("lambda", "openfaas"):
+        from serving.deploy.cloud import undeploy_cloud
+
+        try:
+            with err_console.status(f"removing {name} from {r.target}"):
+                removed = undeploy_cloud(r)
+        except Exception as e:  # noqa: BLE001 - AWS or the gateway: the user gets the message; the record stays
+            raise click.ClickException(f"{type(e).__name__}: {e}") from e
+        for what in removed:
+            console.print(f"removed {what}")
+        console.print(f"undeployed {name}")
+        return
     with err_console.status(f"stopping {name}"):
         stopped = r.terminate()
     if not stopped:

@@ -1,0 +1,454 @@
+"""Rendering a bundle as an AWS Lambda service directory (Serverless Framework v3, or boto3).
+
+``render_lambda_service(bundle, out, deployment=...)`` writes::
+
+    out/
+      serverless.yml          the service: frameworkVersion '3', configValidationMode error; includes flatpack.yml
+      flatpack.yml            what is generated per model: provider settings, one function per plan
+                              function (memory, timeout, environment, its parts), the master's HTTP API
+                              routes (Open Inference Protocol v2), the IAM roles, the bucket when one is needed
+      flatpack_entry.py       the entry point (templates/flatpack_entry.py)
+      functions/              the function runtime, the same package the local platform runs
+      vendor/                 numpy + onnxruntime as manylinux x86_64 wheels for the Lambda runtime
+      bundle/                 plan.json, manifest.json, parts/*.onnx
+      flatpack-service.json   what was rendered (read by the boto3 deployer and by `undeploy`)
+
+Paths in ``flatpack.yml`` start with ``${self:custom.flatpack.prefix}`` (empty here), so the repository's
+top-level ``serverless.yml`` can deploy the same functions from the repository root.
+
+Each function is packaged on its own (``package.individually``) with only the parts it runs. When the
+code, dependencies and parts of a function would exceed Lambda's 250 MB unzipped limit, its parts stay
+out of the package: they are uploaded to the deployment's bucket and fetched to ``/tmp`` at cold start.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import templates
+from functions.bundle import Bundle
+from functions.config import FunctionConfig
+from partitioner.platform import load_profile
+from serving.deploy.aws_iam import LAMBDA_TRUST_POLICY, bundle_prefix, cfn_arn, role_policy
+from serving.deploy.render import (
+    CloudFunction,
+    cloud_functions,
+    copy_bundle,
+    copy_runtime,
+    dir_bytes,
+    write_json,
+    write_yaml,
+)
+from serving.deploy.vendor import RUNTIMES, VendorError, vendor_dependencies
+
+__all__ = [
+    "BUCKET_PLACEHOLDER",
+    "HANDLER",
+    "LAMBDA_UNZIPPED_LIMIT_BYTES",
+    "LambdaOptions",
+    "LambdaService",
+    "REGION_PLACEHOLDER",
+    "env_for_deploy",
+    "render_lambda_service",
+]
+
+log = logging.getLogger(__name__)
+
+#: Lambda's limit on a function's unzipped code (and layers): AWS Lambda quotas.
+LAMBDA_UNZIPPED_LIMIT_BYTES = 250 * 1024 * 1024
+HANDLER = "flatpack_entry.handler"
+#: stand-ins in a function's environment, replaced by each deploy path (CloudFormation or boto3)
+BUCKET_PLACEHOLDER = "@flatpack-bucket@"
+REGION_PLACEHOLDER = "@aws-region@"
+SERVICE_FILE = "flatpack-service.json"
+_GENERATED = ("serverless.yml", "flatpack.yml", "flatpack_entry.py", "functions", "vendor", "bundle",
+              SERVICE_FILE, ".serverless", ".cfnlintrc")
+# cfn-lint's configuration for the template `serverless package` writes (run `cfn-lint` in the directory)
+_CFNLINTRC = """\
+# cfn-lint for the CloudFormation template that `serverless package` writes: run `cfn-lint` here.
+templates:
+  - .serverless/cloudformation-template-update-stack.json
+ignore_checks:
+  # W3005 (DependsOn already implied by a Ref/GetAtt): the Serverless Framework itself adds DependsOn on
+  # each function's role and on the HTTP API integration; redundant but harmless, and not in flatpack.yml.
+  - W3005
+"""
+_ROLE_IDS = {"master": "FlatpackMasterRole", "worker": "FlatpackWorkerRole"}
+_BUCKET_ID = "FlatpackBucket"
+
+
+@dataclass(frozen=True)
+class LambdaOptions:
+    """How to render (and deploy) a bundle on AWS Lambda.
+
+    Parameters
+    ----------
+    region: the AWS region (``--region`` of ``serverless`` overrides it in the rendered service).
+    runtime: the Lambda Python runtime; ``python3.11`` is the newest the Serverless Framework v3 validates
+        (see :mod:`serving.deploy.vendor` for the wheels each runtime gets).
+    timeout_s: every function's timeout; the master's HTTP API integration allows at most 30 s.
+    transport: how tensors move between functions (``inline`` inside the invocation, Gillis's way;
+        ``redis``; ``s3``). ``shm`` is refused: Lambda functions share no host.
+    fallback_transport: where ``inline`` puts tensors over Lambda's 6 MB payload limit (``s3``,
+        ``redis`` or None to fail such requests).
+    bucket: an existing S3 bucket for tensors and large bundles (None: the deployment creates one when
+        it needs one).
+    redis_url: the Redis the ``redis`` transport uses (must be reachable from the functions).
+    endpoint_url: Lambda API endpoint override the master invokes workers through (serverless-offline's
+        Lambda port, moto) — None on AWS.
+    s3_endpoint_url: S3 endpoint override for the functions (None on AWS).
+    http_api: give the master HTTP API routes speaking the Open Inference Protocol v2.
+    vendor: install numpy + onnxruntime wheels into the package (off: bring them another way, e.g. a
+        layer; tests that run the package with this machine's Python).
+    strict_vendor: a vendoring failure raises (off: it is recorded in the service and rendering goes on).
+    unzipped_limit_bytes: per function, above which its parts go to the bucket.
+    api_token: when set, the master's HTTP routes require ``Authorization: Bearer <token>``.
+    plugins: Serverless Framework plugins the service lists (``serverless-offline`` to run it locally;
+        none by default, so ``serverless package`` needs nothing but the framework).
+    """
+
+    region: str = "us-east-1"
+    runtime: str = "python3.11"
+    timeout_s: int = 29
+    transport: str = "inline"
+    fallback_transport: str | None = "s3"
+    bucket: str | None = None
+    redis_url: str | None = None
+    endpoint_url: str | None = None
+    s3_endpoint_url: str | None = None
+    http_api: bool = True
+    vendor: bool = True
+    strict_vendor: bool = False
+    unzipped_limit_bytes: int = LAMBDA_UNZIPPED_LIMIT_BYTES
+    api_token: str | None = None
+    plugins: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.transport == "shm" or self.fallback_transport == "shm":
+            raise ValueError("the shm transport needs functions on one host; on AWS Lambda use --transport "
+                             "inline (with an s3 or redis fallback), redis or s3")
+        if self.transport not in ("inline", "redis", "s3"):
+            raise ValueError(f"transport {self.transport!r} is not one of inline, redis, s3")
+        if "redis" in (self.transport, self.fallback_transport) and not self.redis_url:
+            raise ValueError("the redis transport needs --redis-url (a Redis the functions can reach)")
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"runtime {self.runtime!r}: use one of {sorted(RUNTIMES)}")
+        if not 1 <= self.timeout_s <= 900:
+            raise ValueError(f"timeout {self.timeout_s} s: Lambda allows 1..900 s")
+        if self.http_api and self.timeout_s > 30:
+            raise ValueError(f"timeout {self.timeout_s} s: an HTTP API waits at most 30 s for the master")
+
+
+@dataclass
+class LambdaService:
+    """A rendered service: what is in ``root`` and how it was made."""
+
+    root: Path
+    deployment: str
+    model: str
+    options: LambdaOptions
+    functions: tuple[CloudFunction, ...]
+    parts_in_s3: dict[str, bool]  # deployed function name -> its parts are fetched from the bucket
+    package_bytes: dict[str, int]  # deployed function name -> unzipped package size
+    vendored: bool = False
+    vendor_error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def master(self) -> CloudFunction:
+        return next(f for f in self.functions if f.role == "master")
+
+    @property
+    def tensors_in_s3(self) -> bool:
+        return "s3" in (self.options.transport, self.options.fallback_transport)
+
+    @property
+    def needs_bucket(self) -> bool:
+        return self.tensors_in_s3 or any(self.parts_in_s3.values())
+
+    @property
+    def bundle_dir(self) -> Path:
+        return self.root / "bundle"
+
+    def save(self) -> Path:
+        doc = {
+            "deployment": self.deployment,
+            "model": self.model,
+            "options": asdict(self.options) | {"api_token": None},
+            "functions": [{**asdict(f), "files": list(f.files), "env": dict(f.env)} for f in self.functions],
+            "parts_in_s3": self.parts_in_s3,
+            "package_bytes": self.package_bytes,
+            "vendored": self.vendored,
+            "vendor_error": self.vendor_error,
+            "extra": self.extra,
+        }
+        return write_json(self.root / SERVICE_FILE, doc)
+
+    @classmethod
+    def load(cls, root: str | Path) -> LambdaService:
+        import json
+
+        root = Path(root)
+        path = root / SERVICE_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{root} is not a rendered Lambda service (no {SERVICE_FILE}); render one "
+                                    f"with `flatpack deploy MODEL --target lambda --dry-run -o {root}`")
+        d = json.loads(path.read_text())
+        return cls(
+            root=root,
+            deployment=d["deployment"],
+            model=d["model"],
+            options=LambdaOptions(**{**d["options"], "plugins": tuple(d["options"].get("plugins", ()))}),
+            functions=tuple(CloudFunction(**{**f, "files": tuple(f["files"])}) for f in d["functions"]),
+            parts_in_s3={str(k): bool(v) for k, v in d["parts_in_s3"].items()},
+            package_bytes={str(k): int(v) for k, v in d["package_bytes"].items()},
+            vendored=bool(d["vendored"]),
+            vendor_error=d.get("vendor_error"),
+            extra=dict(d.get("extra") or {}),
+        )
+
+
+def _threads(memory_mb: int) -> int:
+    """onnxruntime threads for a Lambda function's vCPU share (the profile says MB per vCPU)."""
+    p = load_profile("aws-lambda")
+    cap = p.max_vcpu or 1.0
+    return max(1, round(min(cap, memory_mb / p.mb_per_vcpu)))
+
+
+def _clean(out: Path) -> None:
+    if out.exists() and any(out.iterdir()) and not (out / SERVICE_FILE).is_file():
+        raise FileExistsError(f"{out} exists and is not a rendered flatpack service; give an empty or new -o DIR")
+    for name in _GENERATED:
+        p = out / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+def render_lambda_service(bundle_dir: str | Path, out: str | Path, *, deployment: str,
+                          options: LambdaOptions | None = None, model_name: str | None = None) -> LambdaService:
+    """Write the service directory for ``bundle_dir`` (a verified bundle) at ``out``.
+
+    ``deployment`` names the functions (``<deployment>-<plan function>``) and every transport key;
+    ``model_name`` is the model's name on the HTTP routes (default: ``deployment``).
+    """
+    opts = options or LambdaOptions()
+    bundle = Bundle.load(bundle_dir)
+    plan = bundle.plan
+    out = Path(out).resolve()
+    _clean(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = model_name or deployment
+    profile = load_profile("aws-lambda")
+    for fn in plan.functions:
+        profile.memory.check(fn.memory_mb)
+
+    copy_runtime(out)
+    shutil.copy2(templates.ENTRY, out / "flatpack_entry.py")
+    copy_bundle(bundle, out / "bundle")
+    vendored, vendor_error = False, None
+    if opts.vendor:
+        extra = ("redis>=5",) if "redis" in (opts.transport, opts.fallback_transport) else ()
+        try:
+            vendor_dependencies(out / "vendor", runtime=opts.runtime, extra=extra)
+            vendored = True
+        except VendorError as e:
+            if opts.strict_vendor:
+                raise
+            vendor_error = str(e)
+            log.warning("dependencies not vendored: %s", e)
+
+    base = FunctionConfig(
+        bundle_dir=Path("bundle"),
+        deployment=deployment,
+        function=plan.master,
+        transport=opts.transport,
+        fallback_transport=opts.fallback_transport,
+        payload_limit_bytes=profile.payload_limit_bytes,
+        s3_bucket=opts.bucket or BUCKET_PLACEHOLDER,
+        s3_endpoint_url=opts.s3_endpoint_url,
+        redis_url=opts.redis_url or FunctionConfig.redis_url,
+        aws_region=REGION_PLACEHOLDER,
+        invoker="lambda",
+        invoke_url=opts.endpoint_url,
+        function_prefix=f"{deployment}-",
+        invoke_timeout_ms=opts.timeout_s * 1000,
+    )
+    threads = {fn.memory_mb: _threads(fn.memory_mb) for fn in plan.functions}
+    fns = cloud_functions(plan, deployment, base, threads=threads, drop=())
+    common = (dir_bytes(out / "functions") + dir_bytes(out / "vendor") + (out / "flatpack_entry.py").stat().st_size
+              + (out / "bundle" / "plan.json").stat().st_size + (out / "bundle" / "manifest.json").stat().st_size)
+    parts_in_s3: dict[str, bool] = {}
+    sizes: dict[str, int] = {}
+    for f in fns:
+        own = sum((out / "bundle" / rel).stat().st_size for rel in f.files)
+        parts_in_s3[f.name] = common + own > opts.unzipped_limit_bytes
+        sizes[f.name] = common + (0 if parts_in_s3[f.name] else own)
+        if common > opts.unzipped_limit_bytes:
+            raise ValueError(f"the function code and dependencies alone take {common / 2**20:.0f} MB, over "
+                             f"Lambda's {opts.unzipped_limit_bytes / 2**20:.0f} MB unzipped limit")
+    service = LambdaService(out, deployment, model, opts, fns, parts_in_s3, sizes, vendored, vendor_error)
+    write_yaml(out / "flatpack.yml", _flatpack_yml(service, plan.master),
+               header=f"Generated by flatpack for deployment {deployment} (model {plan.model.name}); do not edit:\n"
+                      f"render again with `flatpack deploy MODEL --target lambda --dry-run -o DIR`.")
+    write_yaml(out / "serverless.yml", _serverless_yml(), header=_SERVERLESS_HEADER)
+    (out / ".cfnlintrc").write_text(_CFNLINTRC)
+    service.save()
+    return service
+
+
+_SERVERLESS_HEADER = """\
+Serverless Framework v3 service of one flatpack deployment. The generated parts (functions, routes,
+IAM roles, bucket) are in flatpack.yml, shared with the repository's top-level serverless.yml.
+  serverless package --region us-east-1     # build the function packages and the CloudFormation template
+  serverless deploy --region us-east-1      # deploy (needs AWS credentials)
+  serverless offline --region us-east-1     # run locally (serverless-offline plugin)"""
+
+
+def _serverless_yml() -> dict[str, Any]:
+    inc = "${file(./flatpack.yml):%s}"
+    return {
+        "service": inc % "service",
+        "frameworkVersion": "3",
+        "configValidationMode": "error",
+        "custom": {"flatpack": {"prefix": ""}},
+        "plugins": inc % "plugins",
+        "provider": inc % "provider",
+        "package": inc % "package",
+        "functions": inc % "functions",
+        "resources": inc % "resources",
+    }
+
+
+def _env_value(value: str, *, bucket_ref: Any) -> Any:
+    if value == BUCKET_PLACEHOLDER:
+        return bucket_ref
+    if value == REGION_PLACEHOLDER:
+        return "${aws:region}"  # resolved from the provider's region, no network needed
+    return value
+
+
+def _flatpack_yml(service: LambdaService, master: str) -> dict[str, Any]:
+    opts = service.options
+    pre = "${self:custom.flatpack.prefix}"
+    bucket_ref: Any = opts.bucket if opts.bucket else {"Ref": _BUCKET_ID}
+    # what every function shares goes to the provider; the rest per function
+    envs = [dict(f.env) for f in service.functions]
+    common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
+    provider_env = {k: _env_value(v, bucket_ref=bucket_ref) for k, v in common.items()}
+    provider_env["FLATPACK_MODEL_NAME"] = service.model
+    if opts.api_token:
+        provider_env["FLATPACK_API_TOKEN"] = opts.api_token
+    provider: dict[str, Any] = {
+        "name": "aws",
+        "runtime": opts.runtime,
+        "architecture": "x86_64",
+        "region": "${opt:region, '" + opts.region + "'}",
+        "stage": "${opt:stage, 'dev'}",
+        "logRetentionInDays": 14,
+        "environment": provider_env,
+    }
+    if opts.http_api:
+        provider["httpApi"] = {"payload": "2.0"}
+    functions: dict[str, Any] = {}
+    for f in service.functions:
+        env = {k: _env_value(v, bucket_ref=bucket_ref) for k, v in f.env.items() if k not in common}
+        patterns = [] if service.parts_in_s3[f.name] else [f"{pre}bundle/{rel}" for rel in f.files]
+        if service.parts_in_s3[f.name]:
+            where = f"/{bundle_prefix(service.deployment)}"
+            env["FLATPACK_BUNDLE_S3_URI"] = (f"s3://{bucket_ref}{where}" if isinstance(bucket_ref, str)
+                                             else {"Fn::Join": ["", ["s3://", bucket_ref, where]]})
+        spec: dict[str, Any] = {
+            "name": f.name,
+            "description": f"flatpack {service.deployment}: {f.plan_name}",
+            "handler": f"{pre}{HANDLER}",
+            "memorySize": f.memory_mb,
+            "timeout": opts.timeout_s,
+            "role": _ROLE_IDS[f.role],
+            "environment": env,
+        }
+        if patterns:
+            spec["package"] = {"patterns": patterns}
+        if service.parts_in_s3[f.name]:
+            # the parts are fetched to /tmp: room for them (Lambda offers 512..10240 MB)
+            need = sum((service.root / "bundle" / rel).stat().st_size for rel in f.files)
+            spec["ephemeralStorageSize"] = min(10240, max(512, int(need * 1.2 / 2**20) + 64))
+        if f.role == "master" and opts.http_api:
+            base = f"/v2/models/{service.model}"
+            spec["events"] = [{"httpApi": {"method": m, "path": p}} for m, p in (
+                ("POST", f"{base}/infer"), ("GET", base), ("GET", f"{base}/ready"),
+                ("GET", "/v2/health/live"), ("GET", "/v2/health/ready"))]
+        key = "master" if f.role == "master" else f.plan_name
+        functions[_function_key(key)] = spec
+    resources: dict[str, Any] = {}
+    roles = sorted({f.role for f in service.functions}, key=lambda r: r != "master")
+    for role in roles:
+        resources[_ROLE_IDS[role]] = {
+            "Type": "AWS::IAM::Role",
+            "Properties": {
+                "Description": f"flatpack {service.deployment}: the {role} function(s)",
+                "AssumeRolePolicyDocument": LAMBDA_TRUST_POLICY,
+                "Policies": [{
+                    "PolicyName": f"flatpack-{service.deployment}-{role}",
+                    "PolicyDocument": role_policy(
+                        role, service.functions, deployment=service.deployment, arn=cfn_arn,
+                        bucket=bucket_ref if service.needs_bucket else None,
+                        bundle_in_s3=any(service.parts_in_s3[f.name] for f in service.functions if f.role == role),
+                        tensors_in_s3=service.tensors_in_s3),
+                }],
+            },
+        }
+    outputs: dict[str, Any] = {}
+    if service.needs_bucket and opts.bucket is None:
+        resources[_BUCKET_ID] = {
+            "Type": "AWS::S3::Bucket",
+            "Properties": {
+                "PublicAccessBlockConfiguration": {"BlockPublicAcls": True, "BlockPublicPolicy": True,
+                                                   "IgnorePublicAcls": True, "RestrictPublicBuckets": True},
+                "BucketEncryption": {"ServerSideEncryptionConfiguration": [
+                    {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]},
+                # tensors are deleted after use; the rule is the TTL backstop (DESIGN: every key has a TTL)
+                "LifecycleConfiguration": {"Rules": [{"Id": "expire-tensors", "Status": "Enabled",
+                                                      "Prefix": "flatpack/", "ExpirationInDays": 1}]},
+            },
+        }
+        outputs["FlatpackBucketName"] = {"Description": "bucket of this deployment's tensors and bundle files",
+                                         "Value": {"Ref": _BUCKET_ID}}
+    package = {
+        "individually": True,
+        "patterns": ["!**", f"{pre}flatpack_entry.py", f"{pre}functions/**", f"{pre}vendor/**",
+                     f"{pre}bundle/plan.json", f"{pre}bundle/manifest.json", "!**/__pycache__/**", "!**/*.pyc"],
+    }
+    doc: dict[str, Any] = {
+        "service": f"flatpack-{service.deployment}",
+        "plugins": list(opts.plugins),
+        "provider": provider,
+        "package": package,
+        "functions": functions,
+        "resources": {"Resources": resources, **({"Outputs": outputs} if outputs else {})},
+    }
+    return doc
+
+
+def _function_key(name: str) -> str:
+    """A Serverless function key (becomes a CloudFormation logical id: letters and digits only)."""
+    parts = [p for p in name.replace("_", "-").split("-") if p]
+    return parts[0] + "".join(p[:1].upper() + p[1:] for p in parts[1:]) if parts else "fn"
+
+
+def env_for_deploy(f: CloudFunction, *, bucket: str | None, region: str) -> Mapping[str, str]:
+    """A function's environment with the placeholders filled (the boto3 path)."""
+    out = {}
+    for k, v in f.env.items():
+        if v == BUCKET_PLACEHOLDER:
+            v = bucket or ""
+        elif v == REGION_PLACEHOLDER:
+            v = region
+        out[k] = v
+    return out

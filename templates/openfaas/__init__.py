@@ -1,0 +1,1 @@
+"""OpenFaaS function templates (``faas-cli new --lang flatpack``): ``flatpack/``."""

@@ -1,0 +1,458 @@
+"""The AWS Lambda target, offline with the tools its users use: the rendered service packaged by the
+Serverless Framework v3 (error validation) and linted by cfn-lint, run end to end under serverless-offline
+(the master fanning out to workers with boto3 through its Lambda port), the vendored package run without
+site-packages, and the boto3 deployer against moto's server.
+
+Node tools: ``build/tools/node_modules`` (``npm install --prefix build/tools serverless@3
+serverless-offline@13``; installed here when npm exists and they are missing). Tests needing them skip
+only where Node is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from functions.plan import Plan
+from serving.deploy.lambda_service import LambdaOptions, LambdaService, render_lambda_service
+from tests.conftest import free_port, reference_outputs
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ROOT / "build" / "tools"
+SLS = TOOLS / "node_modules" / ".bin" / "serverless"
+SLS_ENV = {"SLS_TELEMETRY_DISABLED": "1", "SLS_NOTIFICATIONS_MODE": "off", "SLS_DEPRECATION_DISABLE": "*",
+           "SLS_TRACKING_DISABLED": "1", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
+
+
+def _policy_statements(doc: dict, role_id: str) -> list[dict]:
+    return doc["resources"]["Resources"][role_id]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
+
+
+def _join(v: object) -> str:
+    """A Fn::Join ARN rendered with the pseudo parameters' names, for reading in assertions."""
+    if isinstance(v, str):
+        return v
+    assert isinstance(v, dict) and list(v) == ["Fn::Join"], v
+    return "".join(p if isinstance(p, str) else f"<{p['Ref']}>" for p in v["Fn::Join"][1])
+
+
+@pytest.fixture(scope="module")
+def sls() -> Path:
+    """The Serverless Framework v3 CLI (with serverless-offline beside it), installed with npm if missing."""
+    if shutil.which("node") is None:
+        pytest.skip("Node.js is not installed: the Serverless Framework checks need node and npm")
+    if not SLS.exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.skip("npm is not installed: cannot install the Serverless Framework into build/tools")
+        TOOLS.mkdir(parents=True, exist_ok=True)
+        res = subprocess.run([npm, "install", "--prefix", str(TOOLS), "--no-audit", "--no-fund",
+                              "serverless@3", "serverless-offline@13"], capture_output=True, text=True, timeout=600,
+                             check=False, env={**os.environ, **SLS_ENV})
+        assert res.returncode == 0, f"npm install failed:\n{res.stderr[-3000:]}"
+    return SLS
+
+
+@pytest.fixture(scope="module")
+def conv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.conftest import conv_channel_bundle
+
+    return conv_channel_bundle(tmp_path_factory.mktemp("lambda") / "conv")
+
+
+# --------------------------------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------------------------------
+
+
+def test_render_one_function_per_plan_function(conv: Path, tmp_path: Path) -> None:
+    svc = render_lambda_service(conv, tmp_path / "svc", deployment="cc", options=LambdaOptions(vendor=False))
+    plan = Plan.load(conv / "plan.json")
+    doc = yaml.safe_load((tmp_path / "svc" / "flatpack.yml").read_text())
+    top = yaml.safe_load((tmp_path / "svc" / "serverless.yml").read_text())
+    assert top["frameworkVersion"] == "3" and top["configValidationMode"] == "error"
+    fns = {f["name"]: f for f in doc["functions"].values()}
+    assert sorted(fns) == sorted(f"cc-{f.name}" for f in plan.functions)
+    for f in plan.functions:
+        spec = fns[f"cc-{f.name}"]
+        assert spec["memorySize"] == f.memory_mb and spec["timeout"] == 29
+        assert spec["environment"]["FLATPACK_FUNCTION"] == f.name
+        assert spec["handler"] == "${self:custom.flatpack.prefix}flatpack_entry.handler"
+        # each package carries only the parts its function runs
+        own = {p.file for s in plan.stages for p in s.parts if p.function == f.name}
+        assert {p.split("bundle/", 1)[1] for p in spec.get("package", {}).get("patterns", [])} == own
+    master = fns["cc-master"]
+    routes = {(e["httpApi"]["method"], e["httpApi"]["path"]) for e in master["events"]}
+    assert ("POST", "/v2/models/cc/infer") in routes and ("GET", "/v2/health/ready") in routes
+    assert master["role"] == "FlatpackMasterRole" and fns["cc-worker-1"]["role"] == "FlatpackWorkerRole"
+    env = doc["provider"]["environment"]
+    assert env["FLATPACK_INVOKER"] == "lambda" and env["FLATPACK_FUNCTION_PREFIX"] == "cc-"
+    assert env["FLATPACK_FALLBACK_TRANSPORT"] == "s3" and env["FLATPACK_S3_BUCKET"] == {"Ref": "FlatpackBucket"}
+    assert doc["provider"]["runtime"] == "python3.11"
+    assert svc.parts_in_s3 == {"cc-master": False, "cc-worker-1": False, "cc-worker-2": False}
+    assert LambdaService.load(tmp_path / "svc").functions == svc.functions
+    assert (tmp_path / "svc" / "functions" / "runtime.py").is_file()
+    assert not (tmp_path / "svc" / "bundle" / "source.onnx").exists()
+
+
+def _over_limit(conv: Path, tmp_path: Path) -> int:
+    """A package limit the workers' parts do not fit under (the master, with none, does)."""
+    svc = render_lambda_service(conv, tmp_path / "probe", deployment="cc", options=LambdaOptions(vendor=False))
+    return svc.package_bytes["cc-master"] + 1
+
+
+def test_iam_grants_nothing_beyond_the_deployment(conv: Path, tmp_path: Path) -> None:
+    render_lambda_service(conv, tmp_path / "svc", deployment="cc",
+                          options=LambdaOptions(vendor=False, unzipped_limit_bytes=_over_limit(conv, tmp_path)))
+    text = (tmp_path / "svc" / "flatpack.yml").read_text()
+    assert "${aws:accountId}" not in text  # resolving it needs the network; Ref: AWS::AccountId does not
+    doc = yaml.safe_load(text)
+    allowed = {"logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "lambda:InvokeFunction",
+               "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket"}
+    for role_id in ("FlatpackMasterRole", "FlatpackWorkerRole"):
+        for st in _policy_statements(doc, role_id):
+            actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+            assert set(actions) <= allowed and st["Effect"] == "Allow"
+            resources = st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]]
+            for r in map(_join, resources):
+                assert r.startswith("arn:<AWS::Partition>:")
+                if st["Sid"] == "ListOwnPrefixes":
+                    assert r.endswith(":::<FlatpackBucket>")
+                    assert all(p.startswith(("flatpack/cc/", "bundles/cc/"))
+                               for p in st["Condition"]["StringLike"]["s3:prefix"])
+                elif r.startswith("arn:<AWS::Partition>:s3"):
+                    own = ("<FlatpackBucket>/flatpack/cc/", "<FlatpackBucket>/bundles/cc/")
+                    assert r.split(":::", 1)[1].startswith(own)
+                else:
+                    assert "<AWS::Region>:<AWS::AccountId>:" in r and ("/aws/lambda/cc-" in r or "function:cc-" in r)
+    master = {st["Sid"]: st for st in _policy_statements(doc, "FlatpackMasterRole")}
+    invoked = {_join(r).split("function:", 1)[1] for r in master["InvokeOwnWorkers"]["Resource"]}
+    assert invoked == {"cc-worker-1", "cc-worker-1:*", "cc-worker-2", "cc-worker-2:*"}
+    workers = {st["Sid"] for st in _policy_statements(doc, "FlatpackWorkerRole")}
+    assert "InvokeOwnWorkers" not in workers
+    # the workers' parts were over the package limit: they come from the bucket, read-only
+    assert "ReadOwnBundle" in workers and "ReadOwnBundle" not in master
+    worker_st = {st["Sid"]: st for st in _policy_statements(doc, "FlatpackWorkerRole")}
+    assert worker_st["ReadOwnBundle"]["Action"] == "s3:GetObject"
+    w1 = next(f for f in doc["functions"].values() if f["name"] == "cc-worker-1")
+    assert "package" not in w1 and "FLATPACK_BUNDLE_S3_URI" in w1["environment"]
+
+
+def test_options_refuse_what_lambda_cannot_do() -> None:
+    with pytest.raises(ValueError, match="one host"):
+        LambdaOptions(transport="shm")
+    with pytest.raises(ValueError, match="redis-url"):
+        LambdaOptions(transport="redis")
+    with pytest.raises(ValueError, match="30 s"):
+        LambdaOptions(timeout_s=60)
+
+
+# --------------------------------------------------------------------------------------------------
+# The Serverless Framework and cfn-lint
+# --------------------------------------------------------------------------------------------------
+
+
+def _sls(sls: Path, cwd: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([str(sls), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, **SLS_ENV})
+
+
+def test_serverless_package_and_cfn_lint(sls: Path, conv: Path, tmp_path: Path) -> None:
+    pytest.importorskip("cfnlint", reason="cfn-lint is in the dev extra: pip install 'flatpack[dev]'")
+    out = tmp_path / "svc"
+    render_lambda_service(conv, out, deployment="cc", options=LambdaOptions(vendor=False))
+    res = _sls(sls, out, "package", "--region", "us-east-1")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    template = out / ".serverless" / "cloudformation-template-update-stack.json"
+    cfn = json.loads(template.read_text())["Resources"]
+    lambdas = {r["Properties"]["FunctionName"]: r["Properties"] for r in cfn.values()
+               if r["Type"] == "AWS::Lambda::Function"}
+    assert sorted(lambdas) == ["cc-master", "cc-worker-1", "cc-worker-2"]
+    assert {p["MemorySize"] for p in lambdas.values()} == {512}
+    assert not any(r["Type"] == "AWS::IAM::Role" and k == "IamRoleLambdaExecution" for k, r in cfn.items())
+    for zipname in ("master.zip", "worker1.zip", "worker2.zip"):
+        assert (out / ".serverless" / zipname).is_file()
+    # cfn-lint reads .cfnlintrc (the template path, and the one rule ignored, with its reason)
+    lint = subprocess.run([str(Path(sys.executable).parent / "cfn-lint")], cwd=out, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_vendored_package_runs_without_site_packages(conv: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy + onnxruntime as manylinux wheels for python3.11 (Amazon Linux 2), run by this machine's Python
+    with no site-packages: the package is what Lambda would import (boto3 comes from the runtime)."""
+    from serving.deploy.vendor import VendorError
+
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the python3.11 wheels can only be imported by Python 3.11")
+    try:
+        svc = render_lambda_service(conv, tmp_path / "svc", deployment="cc",
+                                    options=LambdaOptions(strict_vendor=True))
+    except VendorError as e:
+        pytest.skip(f"no manylinux wheels to be had here: {e}")
+    assert max(svc.package_bytes.values()) < 250 * 2**20
+    env = {**dict(svc.master.env), "FLATPACK_S3_BUCKET": "unused", "FLATPACK_AWS_REGION": "us-east-1",
+           "FLATPACK_MODEL_NAME": "cc"}
+    x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    import boto3
+
+    script = (
+        "import json, sys\n"
+        "sys.path.insert(0, sys.argv[1]); sys.path.append(sys.argv[2])\n"
+        "import flatpack_entry, numpy, onnxruntime\n"
+        "rt = flatpack_entry.runtime()\n"
+        "from functions.worker import Worker\n"
+        "w = Worker(rt.plan, rt.config.bundle_dir, 'worker-1', rt.sessions)\n"
+        "x = numpy.asarray(json.loads(sys.argv[3]), numpy.float32).reshape(1, 3, 8, 8)\n"
+        "y = rt.sessions.run(rt.config.bundle_dir / 'parts/s00_p00.onnx', {'x': x})['y']\n"
+        "print(json.dumps({'numpy': numpy.__file__, 'ort': onnxruntime.__version__, 'y': y.ravel().tolist()}))\n"
+    )
+    res = subprocess.run([sys.executable, "-S", "-I", "-c", script, str(svc.root),
+                          str(Path(boto3.__file__).parent.parent), json.dumps(x.ravel().tolist())],
+                         capture_output=True, text=True, timeout=120, check=False,
+                         env={"PATH": os.environ.get("PATH", ""), **env}, cwd=svc.root)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["numpy"].startswith(str(svc.root / "vendor")) and out["ort"].startswith("1.16")
+    want = reference_outputs(conv, {"x": x})["y"][:, :4]
+    assert np.abs(np.asarray(out["y"], np.float32).reshape(want.shape) - want).max() <= 1e-4
+
+
+# --------------------------------------------------------------------------------------------------
+# End to end under serverless-offline
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def offline(sls: Path, conv: Path, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """serverless-offline serving the rendered service: HTTP on one loopback port, Lambda on another."""
+    http_port, lambda_port, ws_port, alb_port = (free_port() for _ in range(4))
+    out = tmp_path / "svc"
+    # no S3 fallback: the tensors are small, and serverless-offline has no S3 (nor CloudFormation refs)
+    render_lambda_service(conv, out, deployment="cc", options=LambdaOptions(
+        vendor=False, plugins=("serverless-offline",), endpoint_url=f"http://127.0.0.1:{lambda_port}",
+        fallback_transport=None))
+    # python handlers run with `python3` from PATH: this interpreter's (VIRTUAL_ENV's bin goes first)
+    env = {**os.environ, **SLS_ENV, "VIRTUAL_ENV": sys.prefix,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    log = open(tmp_path / "offline.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([str(sls), "offline", "--region", "us-east-1", "--host", "127.0.0.1",
+                             "--httpPort", str(http_port), "--lambdaPort", str(lambda_port),
+                             "--websocketPort", str(ws_port), "--albPort", str(alb_port)],
+                            cwd=out, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{http_port}"
+    try:
+        end = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/v2/health/live", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if proc.poll() is not None or time.monotonic() > end:
+                log.flush()
+                pytest.fail(f"serverless offline did not start:\n{(tmp_path / 'offline.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+        _warm_up(f"http://127.0.0.1:{lambda_port}", ["cc-master", "cc-worker-1", "cc-worker-2"])
+        yield url, tmp_path / "offline.log"
+    finally:
+        # the process group we started: serverless and the python handler processes it spawned
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+        log.close()
+
+
+def _warm_up(lambda_url: str, names: list[str]) -> None:
+    """Cold-start every function first (Gillis's warm-up): serverless-offline's Python context gives an
+    invocation 6 s, less than three concurrent cold starts of numpy + onnxruntime may take on two cores.
+    An empty event is answered with a structured BadRequest once the instance has loaded its parts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+    import botocore.config
+
+    client = boto3.client("lambda", endpoint_url=lambda_url, region_name="us-east-1", aws_access_key_id="test",
+                          aws_secret_access_key="test",
+                          config=botocore.config.Config(read_timeout=120, retries={"total_max_attempts": 1}))
+
+    def ping(name: str) -> dict:
+        return json.loads(client.invoke(FunctionName=name, Payload=b"{}")["Payload"].read())
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        replies = list(pool.map(ping, names))
+    assert all(r.get("error", {}).get("type") == "BadRequest" for r in replies), replies
+
+
+def _post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
+
+
+def test_offline_end_to_end(offline: tuple[str, Path], conv: Path) -> None:
+    url, log = offline
+    x = np.random.default_rng(7).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = reference_outputs(conv, {"x": x})["y"]
+    body = {"id": "r1", "inputs": [{"name": "x", "shape": [1, 3, 8, 8], "datatype": "FP32",
+                                    "data": x.ravel().tolist()}]}
+    status, _, data = _post(f"{url}/v2/models/cc/infer", json.dumps(body).encode())
+    assert status == 200, data[:2000].decode(errors="replace") + log.read_text()[-3000:]
+    doc = json.loads(data)
+    assert doc["id"] == "r1" and doc["model_name"] == "cc"
+    out = doc["outputs"][0]
+    got = np.asarray(out["data"], np.float32).reshape(out["shape"])
+    assert out["name"] == "y" and np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
+    # both workers ran, invoked by the master through serverless-offline's Lambda port
+    text = log.read_text()
+    assert "(λ: worker1)" in text and "(λ: worker2)" in text
+    # the binary tensor extension, both ways
+    header = json.dumps({"inputs": [{"name": "x", "shape": [1, 3, 8, 8], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    status, headers, data = _post(f"{url}/v2/models/cc/infer", header + x.tobytes(),
+                                  {"Inference-Header-Content-Length": str(len(header)),
+                                   "Content-Type": "application/octet-stream"})
+    assert status == 200, data[:2000]
+    n = int(headers["inference-header-content-length"])
+    got = np.frombuffer(data[n:], np.float32).reshape(json.loads(data[:n])["outputs"][0]["shape"])
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
+    # a client's mistake is a 400 naming it, and the service keeps serving
+    bad = {"inputs": [{"name": "x", "shape": [1, 3, 4, 4], "datatype": "FP32", "data": [0.0] * 48}]}
+    status, _, data = _post(f"{url}/v2/models/cc/infer", json.dumps(bad).encode())
+    assert status == 400 and b"must be FP32[1, 3, 8, 8]" in data
+    with urllib.request.urlopen(f"{url}/v2/models/cc", timeout=60) as r:
+        meta = json.loads(r.read())
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [1, 3, 8, 8]}]
+
+
+# --------------------------------------------------------------------------------------------------
+# The boto3 deployer against moto
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def moto_url(aws_env: None) -> Iterator[str]:
+    pytest.importorskip("moto.server", reason="the deployer tests need moto[server] (pip install 'flatpack[dev]')")
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def _inventory(url: str) -> dict[str, set[str]]:
+    import boto3
+
+    kw = {"endpoint_url": url, "region_name": "us-east-1"}
+    iam, lam, s3 = boto3.client("iam", **kw), boto3.client("lambda", **kw), boto3.client("s3", **kw)
+    roles = {r["RoleName"] for r in iam.list_roles()["Roles"]}
+    return {
+        "roles": roles,
+        "policies": {f"{r}/{p}" for r in roles for p in iam.list_role_policies(RoleName=r)["PolicyNames"]},
+        "functions": {f["FunctionName"] for f in lam.list_functions()["Functions"]},
+        "buckets": {b["Name"] for b in s3.list_buckets().get("Buckets", [])},
+    }
+
+
+def test_boto3_deployer_creates_and_removes_exactly(moto_url: str, conv: Path, tmp_path: Path) -> None:
+    import boto3
+
+    from serving.deploy.aws_lambda import ALIAS, LambdaDeployer
+
+    boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1").create_bucket(Bucket="someone-elses")
+    before = _inventory(moto_url)
+    svc = render_lambda_service(conv, tmp_path / "svc", deployment="cc",
+                                options=LambdaOptions(vendor=False, unzipped_limit_bytes=_over_limit(conv, tmp_path)))
+    deployer = LambdaDeployer(endpoint_url=moto_url)
+    dep = deployer.deploy(svc)
+    after = _inventory(moto_url)
+    bucket = "flatpack-cc-123456789012"
+    assert after["roles"] - before["roles"] == {"flatpack-cc-master", "flatpack-cc-worker"}
+    assert after["policies"] - before["policies"] == {"flatpack-cc-master/flatpack", "flatpack-cc-worker/flatpack"}
+    assert after["functions"] - before["functions"] == {"cc-master", "cc-worker-1", "cc-worker-2"}
+    assert after["buckets"] - before["buckets"] == {bucket}
+    kw = {"endpoint_url": moto_url, "region_name": "us-east-1"}
+    lam, s3, iam = boto3.client("lambda", **kw), boto3.client("s3", **kw), boto3.client("iam", **kw)
+    cfg = lam.get_function_configuration(FunctionName="cc-worker-1")
+    assert cfg["MemorySize"] == 512 and cfg["Handler"] == "flatpack_entry.handler" and cfg["Runtime"] == "python3.11"
+    assert cfg["Environment"]["Variables"]["FLATPACK_BUNDLE_S3_URI"] == f"s3://{bucket}/bundles/cc"
+    assert lam.get_alias(FunctionName="cc-master", Name=ALIAS)["FunctionVersion"] == dep.versions["master"]
+    assert dep.endpoint and dep.endpoint.startswith("https://")
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert keys == {"bundles/cc/plan.json", "bundles/cc/manifest.json", "bundles/cc/parts/s00_p00.onnx",
+                    "bundles/cc/parts/s00_p01.onnx"}
+    assert "FLATPACK_BUNDLE_S3_URI" not in lam.get_function_configuration(FunctionName="cc-master")["Environment"][
+        "Variables"]
+    policy = iam.get_role_policy(RoleName="flatpack-cc-master", PolicyName="flatpack")["PolicyDocument"]
+    for st in policy["Statement"]:
+        for r in st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]]:
+            assert r.startswith(("arn:aws:logs:us-east-1:123456789012:log-group:/aws/lambda/cc-master",
+                                 "arn:aws:lambda:us-east-1:123456789012:function:cc-worker-",
+                                 f"arn:aws:s3:::{bucket}")), r
+            assert r == f"arn:aws:s3:::{bucket}" or "cc" in r.split(":::")[-1]
+    # tensors a request left behind (the TTL backstop's job) go too; the other bucket is untouched
+    s3.put_object(Bucket=bucket, Key="flatpack/cc/q1/out.o0", Body=b"x")
+    removed = deployer.undeploy(dep)
+    assert "bucket " + bucket in removed
+    assert _inventory(moto_url) == before
+    assert deployer.undeploy(dep) == []  # idempotent
+
+
+def test_cli_lambda_dry_run_then_deploy_undeploy(moto_url: str, tmp_path: Path) -> None:
+    import onnx
+
+    from tests.onnx_builders import mlp
+
+    onnx.save(mlp(), str(tmp_path / "mlp.onnx"))
+    env = {**os.environ, "FLATPACK_STATE_DIR": str(tmp_path / "state"), "FLATPACK_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("FLATPACK_S3_BUCKET", None)
+
+    def flatpack(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "serving.cli", *args], capture_output=True, text=True, env=env,
+                              timeout=300, check=False)
+
+    res = flatpack("deploy", str(tmp_path / "mlp.onnx"), "--mode", "lo", "--target", "lambda", "--dry-run",
+                   "--no-vendor", "-o", str(tmp_path / "out"), "--name", "m")
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert (tmp_path / "out" / "serverless.yml").is_file() and (tmp_path / "out" / ".cfnlintrc").is_file()
+    assert not (tmp_path / "state" / "deployments" / "m.json").exists()
+    before = _inventory(moto_url)
+    res = flatpack("deploy", str(tmp_path / "mlp.onnx"), "--mode", "lo", "--target", "lambda", "--no-vendor",
+                   "--endpoint-url", moto_url, "--name", "m")
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert "/v2/models/m/infer" in res.stdout
+    record = json.loads((tmp_path / "state" / "deployments" / "m.json").read_text())
+    assert record["target"] == "lambda" and record["options"]["cloud"]["functions"]
+    assert "m-master" in _inventory(moto_url)["functions"]
+    res = flatpack("undeploy", "m")
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert _inventory(moto_url) == before
+    assert not (tmp_path / "state" / "deployments" / "m.json").exists()

@@ -38,7 +38,8 @@ pytest.importorskip("fastapi", reason="the master tests run on the local platfor
 
 from serving.platform import LocalPlatform  # noqa: E402
 from serving.platform.deploy import Deployment, deploy_bundle  # noqa: E402
-from serving.platform.runner import _Client, rel_err  # noqa: E402
+from serving.platform.master_client import MasterClient  # noqa: E402
+from serving.platform.runner import rel_err  # noqa: E402
 
 BUNDLES = ["conv_channel", "conv_channel_master", "matmul_sum", "chain"]
 
@@ -67,7 +68,7 @@ def deploy(platform: LocalPlatform, request: pytest.FixtureRequest) -> Iterator:
         d.remove()
 
 
-def _check(d: Deployment, client: _Client, bundle: Path, reference, seed: int) -> None:  # type: ignore[no-untyped-def]
+def _check(d: Deployment, client: MasterClient, bundle: Path, reference, seed: int) -> None:  # type: ignore[no-untyped-def]
     x = _inputs(bundle, seed)
     got = client.infer(x)
     want = reference(bundle, x)
@@ -81,7 +82,7 @@ def test_split_bundles_equal_the_unsplit_model(platform: LocalPlatform, bundles,
     for name in BUNDLES:
         bundle = getattr(bundles, name)
         d = deploy(bundle, transport)
-        client = _Client(d, platform.url, timeout_s=60)
+        client = MasterClient(d, platform.url, timeout_s=60)
         for seed in range(1 if transport == "s3" else 2):  # moto's S3 is slow; one request shows it
             _check(d, client, bundle, reference, seed)
         client.close()
@@ -93,7 +94,7 @@ def test_inline_switches_to_a_reference_transport_above_the_payload_limit(platfo
                                                                           reference, deploy) -> None:
     # a 3000-byte limit leaves room for no tensor of this bundle: all of them go through shared memory
     d = deploy(bundles.conv_channel, "inline", payload_limit_bytes=3000)
-    client = _Client(d, platform.url, timeout_s=60)
+    client = MasterClient(d, platform.url, timeout_s=60)
     x = _inputs(bundles.conv_channel, 3)
     entries = client.channel.send(x, lambda n: TensorKey(d.id, "q-big", f"in.{n}"))
     ev = Event("infer", "q-big", d.id, now_ms() + 30_000, tuple(entries))
@@ -110,7 +111,7 @@ def test_vertical_slices_pass_tensors_worker_to_worker(platform: LocalPlatform, 
     """chain: stage 0 on worker-1, stage 1 on worker-2, stage 2 split across both reading regions. Over
     shared memory the master never fetches the intermediate tensors: only the final tiles."""
     d = deploy(bundles.chain, "shm")
-    client = _Client(d, platform.url, timeout_s=60)
+    client = MasterClient(d, platform.url, timeout_s=60)
     x = _inputs(bundles.chain, 0)
     entries = client.channel.send(x, lambda n: TensorKey(d.id, "q-vert", f"in.{n}"))
     ev = Event("infer", "q-vert", d.id, now_ms() + 30_000, tuple(entries))
@@ -130,7 +131,7 @@ def test_32_concurrent_requests_get_their_own_outputs(platform: LocalPlatform, b
                                                       transport: str) -> None:
     bundle = bundles.chain
     d = deploy(bundle, transport, concurrency=4)
-    client = _Client(d, platform.url, timeout_s=60)
+    client = MasterClient(d, platform.url, timeout_s=60)
     xs = [_inputs(bundle, 100 + i) for i in range(32)]
     with ThreadPoolExecutor(32) as pool:
         outs = list(pool.map(client.infer, xs))
@@ -155,7 +156,7 @@ def test_a_killed_worker_is_retried_and_the_request_succeeds(platform: LocalPlat
                                                              deploy) -> None:
     bundle = bundles.slow
     d = deploy(bundle, "shm")
-    client = _Client(d, platform.url, timeout_s=60)
+    client = MasterClient(d, platform.url, timeout_s=60)
     x = {"x": np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)}
     result: dict[str, object] = {}
     t = threading.Thread(target=lambda: result.update(out=client.infer(x)))
@@ -172,7 +173,7 @@ def test_a_killed_worker_is_retried_and_the_request_succeeds(platform: LocalPlat
 
 def test_out_of_memory_reaches_the_master_and_is_not_retried(platform: LocalPlatform, bundles, deploy) -> None:
     d = deploy(bundles.hog(64 * 2**20, worker_memory_mb=192), "shm")
-    client = _Client(d, platform.url, timeout_s=60)
+    client = MasterClient(d, platform.url, timeout_s=60)
     with pytest.raises(OutOfMemory, match="worker-1 ran out of memory"):
         client.infer({"x": np.ones(1, np.float32)})
     assert platform.client.meter()["functions"][d.names["worker-1"]]["invocations"] == 1
@@ -194,7 +195,7 @@ def test_unreachable_redis_is_a_clear_error_not_a_hang(platform: LocalPlatform, 
         from serving.platform.spec import FunctionSpec
 
         platform.client.register(FunctionSpec.from_json(spec))
-    client = _Client(d, platform.url, timeout_s=60)
+    client = MasterClient(d, platform.url, timeout_s=60)
     t0 = time.monotonic()
     with pytest.raises(TransportError, match=f"Redis at {url} is unreachable"):
         client.infer(_inputs(bundles.conv_channel, 0))
@@ -204,7 +205,7 @@ def test_unreachable_redis_is_a_clear_error_not_a_hang(platform: LocalPlatform, 
 
 def test_a_deadline_ends_in_a_timeout_not_a_hang(platform: LocalPlatform, bundles, deploy) -> None:
     d = deploy(bundles.slow, "shm")
-    client = _Client(d, platform.url, timeout_s=0.3)
+    client = MasterClient(d, platform.url, timeout_s=0.3)
     t0 = time.monotonic()
     with pytest.raises(InvokeTimeout):
         client.infer({"x": np.ones((512, 512), np.float32)})

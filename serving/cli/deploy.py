@@ -43,7 +43,7 @@ def _check_name(name: str) -> None:
     if old.target != "local":
         raise click.ClickException(f"deployment {name!r} is on {old.target} at {old.endpoint}; "
                                    f"`flatpack undeploy {name}` first, or pick another --name")
-    if old.alive():
+    if old.running():
         raise click.ClickException(f"deployment {name!r} is running at {old.endpoint}; "
                                    f"`flatpack undeploy {name}` first, or pick another --name")
     old.delete()
@@ -235,14 +235,14 @@ def ls_cmd(as_json: bool) -> None:
 
     records = DeploymentRecord.all()
     if as_json:
-        click.echo(json.dumps([{"name": r.name, "status": r.status if r.alive() else "stopped",
+        click.echo(json.dumps([{"name": r.name, "status": r.status if r.running() else "stopped",
                                 "endpoint": r.endpoint, "model": r.model, "mode": r.mode} for r in records], indent=1))
         return
     table = Table(title="deployments")
     for col in ("name", "status", "endpoint", "mode", "transport", "functions", "model"):
         table.add_column(col)
     for r in records:
-        status = r.status if r.alive() else ("stopped" if r.status != "failed" else "failed")
+        status = r.status if r.running() else ("stopped" if r.status != "failed" else "failed")
         table.add_row(r.name, status, r.endpoint or "-", r.mode, r.transport, str(len(r.functions)), r.model)
     console.print(table)
 
@@ -268,7 +268,7 @@ def status_cmd(name: str, as_json: bool) -> None:
                      if r.deployment_id and k.startswith(f"{r.deployment_id}-")}
         except Exception as e:  # noqa: BLE001 - status still shows what it can
             meter = {"error": str(e)}
-    doc = {"name": r.name, "status": r.status if r.alive() else "stopped", "endpoint": r.endpoint,
+    doc = {"name": r.name, "status": r.status if r.running() else "stopped", "endpoint": r.endpoint,
            "pid": r.pid, "bundle": r.bundle, "transport": r.transport, "predicted": r.predicted,
            "functions": r.functions, "meter": meter, "error": r.error}
     if as_json:
@@ -299,7 +299,7 @@ def invoke_cmd(name: str, input_: str, output: str | None, as_json: bool) -> Non
         r = DeploymentRecord.load(name)
     except LookupError as e:
         raise click.ClickException(str(e)) from e
-    if not r.alive() or not r.endpoint:
+    if not r.running() or not r.endpoint:
         raise click.ClickException(f"deployment {name!r} is not running; deploy it again")
     inputs = _inputs(r, input_)
     t0 = time.perf_counter()

@@ -98,6 +98,10 @@ class DeploymentRecord:
             return True
         return state != "Z"
 
+    def running(self) -> bool:
+        """Local deployments run while their serving process lives; cloud ones until undeployed."""
+        return self.alive() if self.target == "local" else self.status == "ready"
+
     def delete(self) -> None:
         self.path.unlink(missing_ok=True)
 

@@ -72,8 +72,8 @@ def endpoint_cmd(as_json: bool, n: int, model: str) -> None:
     from functions.session import make_session
     from partitioner.export import export_bundle
     from serving.api import DataPlane, InProcessBackend, create_app
+    from serving.api.client import infer_http
     from serving.api.server import AppServer
-    from serving.cli.deploy import infer_http
     from serving.deploy.local import PlatformBackend
     from serving.platform.config import PlatformConfig
     from serving.platform.deploy import deploy_bundle

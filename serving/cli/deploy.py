@@ -8,14 +8,13 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import click
 import numpy as np
 from rich.table import Table
 
+from serving.api.client import InferError, infer_http
 from serving.cli.console import console, err_console
 from serving.cli.models import resolve_model
 from serving.cli.plan import plan_options, print_solution, request_from
@@ -110,6 +109,10 @@ def _announce(r) -> None:  # type: ignore[no-untyped-def]
 @click.option("--host", default="127.0.0.1", show_default=True, help="Endpoint address (loopback unless told).")
 @click.option("--port", default=8080, show_default=True, help="Endpoint port (0: any free port).")
 @click.option("--detach", is_flag=True, help="Serve in the background and return once ready.")
+@click.option("--compress", "compress", default="none", show_default=True, metavar="none|lossless|zstd|lz4|ae[:R]",
+              help="Compress tensors between functions: lossless (zstd) or lz4 on the wire; ae:R (MOPAR's "
+                   "autoencoder) is built with `flatpack compress MODEL --split-after U --ratio R -o B` and "
+                   "served with `flatpack serve B`.")
 @click.option("--keep-warm", type=float, default=0.0, metavar="SECONDS",
               help="Ping the functions every SECONDS so instances stay warm (Gillis); off by default.")
 @click.option("--dry-run", is_flag=True, help="lambda/openfaas: render the service (-o DIR) and deploy nothing.")
@@ -126,7 +129,7 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
                max_group: int, profile_mode: str, input_shapes: tuple[str, ...], target: str, platform: str | None,
                transport: str | None, name: str | None, host: str, port: int, detach: bool, keep_warm: float,
                dry_run: bool, out_dir: str | None, region: str | None, endpoint_url: str | None,
-               gateway: str | None, no_vendor: bool) -> None:
+               gateway: str | None, no_vendor: bool, compress: str) -> None:
     """Plan MODEL (a file or zoo name), export verified parts, start its functions and serve an endpoint.
 
     With --target lambda or openfaas: render the service (one function per plan function) and deploy it
@@ -143,6 +146,7 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
         raise click.UsageError("--dry-run, -o, --region, --endpoint-url and --gateway are for --target lambda|openfaas")
     if input_shapes:
         raise click.UsageError("--input-shape is not supported by deploy yet; fix the shapes in the ONNX file")
+    compression = _compression(compress)
     request = request_from(mode, slo, percentile, solver, platform, memory, max_group, transport, profile_mode)
     path = resolve_model(model)
     name = name or _name_for(str(path))
@@ -167,8 +171,22 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     b = Bundle.load(bundle)
     record = DeploymentRecord(name=name, model=str(path), bundle=str(bundle), transport=transport, mode=mode,
                               host=host, port=port, predicted=dict(b.plan.predicted),
-                              functions=[f.to_json() for f in b.plan.functions])
+                              functions=[f.to_json() for f in b.plan.functions], options={"compression": compression})
     _start(record, detach, keep_warm)
+
+
+def _compression(spec: str) -> str:
+    """The wire codec for --compress; MOPAR's autoencoder is a per-split model change, made by `compress`."""
+    spec = spec.strip().lower()
+    if spec in ("none", "zstd", "lz4"):
+        return spec
+    if spec == "lossless":
+        return "zstd"
+    if spec.startswith("ae"):
+        raise click.UsageError("autoencoder compression changes the model at a split point: build it with "
+                               "`flatpack compress MODEL --split-after UNIT --ratio R -o BUNDLE`, then "
+                               "`flatpack serve BUNDLE`")
+    raise click.BadParameter(f"{spec!r}: use none, lossless, zstd, lz4 or ae:R", param_hint="--compress")
 
 
 def _deploy_cloud(target: str, name: str, model: Path, bundle: Path, **kw) -> None:  # type: ignore[no-untyped-def]
@@ -303,7 +321,10 @@ def invoke_cmd(name: str, input_: str, output: str | None, as_json: bool) -> Non
         raise click.ClickException(f"deployment {name!r} is not running; deploy it again")
     inputs = _inputs(r, input_)
     t0 = time.perf_counter()
-    outputs = infer_http(r.endpoint, name, inputs)
+    try:
+        outputs = infer_http(r.endpoint, name, inputs)
+    except InferError as e:
+        raise click.ClickException(str(e)) from e
     ms = (time.perf_counter() - t0) * 1e3
     if output:
         np.savez(output, **outputs)
@@ -335,45 +356,6 @@ def _inputs(r, spec: str) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-d
     if len(b.plan.model.inputs) != 1:
         raise click.ClickException("the model has several inputs; give a .npz file with one array per input name")
     return {b.plan.model.inputs[0].name: arr}
-
-
-def infer_http(endpoint: str, model: str, inputs: dict[str, np.ndarray], *, timeout_s: float = 120.0
-               ) -> dict[str, np.ndarray]:
-    """One OIP v2 infer request with binary tensors; raises ClickException with the server's message."""
-    from serving.api.protocol import DATATYPES, HEADER_LENGTH, datatype_of
-
-    header = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": datatype_of(v.dtype),
-                          "parameters": {"binary_data_size": v.nbytes}} for k, v in inputs.items()],
-              "parameters": {"binary_data_output": True}}
-    head = json.dumps(header).encode()
-    body = head + b"".join(np.ascontiguousarray(v).tobytes() for v in inputs.values())
-    headers = {HEADER_LENGTH: str(len(head)), "Content-Type": "application/octet-stream"}
-    token = os.environ.get("FLATPACK_API_TOKEN")
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    if not endpoint.startswith(("http://", "https://")):
-        raise click.ClickException(f"endpoint {endpoint!r} is not an http(s) URL")
-    req = urllib.request.Request(f"{endpoint}/v2/models/{model}/infer", data=body, headers=headers,  # noqa: S310
-                                 method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - our own loopback endpoint
-            data = resp.read()
-            n = int(resp.headers.get(HEADER_LENGTH, len(data)))
-    except urllib.error.HTTPError as e:
-        raise click.ClickException(f"HTTP {e.code}: {e.read().decode(errors='replace')}") from e
-    except urllib.error.URLError as e:
-        raise click.ClickException(f"cannot reach {endpoint}: {e.reason}") from e
-    doc = json.loads(data[:n])
-    out, offset = {}, n
-    for o in doc["outputs"]:
-        dtype = DATATYPES[o["datatype"]]
-        if "data" in o:
-            out[o["name"]] = np.asarray(o["data"], dtype=dtype).reshape(o["shape"])
-        else:
-            size = int(o["parameters"]["binary_data_size"])
-            out[o["name"]] = np.frombuffer(data[offset:offset + size], dtype=dtype).reshape(o["shape"])
-            offset += size
-    return out
 
 
 @click.command("undeploy")

@@ -21,6 +21,7 @@ import numpy as np
 
 from functions.bundle import Bundle
 from serving.api.app import create_app
+from serving.api.client import infer_http
 from serving.api.dataplane import DataPlane, ModelInfo
 from serving.api.server import AppServer
 from serving.deploy.state import DeploymentRecord, state_dir
@@ -104,7 +105,8 @@ def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep
     try:
         platform = LocalPlatform(PlatformConfig.from_env(port=0)).start()
         dep = deploy_bundle(platform.client, record.bundle, transport=record.transport,
-                            deployment=f"{record.name}-{uuid.uuid4().hex[:6]}")
+                            deployment=f"{record.name}-{uuid.uuid4().hex[:6]}",
+                            compression=record.options.get("compression", "none"))
         backend = PlatformBackend(dep, platform.url, name=record.name, meter=platform.client.meter)
         bundle = Bundle.load(record.bundle)
         from partitioner.inputs import random_inputs
@@ -113,6 +115,9 @@ def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep
         plane = DataPlane()
         plane.add(backend)
         server = AppServer(create_app(plane), record.host, record.port).start()
+        # one request through the whole path (HTTP, protocol, master), so the first user request is warm
+        token = os.environ.get("FLATPACK_API_TOKEN")
+        infer_http(server.url, record.name, random_inputs(bundle.source, 1), token=token)
         record.endpoint = server.url
         record.platform_url = platform.url
         record.deployment_id = dep.id

@@ -185,7 +185,7 @@ class ComputeModel:
     activation_factor: float = 1.5
     weight_factor: float = 2.0  # measured: onnxruntime holds a second copy of initializers while it prepacks
     overhead_ms: float = 0.05  # per session run
-    stage_overhead_ms: float = 0.3  # the master's slicing, bookkeeping and joining per stage
+    stage_overhead_ms: float = 0.15  # the master's slicing, bookkeeping and joining per stage
     invocation_overhead_ms: float = 0.3  # a worker's decoding and encoding per invocation
 
     @classmethod
@@ -378,8 +378,10 @@ class PerfModel:
         the model's inputs to it and its outputs back. The master is not billed for it."""
         p = self.platform
         lg = self.lg
-        io = sum(p.transfer_ms(lg.tensors[x].nbytes) for x in lg.inputs) + \
-            sum(p.transfer_ms(lg.tensors[x].nbytes) for x in lg.outputs)
+        # the invoke distribution is measured with the request's own (small) payload: only the bytes of
+        # the model's inputs and outputs add to it, not another fixed per-transfer latency
+        nbytes = sum(lg.tensors[x].nbytes for x in (*lg.inputs, *lg.outputs))
+        io = nbytes / (p.bandwidth_mb_s * MB) * 1e3
         return p.invoke.mean + io, p.invoke.quantile(self.q) + io
 
     def evaluate(self, choices: Sequence[StageChoice], master_mb: int) -> tuple[float, float, float, bool]:

@@ -5,8 +5,10 @@ A plan is a walk along the unit chain. At each position a searcher names a *grou
 integers into the nearest admissible :class:`StageChoice` of the :class:`SearchSpace`, so a searcher
 never has to know which splits a group admits:
 
-- level ``k`` of ``levels`` picks the group's admissible splits, ordered by degree (``none`` first), at
-  the same relative position: level 0 is always "no split", the top level the group's widest split;
+- level ``k`` names the k-th split of the *menu*: every split some group admits, ordered by degree
+  (``none`` first), so a level means the same split in every group. A group that does not admit it
+  gets its admissible split nearest in degree (log scale), the same family and then the narrower
+  one winning ties;
 - a placement or worker memory the chosen split cannot use (a worker part too large for that memory)
   is replaced by the nearest one that works: larger memories first, then smaller, then the other
   placement; a split with nothing admissible gives way to the nearest level that has something.
@@ -41,10 +43,14 @@ class ChoiceTable:
         self.master_memories = list(master_memories)
         self.worker_memories: list[int] = [int(m) for m in (space.worker_memories or [0])]
         self.placements: list[bool] = list(space.placements)
-        self.levels = max((len(space.splits_for(i, j)) for i, j in space.groups()), default=1)
+        seen = {s for i, j in space.groups() for s in space.splits_for(i, j)}
+        self.menu: list[Split] = sorted((s for s in space.splits if s in seen), key=lambda s: s.degree)
+        self.levels = max(1, len(self.menu))
         self._splits: dict[tuple[int, int], list[Split]] = {}
+        self._order: dict[tuple[int, int, int], list[Split]] = {}
         self._valid: dict[tuple[int, int, int], dict[Split, dict[tuple[bool, int], StageChoice]]] = {}
         self._fastest: dict[int, list[float]] = {}
+        self._fastest_group: dict[tuple[int, int, int], float] = {}
 
     def splits(self, first: int, last: int) -> list[Split]:
         """The group's admissible splits, narrowest first (stable within a degree)."""
@@ -66,16 +72,18 @@ class ChoiceTable:
                 ) -> StageChoice | None:
         """The admissible choice nearest to (level, placement index, worker memory index); None if the
         group has no admissible choice at all."""
-        splits = self.splits(first, last)
-        if not splits:
+        if not self.menu:
             return None
+        level = min(max(level, 0), self.levels - 1)
+        key = (first, last, level)
+        order = self._order.get(key)
+        if order is None:
+            want = self.menu[level]
+            order = self._order[key] = sorted(self.splits(first, last), key=lambda s: (
+                s != want, abs(math.log2(s.degree) - math.log2(want.degree)), s.family != want.family, s.degree))
         table = self._by_split(first, last, master_mb)
-        scale = (len(splits) - 1) / (self.levels - 1) if self.levels > 1 else 0.0
-        want = min(len(splits) - 1, max(0, round(min(level, self.levels - 1) * scale)))
-        # nearest level first, the narrower one on ties
-        order = sorted(range(len(splits)), key=lambda k: (abs(k - want), k))
-        for k in order:
-            ch = self._nearest(table.get(splits[k], {}), placement, memory)
+        for split in order:
+            ch = self._nearest(table.get(split, {}), placement, memory)
             if ch is not None:
                 return ch
         return None
@@ -99,6 +107,19 @@ class ChoiceTable:
                     return ch
         return None
 
+    def fastest_group(self, first: int, last: int, master_mb: int) -> float:
+        """The latency of the group's fastest admissible choice (inf if it has none)."""
+        key = (first, last, master_mb)
+        hit = self._fastest_group.get(key)
+        if hit is None:
+            hit = math.inf
+            for ch in self.space.choices(first, last, master_mb):
+                oc = self.space.pm.option(ch, master_mb)
+                if oc is not None:
+                    hit = min(hit, _metric(self.space, oc))
+            self._fastest_group[key] = hit
+        return hit
+
     def fastest_suffix(self, master_mb: int) -> list[float]:
         """``out[i]``: a lower bound on the latency of units i..n-1 (each group's fastest choice,
         ignoring the master's memory budget); ``out[n] == 0``."""
@@ -109,10 +130,7 @@ class ChoiceTable:
             out[n] = 0.0
             for i in range(n - 1, -1, -1):
                 for j in range(i, min(n, i + space.max_group)):
-                    for ch in space.choices(i, j, master_mb):
-                        oc = space.pm.option(ch, master_mb)
-                        if oc is not None:
-                            out[i] = min(out[i], _metric(space, oc) + out[j + 1])
+                    out[i] = min(out[i], self.fastest_group(i, j, master_mb) + out[j + 1])
             self._fastest[master_mb] = out
         return self._fastest[master_mb]
 

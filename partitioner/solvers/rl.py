@@ -80,20 +80,28 @@ class _Best:
 
 
 class PlanEnv(gym.Env):  # type: ignore[misc]
-    """One episode = one plan: pick the master's memory, then walk the chain group by group.
+    """One episode = one plan: pick the master's memory, then walk the chain one unit per step.
 
-    Action ``[length - 1, level, placement, worker memory, master memory]`` (``MultiDiscrete``); the
-    master memory head is read on the first step only, the others on every later step. Observation
-    (float32): a first-step flag, position, master memory (one-hot and scaled), latency used and slack
-    (SLO minus used minus the fastest completion) as fractions of the SLO, cost so far, the master's
-    memory in use, FLOPs left, the next ``max_group`` units' FLOPs/output/weight sizes, and at the first
-    step each master size's slack. Reward only at the end (Eq. 4 via ``Scoring``).
+    Action ``[cut, level, placement, worker memory, master memory]`` (``MultiDiscrete``). The first
+    step reads only the master memory head. Each later step is at unit ``i`` of the group opened at
+    unit ``g``: ``cut`` closes the group after ``i`` (forced at ``max_group`` units and at the last
+    unit); a closing step decodes ``level, placement, worker memory`` into the group's stage choice
+    (``ChoiceTable.resolve``). One step per unit keeps the decision about a cut at the same step
+    whatever was decided before it, which a "length of the next group" action does not.
+
+    Observation (float32): a first-step flag, position, units in the open group, master memory
+    (scaled and one-hot), latency used, and three slacks as fractions of the SLO, each the SLO minus
+    the latency used minus the fastest completion (``ChoiceTable.fastest_*``): if the group is closed
+    here, if it is continued, and over both; a forced-cut flag, cost so far, the master's memory in use,
+    FLOPs left, the FLOPs/output/weight sizes of the open group's possible units, and at the first step
+    each master size's slack. Reward only at the end (Eq. 4 via ``Scoring``); an episode also ends,
+    with the out-of-memory reward, as soon as the master's memory is exceeded.
     """
 
     metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's convention
 
     def __init__(self, space: SearchSpace, slo_ms: float, master_memories: list[int], *,
-                 table: ChoiceTable | None = None, scoring: Scoring | None = None) -> None:
+                 table: ChoiceTable | None = None, scoring: Scoring | None = None, shaping: bool = True) -> None:
         super().__init__()
         if not master_memories:
             raise ValueError("master_memories is empty; give at least one master memory size in MB")
@@ -104,22 +112,24 @@ class PlanEnv(gym.Env):  # type: ignore[misc]
         self.scoring = scoring or Scoring.for_space(space, slo_ms, self.master_memories)
         t = self.table
         self.action_space = spaces.MultiDiscrete(
-            [space.max_group, t.levels, len(t.placements), len(t.worker_memories), len(self.master_memories)])
+            [2, 2, max(1, t.levels - 1), len(t.placements), len(t.worker_memories), len(self.master_memories)])
         units = space.pm.lg.units
-        self._flops = np.array([u.flops for u in units], dtype=np.float64)
-        self._unit_feats = np.stack([
-            self._flops / max(self._flops.max(), 1.0),
-            np.array([u.output_bytes for u in units], dtype=np.float64) / max(max(u.output_bytes for u in units), 1),
-            np.array([u.weight_bytes for u in units], dtype=np.float64) / max(max(u.weight_bytes for u in units), 1),
-        ], axis=1)
-        self._flops_left = np.concatenate([np.cumsum(self._flops[::-1])[::-1], [0.0]]) / max(self._flops.sum(), 1.0)
+        flops = np.array([u.flops for u in units], dtype=np.float64)
+        out_b = np.array([u.output_bytes for u in units], dtype=np.float64)
+        w_b = np.array([u.weight_bytes for u in units], dtype=np.float64)
+        self._unit_feats = np.stack([flops / max(flops.max(), 1.0), out_b / max(out_b.max(), 1.0),
+                                     w_b / max(w_b.max(), 1.0)], axis=1)
+        self._flops_left = np.concatenate([np.cumsum(flops[::-1])[::-1], [0.0]]) / max(flops.sum(), 1.0)
         m = len(self.master_memories)
-        self._obs_dim = 8 + 2 * m + space.max_group * _AHEAD_FEATURES
+        self._head = 13
+        self._obs_dim = self._head + 2 * m + space.max_group * _AHEAD_FEATURES
         self.observation_space = spaces.Box(-np.inf, np.inf, shape=(self._obs_dim,), dtype=np.float32)
+        # every plan pays this once (invoking the master, moving the model's inputs and outputs)
+        self._fixed_ms = space.pm.request_ms()[1 if space.pm.q_mode else 0]
         self._start_slack = np.array(
-            [self._slack(0.0, t.fastest_suffix(mb)[0]) for mb in self.master_memories], dtype=np.float64)
+            [self._slack(self._fixed_ms, t.fastest_suffix(mb)[0]) for mb in self.master_memories])
+        self.shaping = shaping
         self.best: _Best | None = None
-        self.early_stop = True
         self.episodes = 0
         self.feasible_episodes = 0
         self._reset_state()
@@ -127,38 +137,73 @@ class PlanEnv(gym.Env):  # type: ignore[misc]
     # -- state ----------------------------------------------------------------------------------------
 
     def _reset_state(self) -> None:
-        self._i = 0
+        self._i = 0  # the unit this step decides about
+        self._g = 0  # the first unit of the open group
         self._mb: int | None = None
         self._mb_idx = -1
         self._choices: list[StageChoice] = []
-        self._lat = 0.0
+        self._lat = self._fixed_ms
         self._cost = 0.0
         self._weights = 0.0
         self._hold = 0.0
+        self._phi = self._potential()
+
+    def _potential(self) -> float:
+        """Shaping potential: the slack of the fastest completion (0 once the episode is over)."""
+        if not self.shaping or self._i >= self.space.n:
+            return 0.0
+        if self._mb is None:
+            return float(self._start_slack.max())
+        last = min(self.space.n - 1, self._g + self.space.max_group - 1)
+        return self._slack(self._lat, self._completion(self._i, last))
+
+    def _shaped(self, reward: float) -> float:
+        phi, self._phi = self._phi, self._potential()
+        return reward + self._phi - phi
 
     def _slack(self, used: float, rest: float) -> float:
         return float(np.clip((self.slo_ms - used - rest) / self.slo_ms, -2.0, 1.0))
+
+    def _forced_cut(self) -> bool:
+        return self._i - self._g + 1 >= self.space.max_group or self._i == self.space.n - 1
+
+    def _completion(self, lo: int, hi: int) -> float:
+        """The fastest completion if the open group ends at a unit in lo..hi (inf if none)."""
+        t, mb, g = self.table, self._mb, self._g
+        assert mb is not None
+        rest = t.fastest_suffix(mb)
+        return min((t.fastest_group(g, j, mb) + rest[j + 1] for j in range(lo, hi + 1)), default=float("inf"))
 
     def _obs(self) -> np.ndarray:
         space = self.space
         m = len(self.master_memories)
         o = np.zeros(self._obs_dim, dtype=np.float32)
-        first = self._mb is None
-        o[0] = 1.0 if first else 0.0
+        if self._i >= space.n:
+            return o
+        h = self._head
         o[1] = self._i / space.n
-        if not first:
-            o[2] = self._mb / max(self.master_memories)
-            o[3] = self._lat / self.slo_ms
-            o[4] = self._slack(self._lat, self.table.fastest_suffix(self._mb)[self._i])
-            o[5] = self._cost / self.scoring.reference_usd
-            o[6] = (space.pm.compute.base_mb + self._weights + self._hold) / self._mb
-            o[8 + self._mb_idx] = 1.0
+        o[2] = (self._i - self._g) / space.max_group
+        if self._mb is None:
+            o[0] = 1.0
+            o[h + m: h + 2 * m] = self._start_slack
         else:
-            o[8 + m: 8 + 2 * m] = self._start_slack
-        o[7] = self._flops_left[self._i]
-        ahead = self._unit_feats[self._i: self._i + space.max_group]
-        k = 8 + 2 * m
-        o[k: k + ahead.size] = ahead.ravel()
+            last = min(space.n - 1, self._g + space.max_group - 1)
+            close = self._completion(self._i, self._i)
+            more = self._completion(self._i + 1, last)
+            o[3] = self._mb / max(self.master_memories)
+            o[4] = self._lat / self.slo_ms
+            o[5] = self._slack(self._lat, close)
+            o[6] = self._slack(self._lat, more) if np.isfinite(more) else -2.0
+            o[7] = self._slack(self._lat, min(close, more))
+            o[8] = 1.0 if self._forced_cut() else 0.0
+            o[9] = self._cost / self.scoring.reference_usd
+            o[10] = (space.pm.compute.base_mb + self._weights + self._hold) / self._mb
+            o[h + self._mb_idx] = 1.0
+        o[11] = self._flops_left[self._i]
+        o[12] = self._flops_left[self._g]
+        window = self._unit_feats[self._g: self._g + space.max_group]
+        k = h + 2 * m
+        o[k: k + window.size] = window.ravel()
         return o
 
     # -- gymnasium API ----------------------------------------------------------------------------------
@@ -170,22 +215,24 @@ class PlanEnv(gym.Env):  # type: ignore[misc]
         return self._obs(), {}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        length, level, placement, memory, master = (int(a) for a in action)
+        cut, parallel, level, placement, memory, master = (int(a) for a in action)
         if self._mb is None:
             self._mb_idx = master
             self._mb = self.master_memories[master]
             if not np.isfinite(self.table.fastest_suffix(self._mb)[0]):
                 return self._end(self.scoring.oom_reward)  # nothing fits this master
-            return self._obs(), 0.0, False, False, {}
+            return self._obs(), self._shaped(0.0), False, False, {}
         space, pm, mb = self.space, self.space.pm, self._mb
-        first = self._i
-        last = min(space.n - 1, first + length)
-        ch = self.table.resolve(first, last, mb, level, placement, memory)
+        if not (cut or self._forced_cut()):
+            self._i += 1
+            return self._obs(), self._shaped(0.0), False, False, {}
+        ch = self.table.resolve(self._g, self._i, mb, level + 1 if parallel else 0, placement, memory)
         oc = pm.option(ch, mb) if ch is not None else None
         if ch is None or oc is None:
             return self._end(self.scoring.oom_reward)
         self._choices.append(ch)
-        self._i = last + 1
+        self._i += 1
+        self._g = self._i
         self._lat += _metric(space, oc)
         self._cost += (mb / 1024.0 * oc.latency_ms + oc.worker_gb_ms) / 1e3 * pm.platform.price_gb_s \
             + oc.invocations * pm.platform.price_request
@@ -193,11 +240,8 @@ class PlanEnv(gym.Env):  # type: ignore[misc]
         self._hold = max(self._hold, oc.master_hold_mb)
         if pm.compute.base_mb + self._weights + self._hold > mb:
             return self._end(self.scoring.oom_reward)
-        rest = self.table.fastest_suffix(mb)[self._i]
-        if self.early_stop and self._lat + rest > self.slo_ms:
-            return self._end(min(self.scoring.missed_slo(self._lat + rest), -1e-6))
         if self._i < space.n:
-            return self._obs(), 0.0, False, False, {}
+            return self._obs(), self._shaped(0.0), False, False, {}
         est = pm.estimate(self._choices, mb)
         reward, feasible = self.scoring.plan(space, est)
         if feasible:
@@ -208,8 +252,8 @@ class PlanEnv(gym.Env):  # type: ignore[misc]
 
     def _end(self, reward: float) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         self.episodes += 1
-        return self._obs() if self._i < self.space.n else np.zeros(self._obs_dim, np.float32), \
-            float(reward), True, False, {}
+        self._i = self.space.n
+        return self._obs(), self._shaped(float(reward)), True, False, {}
 
 
 class _ProgressCallback(BaseCallback):  # type: ignore[misc]
@@ -241,9 +285,10 @@ def _isolated_rng(threads: int):  # type: ignore[no-untyped-def]
 
 
 def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, timesteps: int = 30_000,
-              seed: int = 0, progress: Progress | None = None, learning_rate: float = 1e-3,
-              n_steps: int = 512, batch_size: int = 128, n_epochs: int = 4, ent_coef: float = 0.01,
-              net_arch: tuple[int, ...] = (64, 64), torch_threads: int = 1) -> SolverResult:
+              seed: int = 0, progress: Progress | None = None, learning_rate: float = 3e-4,
+              n_steps: int = 1024, batch_size: int = 256, n_epochs: int = 10, gae_lambda: float = 1.0,
+              ent_coef: float = 0.01, net_arch: tuple[int, ...] = (64, 64), shaping: bool = False,
+              torch_threads: int = 1) -> SolverResult:
     """The cheapest plan within ``slo_ms`` that a PPO agent finds in ``timesteps`` environment steps.
 
     Parameters
@@ -273,11 +318,11 @@ def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
     if timesteps < 1:
         raise ValueError(f"timesteps must be at least 1, got {timesteps}")
     t0 = time.perf_counter()
-    env = PlanEnv(space, slo_ms, master_memories)
+    env = PlanEnv(space, slo_ms, master_memories, shaping=shaping)
     with _isolated_rng(torch_threads):
         model = PPO(
             "MlpPolicy", env, learning_rate=learning_rate, n_steps=n_steps, batch_size=batch_size,
-            n_epochs=n_epochs, gamma=1.0, gae_lambda=0.95, ent_coef=ent_coef, seed=seed, device="cpu",
+            n_epochs=n_epochs, gamma=1.0, gae_lambda=gae_lambda, ent_coef=ent_coef, seed=seed, device="cpu",
             policy_kwargs={"net_arch": {"pi": list(net_arch), "vf": list(net_arch)}}, verbose=0,
         )
         env.reset(seed=seed)

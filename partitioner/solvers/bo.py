@@ -1,0 +1,145 @@
+"""SLO-aware partitioning by Bayesian optimisation: the baseline of Gillis's evaluation (§V-C).
+
+Gillis compares its RL planner with BO in the style of CherryPick: a Gaussian process over the plan
+encoding, sampled by expected improvement, the performance model as the black box. Here: optuna's
+``GPSampler`` (a GP with a Matérn-5/2 kernel, log expected improvement; the first ``startup_trials``
+are random), seeded, over a fixed-length encoding of a plan:
+
+- per unit but the last, ``cut_i``: does a group end after unit ``i`` (a group also ends when it
+  reaches ``max_group`` units);
+- per unit, ``level_i``, ``place_i``, ``mem_i``: read where a group ends, decoded into the group's
+  split, placement and worker memory by ``ChoiceTable.resolve`` (nearest admissible choice);
+- ``master``: the index of the master's memory.
+
+The objective, minimised, is minus Gillis's reward (``Scoring``): ``C / ref - B / ref`` within the SLO,
+the relative latency overshoot outside it, and a fixed penalty for plans that break a memory limit, so
+every plan within the SLO scores below every plan that misses it. Plans are decoded deterministically,
+so equal encodings share one evaluation. Returns the cheapest feasible plan among the trials.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from partitioner.perfmodel import PlanEstimate, StageChoice
+from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult
+from partitioner.solvers.encoding import ChoiceTable, Scoring
+
+try:
+    import optuna
+except ImportError as e:  # pragma: no cover - depends on the installed extras
+    raise ImportError("the BO planner needs optuna (with torch and scipy for its GP): pip install 'flatpack[rl]'"
+                      ) from e
+
+__all__ = ["bo_solver", "decode_plan"]
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, str], None]  # (done, total, message), like partitioner.verify's
+
+
+def decode_plan(table: ChoiceTable, params: dict[str, int], master_mb: int) -> list[StageChoice] | None:
+    """The plan an encoding names (see the module docstring); None if a group has no admissible choice."""
+    n, max_group = table.space.n, table.space.max_group
+    out: list[StageChoice] = []
+    g = 0
+    for i in range(n):
+        if i < n - 1 and not params[f"cut_{i}"] and i - g + 1 < max_group:
+            continue
+        ch = table.resolve(g, i, master_mb, params[f"level_{i}"], params[f"place_{i}"], params[f"mem_{i}"])
+        if ch is None:
+            return None
+        out.append(ch)
+        g = i + 1
+    return out
+
+
+def _sampler(seed: int, startup_trials: int) -> tuple[optuna.samplers.BaseSampler, str]:
+    gp = getattr(optuna.samplers, "GPSampler", None)
+    if gp is None:  # optuna < 3.6
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials), "TPE (no GPSampler)"
+    return gp(seed=seed, n_startup_trials=startup_trials, deterministic_objective=True), "GP"
+
+
+def bo_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, trials: int = 150, seed: int = 0,
+              progress: Progress | None = None, startup_trials: int = 10) -> SolverResult:
+    """The cheapest plan within ``slo_ms`` among ``trials`` plans proposed by GP-based BO.
+
+    Parameters
+    ----------
+    space, slo_ms, master_memories:
+        As for ``slo_dp``: candidate choices, the SLO on the mean latency (or on the percentile the
+        performance model plans for), master sizes to try (MB).
+    trials:
+        Plans evaluated. The GP's cost grows with the cube of the trials so far; the default takes
+        about a minute for VGG-11 (11 units: 44 parameters) on two cores.
+    seed:
+        Seeds the sampler; the same seed gives the same plan.
+    progress:
+        Called as ``progress(done, total, message)`` after every trial (for a rich progress bar).
+    startup_trials:
+        Random trials before the GP takes over.
+
+    Raises ``Infeasible`` if no trial met the SLO within the memory limits, which does not prove that
+    no plan does (``slo_dp`` is exact on the same space).
+    """
+    if slo_ms <= 0:
+        raise ValueError(f"slo_ms must be positive, got {slo_ms}")
+    if trials < 1:
+        raise ValueError(f"trials must be at least 1, got {trials}")
+    if not master_memories:
+        raise ValueError("master_memories is empty; give at least one master memory size in MB")
+    t0 = time.perf_counter()
+    masters = [int(m) for m in master_memories]
+    table = ChoiceTable(space, masters)
+    scoring = Scoring.for_space(space, slo_ms, masters)
+    pm = space.pm
+    n = space.n
+    seen: dict[tuple[tuple[StageChoice, ...], int], tuple[float, PlanEstimate | None, bool]] = {}
+    best: list[tuple[float, tuple[StageChoice, ...], int, PlanEstimate]] = []
+
+    def objective(trial: optuna.Trial) -> float:
+        params: dict[str, int] = {}
+        for i in range(n):
+            if i < n - 1:
+                params[f"cut_{i}"] = trial.suggest_int(f"cut_{i}", 0, 1)
+            params[f"level_{i}"] = trial.suggest_int(f"level_{i}", 0, table.levels - 1)
+            params[f"place_{i}"] = trial.suggest_int(f"place_{i}", 0, len(table.placements) - 1)
+            params[f"mem_{i}"] = trial.suggest_int(f"mem_{i}", 0, len(table.worker_memories) - 1)
+        mb = masters[trial.suggest_int("master", 0, len(masters) - 1)]
+        choices = decode_plan(table, params, mb)
+        if choices is None:
+            return -scoring.oom_reward
+        key = (tuple(choices), mb)
+        if key not in seen:
+            est = pm.estimate(choices, mb)
+            reward, feasible = scoring.plan(space, est)
+            seen[key] = (reward, est, feasible)
+            if feasible and (not best or est.cost_usd < best[0][0]):
+                best[:] = [(est.cost_usd, key[0], mb, est)]
+        return -seen[key][0]
+
+    def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if progress is not None:
+            msg = f"best ${best[0][0] * 1000:.5f}/1000" if best else "no feasible plan yet"
+            progress(trial.number + 1, trials, msg)
+
+    sampler, kind = _sampler(seed, startup_trials)
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        study = optuna.create_study(direction="minimize", sampler=sampler)
+        study.optimize(objective, n_trials=trials, callbacks=[report])
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    seconds = time.perf_counter() - t0
+    feasible = sum(1 for _, _, ok in seen.values() if ok)
+    log.debug("bo: %d trials, %d distinct plans, %d feasible, %.1f s", trials, len(seen), feasible, seconds)
+    if not best:
+        raise Infeasible(f"no plan within the {slo_ms:g} ms SLO in {trials} BO trials; the SLO may be too "
+                         "tight (slo_dp decides exactly), or give more trials")
+    cost, choices, mb, est = best[0]
+    notes = (f"BO with optuna's {kind} sampler, {trials} trials, {len(seen)} distinct plans ({feasible} feasible)",)
+    return SolverResult(choices, mb, est, "bo", seconds, notes=notes)

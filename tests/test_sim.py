@@ -1,0 +1,191 @@
+"""The serverless simulator against queueing theory (M/G/1 processor sharing, M/D/1, closed loops),
+Lambda semantics (concurrency limits, cold starts after idle timeouts, billing granularity), fork-join
+on shared cores, and its calibration."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from bench.simulator import ExGaussDraw, SimPlan, SimPlatform, SimStage, SimWorker, simulate
+from bench.trace import poisson_arrivals
+
+NO_DELAY = ExGaussDraw(0.0, 0.0, 0.0)
+
+
+def one_function(work_ms: float = 10.0, memory_mb: int = 1024) -> SimPlan:
+    return SimPlan("one", "m", {"m": (memory_mb, 1)}, (SimStage(master_ms=work_ms),))
+
+
+def platform(**kw: object) -> SimPlatform:
+    base = SimPlatform(cores=None, invoke=NO_DELAY, concurrency=1000, cold_start_ms=0.0, idle_timeout_ms=1e12)
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def arrivals_ms(rate_per_s: float, seconds: float, seed: int = 1) -> list[float]:
+    return [1e3 * t for t in poisson_arrivals(rate_per_s, seconds, seed=seed)]
+
+
+@pytest.mark.parametrize("rho", [0.3, 0.7])
+def test_mg1_processor_sharing_mean_latency(rho: float) -> None:
+    """One core shared by every request (M/G/1-PS): mean response time S / (1 - rho), whatever the
+    service distribution; the core is busy a fraction rho of the time."""
+    s_ms = 10.0
+    r = simulate(one_function(s_ms), platform(cores=1.0), arrivals_ms=arrivals_ms(rho / s_ms * 1e3, 400))
+    summ = r.summary()
+    assert summ["mean_ms"] == pytest.approx(s_ms / (1 - rho), rel=0.06)
+    assert summ["cpu_utilisation"] == pytest.approx(rho, rel=0.05)
+
+
+def test_md1_queue_behind_one_instance() -> None:
+    """One instance (concurrency 1), deterministic service, Poisson arrivals: M/D/1, mean response time
+    S + rho S / (2 (1 - rho)) (Pollaczek-Khinchine)."""
+    s_ms, rho = 10.0, 0.6
+    r = simulate(one_function(s_ms), platform(concurrency=1), arrivals_ms=arrivals_ms(rho / s_ms * 1e3, 400, 2))
+    assert r.summary()["mean_ms"] == pytest.approx(s_ms + rho * s_ms / (2 * (1 - rho)), rel=0.05)
+
+
+def test_closed_loop_saturates_the_cores() -> None:
+    """N clients on c cores with no think time: throughput c / S and latency N S / c exactly."""
+    s_ms, n, cores = 10.0, 5, 2.0
+    r = simulate(one_function(s_ms), platform(cores=cores), clients=n, requests_per_client=40, warmup=2)
+    summ = r.summary()
+    assert summ["requests"] == n * 40
+    assert summ["p50_ms"] == pytest.approx(n * s_ms / cores, rel=1e-6)
+    assert summ["throughput_rps"] == pytest.approx(cores / s_ms * 1e3, rel=0.01)
+
+
+def test_background_load_takes_its_share() -> None:
+    """Two always-busy background threads on two cores: a lone request runs at half speed."""
+    r = simulate(one_function(10.0), platform(cores=2.0, background=2.0), clients=1, requests_per_client=5)
+    assert r.summary()["p50_ms"] == pytest.approx(10.0 * (1 + 2.0) / 2.0, rel=1e-6)
+
+
+def test_concurrency_limit_queues_in_order() -> None:
+    r = simulate(one_function(10.0), platform(concurrency=1), arrivals_ms=[0.0, 0.0, 0.0])
+    assert sorted(r.latencies_ms.tolist()) == pytest.approx([10.0, 20.0, 30.0])
+    assert r.functions["m"]["waits"] == 2 and r.functions["m"]["cold_starts"] == 0
+
+
+def test_cold_starts_happen_after_idle_timeouts() -> None:
+    pf = platform(cold_start_ms=100.0, idle_timeout_ms=1000.0)
+    r = simulate(one_function(10.0), pf, arrivals_ms=[0.0, 500.0, 5000.0], prewarm=False)
+    # cold (first), warm (500 ms idle < 1 s), cold again (reaped after 4.5 s idle)
+    assert r.latencies_ms.tolist() == pytest.approx([110.0, 10.0, 110.0])
+    assert r.functions["m"]["cold_starts"] == 2 and r.functions["m"]["reaped"] == 1
+    warm = simulate(one_function(10.0), pf, arrivals_ms=[0.0, 500.0, 900.0], prewarm=True)
+    assert warm.summary()["cold_starts"] == 0
+
+
+def test_scale_out_starts_instances_on_demand() -> None:
+    pf = platform(cold_start_ms=50.0)
+    r = simulate(one_function(10.0), pf, arrivals_ms=[0.0, 1.0, 2.0, 3.0], prewarm=True)
+    assert r.functions["m"]["cold_starts"] == 3 and r.functions["m"]["max_instances"] == 4
+
+
+@pytest.mark.parametrize(("granularity", "billed"), [(1.0, 130.0), (100.0, 200.0)])
+def test_billing_granularity(granularity: float, billed: float) -> None:
+    pf = platform(granularity_ms=granularity, price_gb_s=1.0, price_request=0.5)
+    r = simulate(one_function(130.0, memory_mb=2048), pf, arrivals_ms=[0.0, 1000.0])
+    f = r.functions["m"]
+    assert f["billed_ms"] == pytest.approx(2 * billed)
+    assert f["billed_gb_s"] == pytest.approx(2 * 2.0 * billed / 1000)
+    assert f["cost_usd"] == pytest.approx(2 * 2.0 * billed / 1000 + 2 * 0.5)
+    assert r.summary()["mc_gb_s_per_request"] == pytest.approx(2.0 * billed / 1000)
+
+
+def fork_join() -> SimPlan:
+    st = SimStage(master_ms=10.0, workers=(SimWorker("w1", 10.0), SimWorker("w2", 10.0)))
+    return SimPlan("fj", "m", {"m": (1024, 1), "w1": (512, 1), "w2": (512, 1)}, (st, SimStage(master_ms=5.0)),
+                   used_mb={"m": 512.0, "w1": 256.0, "w2": 256.0})
+
+
+def test_fork_join_runs_in_parallel_or_shares_the_cores() -> None:
+    free = simulate(fork_join(), platform(), arrivals_ms=[0.0])
+    assert free.latencies_ms[0] == pytest.approx(15.0)  # 10 in parallel, then 5
+    shared = simulate(fork_join(), platform(cores=1.0), arrivals_ms=[0.0])
+    assert shared.latencies_ms[0] == pytest.approx(35.0)  # three 10 ms parts on one core, then 5
+    two = simulate(fork_join(), platform(cores=2.0), arrivals_ms=[0.0])
+    assert two.latencies_ms[0] == pytest.approx(20.0)  # three parts on two cores: 15, then 5
+    s = free.summary()
+    # billed: master 15 ms x 1 GB, workers 10 ms x 0.5 GB each; memory used half of allocated
+    assert s["billed_gb_s"] == pytest.approx((15 * 1.0 + 2 * 10 * 0.5) / 1000)
+    assert s["memory_utilisation"] == pytest.approx(0.5)
+
+
+def test_invoke_latency_adds_to_each_fork() -> None:
+    pf = platform(invoke=ExGaussDraw(2.0, 0.0, 0.0), client_invoke=NO_DELAY)
+    r = simulate(fork_join(), pf, arrivals_ms=[0.0])
+    assert r.latencies_ms[0] == pytest.approx(17.0)  # the workers' 10 ms + a 2 ms round trip; master 10 meanwhile
+
+
+def test_exgauss_fit_recovers_parameters() -> None:
+    from bench.sim import fit_exgauss
+
+    rng = np.random.default_rng(0)
+    x = 3.0 + rng.normal(0, 0.5, 20000) + rng.exponential(2.0, 20000)
+    fit = fit_exgauss(x)
+    assert fit.mu == pytest.approx(3.0, abs=0.2) and fit.tau == pytest.approx(2.0, rel=0.1)
+    assert fit.sigma == pytest.approx(0.5, abs=0.2)
+
+
+def test_calibration_recovers_scale_and_background() -> None:
+    """Measurements made by a simulated 'truth' (compute x 1.3, 3 background groups of which 2 were counted,
+    i.e. weight 1.5) are fitted back by the weight method."""
+    from bench.sim import _sim_p50, background_for, calibrate
+
+    plan = fork_join()
+    pf = platform(cores=2.0, invoke=ExGaussDraw(1.0, 0.1, 0.5), invoke_cpu_ms=0.8)
+    truth_plan, truth_pf = plan.scaled(1.3), replace(pf, background=3.0)
+    p50 = _sim_p50(truth_plan, truth_pf, 200, 0)
+    cpu = truth_plan.total_work_ms() + 3 * pf.invoke_cpu_ms  # master + 2 workers: 3 invocations
+    fitted_plan, fitted_pf, fit = calibrate(plan, pf, p50_ms=p50, cpu_ms=cpu, background=2.0, method="weight")
+    assert fit["compute_scale"] == pytest.approx(1.3, rel=1e-6)
+    assert fit["weight"] == pytest.approx(1.5, rel=0.02)
+    assert background_for(fit, 4.0) == pytest.approx(6.0, rel=0.02)
+    assert fitted_pf.background == pytest.approx(3.0, rel=0.02)
+    assert fitted_plan.total_work_ms() == pytest.approx(truth_plan.total_work_ms())
+
+
+def test_calibration_recovers_an_unexplained_delay() -> None:
+    """The delay method: the counted background as it is, the rest of the 1-client p50 as delay per
+    invocation on the critical path (2 here: the client's call and the stage's fork)."""
+    from bench.sim import _sim_p50, calibrate
+
+    plan = fork_join()
+    pf = platform(cores=2.0, invoke=ExGaussDraw(1.0, 0.1, 0.5), invoke_cpu_ms=0.8)
+    truth_pf = replace(pf, background=2.0, invoke=ExGaussDraw(2.5, 0.1, 0.5))  # 1.5 ms more per invocation
+    p50 = _sim_p50(plan.scaled(1.3), truth_pf, 200, 0)
+    cpu = plan.scaled(1.3).total_work_ms() + 3 * pf.invoke_cpu_ms
+    _, fitted_pf, fit = calibrate(plan, pf, p50_ms=p50, cpu_ms=cpu, background=2.0, method="delay")
+    assert fit["weight"] == 1.0 and fitted_pf.background == 2.0
+    assert fit["extra_delay_ms"] == pytest.approx(1.5, abs=0.1)
+    assert _sim_p50(plan.scaled(fit["compute_scale"]), fitted_pf, 200, 0) == pytest.approx(p50, rel=0.01)
+
+
+def test_sim_plan_from_perf_model_choices() -> None:
+    from bench.sim_plans import sim_plan_for_choices, sim_platform
+    from functions.plan import Split
+    from partitioner.graph import LayerGraph
+    from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts, StageChoice
+    from partitioner.platform import load_profile
+    from tests.onnx_builders import conv_stack
+
+    model = conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * 3, cin=3, h=16, w=16)
+    lg = LayerGraph.load(model)
+    profile = load_profile("local")
+    pm = PerfModel(lg, PlatformFacts.from_profile(profile), ComputeModel.from_flops(lg))
+    n = len(lg.units)
+    choices = [StageChoice(0, 0, Split("spatial", (2, 1)), True, 1769), StageChoice(1, n - 1, Split(), True, 0)]
+    plan = sim_plan_for_choices(pm, choices, 1769, shared_cores=True)
+    assert set(plan.functions) == {"master", "s00-p01"}
+    assert plan.stages[0].workers[0].function == "s00-p01" and plan.stages[0].master_ms > 0
+    assert plan.stages[1].workers == () and plan.stages[1].master_ms > 0
+    pf = sim_platform(profile, cores=2.0)
+    assert pf.cores == 2.0 and pf.granularity_ms == profile.billing_granularity_ms
+    r = simulate(plan, pf, clients=2, requests_per_client=5)
+    assert r.summary()["requests"] == 10 and r.summary()["usd_per_1000"] > 0
+    lam = sim_platform(load_profile("aws-lambda"))
+    assert lam.cores is None  # the cloud: every function has its own CPU

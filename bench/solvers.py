@@ -51,7 +51,7 @@ def _run(name: str, space, slo: float, seed: int, quick: bool):  # type: ignore[
         return rl_solver(space, slo, MEMS, seed=seed, **({"timesteps": 4000} if quick else {}))
     from partitioner.solvers.bo import bo_solver
 
-    return bo_solver(space, slo, MEMS, seed=seed, **({"trials": 60} if quick else {}))
+    return bo_solver(space, slo, MEMS, seed=seed, **({"trials": 25} if quick else {}))
 
 
 @click.command("solvers")
@@ -59,8 +59,10 @@ def _run(name: str, space, slo: float, seed: int, quick: bool):  # type: ignore[
 @click.option("--quick", is_flag=True, help="vgg11 only, fewer RL steps and BO trials.")
 @click.option("--models", default=None, help="Comma-separated zoo names (default: vgg11,vgg16,wrn-50-4,bert).")
 @click.option("--seed", default=0, show_default=True)
+@click.option("--solvers", "which", default="exact,rl,bo,bruteforce", show_default=True,
+              help="Comma-separated solvers (brute force runs on vgg11 only).")
 @click.option("--out", type=click.Path(file_okay=False), default="bench/results", show_default=True)
-def solvers_cmd(as_json: bool, quick: bool, models: str | None, seed: int, out: str) -> None:
+def solvers_cmd(as_json: bool, quick: bool, models: str | None, seed: int, which: str, out: str) -> None:
     """Cost, latency, SLO attainment and wall time of exact, rl, bo and brute force (aws-lambda profile)."""
     from partitioner.graph import LayerGraph
     from partitioner.perfmodel import StageChoice
@@ -88,7 +90,9 @@ def solvers_cmd(as_json: bool, quick: bool, models: str | None, seed: int, out: 
             pm.evaluate(plan, 1769)
             k += 1
         extras.setdefault("plans_per_second", {})[model] = round(k / (time.perf_counter() - t))
-        solvers = ["exact", "rl", "bo"] + (["bruteforce"] if model == "vgg11" else [])
+        wanted = which.split(",")
+        solvers = [s for s in ("exact", "rl", "bo") if s in wanted] + (
+            ["bruteforce"] if model == "vgg11" and "bruteforce" in wanted else [])
         for factor in SLO_FACTORS:
             slo = round(fastest * factor, 1)
             base: dict[str, float] = {}

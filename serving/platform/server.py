@@ -11,6 +11,7 @@ import time
 import uvicorn
 
 from partitioner.platform import PlatformProfile
+from serving.api.server import bind_socket, url_of
 from serving.platform.app import create_app
 from serving.platform.client import PlatformClient
 from serving.platform.config import PlatformConfig
@@ -21,25 +22,8 @@ __all__ = ["LocalPlatform", "serve"]
 log = logging.getLogger(__name__)
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto IPPROTO_TCP (not 0): asyncio sets TCP_NODELAY on accepted connections only then, and without it
-    # a response written as headers + body waits ~40 ms for the client's delayed ACK (Nagle).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {e}; pick another port with --port") from e
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
-def _url(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+_bind = bind_socket
+_url = url_of
 
 
 def _server(config: PlatformConfig, profile: PlatformProfile | None, sock: socket.socket) -> uvicorn.Server:

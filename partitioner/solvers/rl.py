@@ -3,36 +3,48 @@
 Gillis trains two 2-layer policies with REINFORCE against its performance model: a *partitioner* that
 fuses layers into groups and picks each group's parallelism, and a *placer* that puts the parts on the
 master or on workers. The reward (Eq. 4) is ``B - C`` when the plan meets the SLO (``C`` its billed
-cost), ``T_max - L`` when it misses, and a large negative number when it runs out of memory.
+cost), ``T_max - L`` when it misses, and a large negative number when it runs out of memory
+(``encoding.Scoring`` scales all three to O(1)).
 
-Here both policies are one stable-baselines3 PPO agent with a factored ``MultiDiscrete`` action, one
-categorical head per decision on a shared ``[64, 64]`` trunk (and a ``[64, 64]`` value network):
+Here both policies are one stable-baselines3 PPO agent with a factored ``MultiDiscrete`` action: one
+categorical head per decision on a shared ``[64, 64]`` policy network (and a ``[64, 64]`` value
+network). An episode picks the master's memory, then walks the unit chain one unit per step:
 
-=====================  ==========================================  ============================
-head                   decides                                     Gillis's agent
-=====================  ==========================================  ============================
-group length           how many units the next group takes         partitioner (grouping)
-parallelism level      which admissible split (``ChoiceTable``)    partitioner (parallelism)
-placement              master computes part 0, or workers only     placer
-worker memory          the workers' function size                  placer
-master memory          the master's function size (first step)     placer
-=====================  ==========================================  ============================
+=================  ============================================================  ===================
+head               decides                                                       Gillis's agent
+=================  ============================================================  ===================
+cut                does the open group end after this unit                       partitioner (groups)
+parallel           split the group, or run it whole                              partitioner
+level              which split, from the menu of ``ChoiceTable``                 partitioner
+placement          the master computes part 0, or workers compute every part     placer
+worker memory      the workers' function size                                    placer
+master memory      the master's function size (first step only)                  placer
+=================  ============================================================  ===================
 
-An episode walks the unit chain: a first step fixes the master's memory, then one step per group until
-the chain is covered. Gillis samples the placer *given* the partitioner's sample (``v | u``); here every
-head is conditioned on the state, which holds every earlier group and placement but not the current
-step's partitioner sample. A product of per-head distributions can still put all its mass on the best
-joint action, so the optimum stays reachable; only exploration differs. PPO rather than REINFORCE:
-the same policy gradient with a learned baseline (the value network, GAE with ``gamma = 1`` since the
-reward comes at the end of the episode) and clipped updates, which learn the same policy in far fewer
-episodes; stable-baselines3 has no plain REINFORCE.
+The split, placement and memory heads are read on the step that closes a group. Gillis samples the
+placer *given* the partitioner's sample (``v | u``); here every head is conditioned on the state,
+which holds every earlier group and placement but not the current step's partitioner sample. A product
+of per-head distributions can still put all its mass on the best joint action, so the optimum stays
+reachable; only exploration differs.
 
-Shortcuts that do not change the optimum: an episode ends early, with the reward of the best plan it
-could still become, once the latency so far plus the fastest completion exceeds the SLO, or once the
-master's memory is exceeded. The solver returns the cheapest feasible plan *seen* during training
-(the environment keeps it), not what the final policy samples. Deterministic for a seed: one
-environment, one torch thread while training; the global ``random``/numpy/torch RNG states are restored
-afterwards.
+Why these choices (each tried against the alternative on VGG-11, AWS Lambda profile):
+
+- PPO rather than REINFORCE: the same policy gradient, with a learned baseline (the value network) and
+  clipped updates; stable-baselines3 has no plain REINFORCE. ``gamma = 1``: the reward comes at the end.
+- One step per unit, not "length of the next group": a cut decision then sits at the same step
+  whatever was decided before it; with lengths, changing one group shifts every later decision and
+  PPO stayed in the first grouping it found.
+- A separate "parallel" head: with the split drawn uniformly from a dozen options, early plans are
+  mostly wide splits everywhere, PPO learns first to avoid groups at all, and stays there; a coin for
+  "split or not" starts it near the one-function plan instead.
+- Observations carry the latency slack of the fastest completion (``ChoiceTable.fastest_*``), so the
+  policy sees which cuts still allow the SLO to be met.
+
+The solver returns the cheapest feasible plan *seen* during training (the environment keeps it), not
+what the final policy samples. Deterministic for a seed: one environment, one torch thread while
+training; the global ``random``/numpy/torch RNG states are restored afterwards. RL is a heuristic
+here: ``slo_dp`` solves the same problem exactly and faster; this module reproduces Gillis's approach
+as a baseline.
 """
 
 from __future__ import annotations
@@ -82,26 +94,27 @@ class _Best:
 class PlanEnv(gym.Env):  # type: ignore[misc]
     """One episode = one plan: pick the master's memory, then walk the chain one unit per step.
 
-    Action ``[cut, level, placement, worker memory, master memory]`` (``MultiDiscrete``). The first
-    step reads only the master memory head. Each later step is at unit ``i`` of the group opened at
-    unit ``g``: ``cut`` closes the group after ``i`` (forced at ``max_group`` units and at the last
-    unit); a closing step decodes ``level, placement, worker memory`` into the group's stage choice
-    (``ChoiceTable.resolve``). One step per unit keeps the decision about a cut at the same step
-    whatever was decided before it, which a "length of the next group" action does not.
+    Action ``[cut, parallel, level, placement, worker memory, master memory]`` (``MultiDiscrete``; see
+    the module docstring). The first step reads only the master memory head. Each later step is at
+    unit ``i`` of the group opened at unit ``g``: ``cut`` closes the group after ``i`` (forced at
+    ``max_group`` units and at the last unit); a closing step decodes the split (``none`` unless
+    ``parallel``, else menu entry ``level + 1``), placement and worker memory into the group's stage
+    choice with ``ChoiceTable.resolve`` (nearest admissible choice).
 
     Observation (float32): a first-step flag, position, units in the open group, master memory
     (scaled and one-hot), latency used, and three slacks as fractions of the SLO, each the SLO minus
-    the latency used minus the fastest completion (``ChoiceTable.fastest_*``): if the group is closed
-    here, if it is continued, and over both; a forced-cut flag, cost so far, the master's memory in use,
-    FLOPs left, the FLOPs/output/weight sizes of the open group's possible units, and at the first step
-    each master size's slack. Reward only at the end (Eq. 4 via ``Scoring``); an episode also ends,
-    with the out-of-memory reward, as soon as the master's memory is exceeded.
+    the latency used minus the fastest completion: if the group is closed here, if it is continued,
+    and the better of both; a forced-cut flag, cost so far, the master's memory in use, FLOPs left,
+    the FLOPs/output/weight sizes of the open group's possible units, and at the first step each
+    master size's slack. Reward only at the end (``Scoring``); an episode also ends, with the
+    out-of-memory reward, as soon as the master's memory is exceeded. ``best`` holds the cheapest
+    feasible plan seen so far.
     """
 
     metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's convention
 
     def __init__(self, space: SearchSpace, slo_ms: float, master_memories: list[int], *,
-                 table: ChoiceTable | None = None, scoring: Scoring | None = None, shaping: bool = True) -> None:
+                 table: ChoiceTable | None = None, scoring: Scoring | None = None) -> None:
         super().__init__()
         if not master_memories:
             raise ValueError("master_memories is empty; give at least one master memory size in MB")
@@ -128,7 +141,6 @@ class PlanEnv(gym.Env):  # type: ignore[misc]
         self._fixed_ms = space.pm.request_ms()[1 if space.pm.q_mode else 0]
         self._start_slack = np.array(
             [self._slack(self._fixed_ms, t.fastest_suffix(mb)[0]) for mb in self.master_memories])
-        self.shaping = shaping
         self.best: _Best | None = None
         self.episodes = 0
         self.feasible_episodes = 0
@@ -146,20 +158,6 @@ class PlanEnv(gym.Env):  # type: ignore[misc]
         self._cost = 0.0
         self._weights = 0.0
         self._hold = 0.0
-        self._phi = self._potential()
-
-    def _potential(self) -> float:
-        """Shaping potential: the slack of the fastest completion (0 once the episode is over)."""
-        if not self.shaping or self._i >= self.space.n:
-            return 0.0
-        if self._mb is None:
-            return float(self._start_slack.max())
-        last = min(self.space.n - 1, self._g + self.space.max_group - 1)
-        return self._slack(self._lat, self._completion(self._i, last))
-
-    def _shaped(self, reward: float) -> float:
-        phi, self._phi = self._phi, self._potential()
-        return reward + self._phi - phi
 
     def _slack(self, used: float, rest: float) -> float:
         return float(np.clip((self.slo_ms - used - rest) / self.slo_ms, -2.0, 1.0))
@@ -221,11 +219,11 @@ class PlanEnv(gym.Env):  # type: ignore[misc]
             self._mb = self.master_memories[master]
             if not np.isfinite(self.table.fastest_suffix(self._mb)[0]):
                 return self._end(self.scoring.oom_reward)  # nothing fits this master
-            return self._obs(), self._shaped(0.0), False, False, {}
+            return self._obs(), 0.0, False, False, {}
         space, pm, mb = self.space, self.space.pm, self._mb
         if not (cut or self._forced_cut()):
             self._i += 1
-            return self._obs(), self._shaped(0.0), False, False, {}
+            return self._obs(), 0.0, False, False, {}
         ch = self.table.resolve(self._g, self._i, mb, level + 1 if parallel else 0, placement, memory)
         oc = pm.option(ch, mb) if ch is not None else None
         if ch is None or oc is None:
@@ -241,7 +239,7 @@ class PlanEnv(gym.Env):  # type: ignore[misc]
         if pm.compute.base_mb + self._weights + self._hold > mb:
             return self._end(self.scoring.oom_reward)
         if self._i < space.n:
-            return self._obs(), self._shaped(0.0), False, False, {}
+            return self._obs(), 0.0, False, False, {}
         est = pm.estimate(self._choices, mb)
         reward, feasible = self.scoring.plan(space, est)
         if feasible:
@@ -253,7 +251,7 @@ class PlanEnv(gym.Env):  # type: ignore[misc]
     def _end(self, reward: float) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         self.episodes += 1
         self._i = self.space.n
-        return self._obs(), self._shaped(float(reward)), True, False, {}
+        return self._obs(), float(reward), True, False, {}
 
 
 class _ProgressCallback(BaseCallback):  # type: ignore[misc]
@@ -285,10 +283,10 @@ def _isolated_rng(threads: int):  # type: ignore[no-untyped-def]
 
 
 def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, timesteps: int = 30_000,
-              seed: int = 0, progress: Progress | None = None, learning_rate: float = 3e-4,
-              n_steps: int = 1024, batch_size: int = 256, n_epochs: int = 10, gae_lambda: float = 1.0,
-              ent_coef: float = 0.01, net_arch: tuple[int, ...] = (64, 64), shaping: bool = False,
-              torch_threads: int = 1) -> SolverResult:
+              seed: int = 0, progress: Progress | None = None, learning_rate: float = 1e-3,
+              n_steps: int = 512, batch_size: int = 128, n_epochs: int = 4, gae_lambda: float = 0.95,
+              ent_coef: float = 0.01, net_arch: tuple[int, ...] = (64, 64), torch_threads: int = 1,
+              ) -> SolverResult:
     """The cheapest plan within ``slo_ms`` that a PPO agent finds in ``timesteps`` environment steps.
 
     Parameters
@@ -297,13 +295,13 @@ def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
         As for ``slo_dp``: the candidate choices, the SLO on the mean latency (or on the percentile the
         performance model plans for) and the master sizes to try (MB).
     timesteps:
-        Training budget in environment steps (an episode is one step plus one per group). The default
-        takes about 30-60 s for VGG-11 (11 units, groups of up to 3) on two cores.
+        Training budget in environment steps (an episode is one step plus one per unit). The default
+        takes about 30 s of CPU for VGG-11 (11 units, groups of up to 3).
     seed:
         Seeds the policy, the sampling and the environment; the same seed gives the same plan.
     progress:
         Called as ``progress(done, total, message)`` every ``n_steps`` steps (for a rich progress bar).
-    learning_rate, n_steps, batch_size, n_epochs, ent_coef:
+    learning_rate, n_steps, batch_size, n_epochs, gae_lambda, ent_coef:
         PPO's (stable-baselines3); ``gamma = 1`` since the only reward comes at the end.
     net_arch:
         Hidden layers of the policy and of the value network (Gillis: two-layer policies).
@@ -318,7 +316,7 @@ def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
     if timesteps < 1:
         raise ValueError(f"timesteps must be at least 1, got {timesteps}")
     t0 = time.perf_counter()
-    env = PlanEnv(space, slo_ms, master_memories, shaping=shaping)
+    env = PlanEnv(space, slo_ms, master_memories)
     with _isolated_rng(torch_threads):
         model = PPO(
             "MlpPolicy", env, learning_rate=learning_rate, n_steps=n_steps, batch_size=batch_size,

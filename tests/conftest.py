@@ -251,6 +251,11 @@ class Bundles:
     def slow(self) -> Path:
         return self.get("slow", lambda p: single_part_bundle(p, slow_model()))
 
+    @property
+    def slower(self) -> Path:
+        """Several times the platform's 50 ms minimum invocation window, even on an idle machine."""
+        return self.get("slower", lambda p: single_part_bundle(p, slow_model(layers=128)))
+
     def hog(self, n_floats: int = 64 * 2**20, worker_memory_mb: int = 192) -> Path:
         return self.get(f"hog{n_floats}-{worker_memory_mb}", lambda p: single_part_bundle(
             p, hog_model(n_floats), worker_memory_mb=worker_memory_mb))

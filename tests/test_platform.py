@@ -186,7 +186,7 @@ def test_crash_and_timeout_are_reported(platform: LocalPlatform, bundles, deploy
     t.join(60)
     assert isinstance(errors[0], InstanceCrashed) and "SIGKILL" in str(errors[0]) and errors[0].retryable
 
-    d2 = deploy(bundles.slow, timeout_s=0.05)
+    d2 = deploy(bundles.slower, timeout_s=0.05)
     t0 = time.monotonic()
     with pytest.raises(InvokeTimeout, match="timed out"):
         inv.invoke(d2.names["worker-1"], part_event(d2, x).encode(), timeout_s=60)

@@ -7,8 +7,9 @@ are random), seeded, over a fixed-length encoding of a plan:
 
 - per unit but the last, ``cut_i``: does a group end after unit ``i`` (a group also ends when it
   reaches ``max_group`` units);
-- per unit, ``level_i``, ``place_i``, ``mem_i``: read where a group ends, decoded into the group's
-  split, placement and worker memory by ``ChoiceTable.resolve`` (nearest admissible choice);
+- per unit, ``par_i``, ``level_i``, ``place_i``, ``mem_i``: read where a group ends, decoded into the
+  group's split (``none`` unless ``par_i``, else menu entry ``level_i + 1``), placement and worker
+  memory by ``ChoiceTable.resolve`` (nearest admissible choice), as the RL planner's heads are;
 - ``master``: the index of the master's memory.
 
 The objective, minimised, is minus Gillis's reward (``Scoring``): ``C / ref - B / ref`` within the SLO,
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Callable
 
 from partitioner.perfmodel import PlanEstimate, StageChoice
@@ -29,6 +31,7 @@ from partitioner.solvers.encoding import ChoiceTable, Scoring
 
 try:
     import optuna
+    import torch
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ImportError("the BO planner needs optuna (with torch and scipy for its GP): pip install 'flatpack[rl]'"
                       ) from e
@@ -48,7 +51,8 @@ def decode_plan(table: ChoiceTable, params: dict[str, int], master_mb: int) -> l
     for i in range(n):
         if i < n - 1 and not params[f"cut_{i}"] and i - g + 1 < max_group:
             continue
-        ch = table.resolve(g, i, master_mb, params[f"level_{i}"], params[f"place_{i}"], params[f"mem_{i}"])
+        level = params[f"level_{i}"] + 1 if params[f"par_{i}"] else 0
+        ch = table.resolve(g, i, master_mb, level, params[f"place_{i}"], params[f"mem_{i}"])
         if ch is None:
             return None
         out.append(ch)
@@ -64,7 +68,8 @@ def _sampler(seed: int, startup_trials: int) -> tuple[optuna.samplers.BaseSample
 
 
 def bo_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, trials: int = 150, seed: int = 0,
-              progress: Progress | None = None, startup_trials: int = 10) -> SolverResult:
+              progress: Progress | None = None, startup_trials: int = 10, torch_threads: int = 1,
+              ) -> SolverResult:
     """The cheapest plan within ``slo_ms`` among ``trials`` plans proposed by GP-based BO.
 
     Parameters
@@ -81,6 +86,8 @@ def bo_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
         Called as ``progress(done, total, message)`` after every trial (for a rich progress bar).
     startup_trials:
         Random trials before the GP takes over.
+    torch_threads:
+        Torch threads for the GP (restored afterwards); one is fastest for GPs this small.
 
     Raises ``Infeasible`` if no trial met the SLO within the memory limits, which does not prove that
     no plan does (``slo_dp`` is exact on the same space).
@@ -105,7 +112,8 @@ def bo_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
         for i in range(n):
             if i < n - 1:
                 params[f"cut_{i}"] = trial.suggest_int(f"cut_{i}", 0, 1)
-            params[f"level_{i}"] = trial.suggest_int(f"level_{i}", 0, table.levels - 1)
+            params[f"par_{i}"] = trial.suggest_int(f"par_{i}", 0, 1)
+            params[f"level_{i}"] = trial.suggest_int(f"level_{i}", 0, max(0, table.levels - 2))
             params[f"place_{i}"] = trial.suggest_int(f"place_{i}", 0, len(table.placements) - 1)
             params[f"mem_{i}"] = trial.suggest_int(f"mem_{i}", 0, len(table.worker_memories) - 1)
         mb = masters[trial.suggest_int("master", 0, len(masters) - 1)]
@@ -126,13 +134,19 @@ def bo_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
             msg = f"best ${best[0][0] * 1000:.5f}/1000" if best else "no feasible plan yet"
             progress(trial.number + 1, trials, msg)
 
-    sampler, kind = _sampler(seed, startup_trials)
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(torch_threads)
     try:
-        study = optuna.create_study(direction="minimize", sampler=sampler)
-        study.optimize(objective, n_trials=trials, callbacks=[report])
+        with warnings.catch_warnings():
+            # deterministic_objective is marked experimental; it only tells the GP there is no noise
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler, kind = _sampler(seed, startup_trials)
+            study = optuna.create_study(direction="minimize", sampler=sampler)
+            study.optimize(objective, n_trials=trials, callbacks=[report])
     finally:
+        torch.set_num_threads(threads)
         optuna.logging.set_verbosity(verbosity)
     seconds = time.perf_counter() - t0
     feasible = sum(1 for _, _, ok in seen.values() if ok)

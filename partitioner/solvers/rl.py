@@ -80,6 +80,7 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int, int, str], None]  # (done, total, message), like partitioner.verify's
 
 _AHEAD_FEATURES = 3  # per unit in the window ahead: FLOPs, output bytes, weight bytes
+_OBS_BOUND = 10.0  # latency and cost ratios of hopeless plans grow without bound; the policy needs no more
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class PlanEnv(gym.Env):  # type: ignore[misc]
         self.space = space
         self.slo_ms = float(slo_ms)
         self.master_memories = [int(m) for m in master_memories]
-        self.table = table or ChoiceTable(space, self.master_memories)
+        self.table = table or ChoiceTable(space)
         self.scoring = scoring or Scoring.for_space(space, slo_ms, self.master_memories)
         t = self.table
         self.action_space = spaces.MultiDiscrete(
@@ -136,7 +137,7 @@ class PlanEnv(gym.Env):  # type: ignore[misc]
         m = len(self.master_memories)
         self._head = 13
         self._obs_dim = self._head + 2 * m + space.max_group * _AHEAD_FEATURES
-        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(self._obs_dim,), dtype=np.float32)
+        self.observation_space = spaces.Box(-_OBS_BOUND, _OBS_BOUND, shape=(self._obs_dim,), dtype=np.float32)
         # every plan pays this once (invoking the master, moving the model's inputs and outputs)
         self._fixed_ms = space.pm.request_ms()[1 if space.pm.q_mode else 0]
         self._start_slack = np.array(
@@ -202,7 +203,7 @@ class PlanEnv(gym.Env):  # type: ignore[misc]
         window = self._unit_feats[self._g: self._g + space.max_group]
         k = h + 2 * m
         o[k: k + window.size] = window.ravel()
-        return o
+        return np.clip(o, -_OBS_BOUND, _OBS_BOUND, out=o)
 
     # -- gymnasium API ----------------------------------------------------------------------------------
 

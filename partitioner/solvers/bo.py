@@ -100,7 +100,11 @@ def bo_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
         raise ValueError("master_memories is empty; give at least one master memory size in MB")
     t0 = time.perf_counter()
     masters = [int(m) for m in master_memories]
-    table = ChoiceTable(space, masters)
+    table = ChoiceTable(space)
+    floor = table.latency_floor(masters)
+    if floor > slo_ms:
+        raise Infeasible(f"no plan can meet the {slo_ms:g} ms SLO: even the fastest choice for every group "
+                         f"takes {floor:.1f} ms; relax the SLO or allow larger functions")
     scoring = Scoring.for_space(space, slo_ms, masters)
     pm = space.pm
     n = space.n

@@ -1,9 +1,10 @@
 """A fixed-size encoding of plans for the learned searchers (RL and BO), and the reward they share.
 
-A plan is a walk along the unit chain. At each position a searcher names a *group length*, a
-*parallelism level*, a *placement* and a *worker memory index*; :class:`ChoiceTable` decodes those four
-integers into the nearest admissible :class:`StageChoice` of the :class:`SearchSpace`, so a searcher
-never has to know which splits a group admits:
+A plan is the unit chain cut into groups (how a searcher decides the cuts is its own: see
+``rl.PlanEnv`` and ``bo.decode_plan``). For each group a searcher names a *parallelism level*, a
+*placement* and a *worker memory index*; :class:`ChoiceTable` decodes those three integers into the
+nearest admissible :class:`StageChoice` of the :class:`SearchSpace`, so a searcher never has to know
+which splits a group admits:
 
 - level ``k`` names the k-th split of the *menu*: every split some group admits, ordered by degree
   (``none`` first), so a level means the same split in every group. A group that does not admit it
@@ -38,9 +39,8 @@ def plan_latency(space: SearchSpace, est: PlanEstimate) -> float:
 class ChoiceTable:
     """Decodes searcher actions into admissible stage choices of ``space`` (memoised per group)."""
 
-    def __init__(self, space: SearchSpace, master_memories: list[int]) -> None:
+    def __init__(self, space: SearchSpace) -> None:
         self.space = space
-        self.master_memories = list(master_memories)
         self.worker_memories: list[int] = [int(m) for m in (space.worker_memories or [0])]
         self.placements: list[bool] = list(space.placements)
         seen = {s for i, j in space.groups() for s in space.splits_for(i, j)}
@@ -119,6 +119,14 @@ class ChoiceTable:
                     hit = min(hit, _metric(self.space, oc))
             self._fastest_group[key] = hit
         return hit
+
+    def latency_floor(self, master_memories: list[int]) -> float:
+        """A lower bound on the latency (the SLO's metric) of every plan in the space with one of these
+        master sizes: the fastest choice per group, the master's memory ignored, plus the request's
+        fixed cost. An SLO below it cannot be met."""
+        pm = self.space.pm
+        fixed = pm.request_ms()[1 if pm.q_mode else 0]
+        return fixed + min((self.fastest_suffix(int(mb))[0] for mb in master_memories), default=math.inf)
 
     def fastest_suffix(self, master_mb: int) -> list[float]:
         """``out[i]``: a lower bound on the latency of units i..n-1 (each group's fastest choice,

@@ -78,8 +78,8 @@ def bo_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
         As for ``slo_dp``: candidate choices, the SLO on the mean latency (or on the percentile the
         performance model plans for), master sizes to try (MB).
     trials:
-        Plans evaluated. The GP's cost grows with the cube of the trials so far; the default takes
-        about a minute for VGG-11 (11 units: 44 parameters) on two cores.
+        Plans evaluated. The GP's cost grows with the trials so far; the default takes about 100 s of
+        CPU for VGG-11 (11 units: 55 parameters).
     seed:
         Seeds the sampler; the same seed gives the same plan.
     progress:

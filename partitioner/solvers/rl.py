@@ -318,6 +318,10 @@ def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
         raise ValueError(f"timesteps must be at least 1, got {timesteps}")
     t0 = time.perf_counter()
     env = PlanEnv(space, slo_ms, master_memories)
+    floor = env.table.latency_floor(env.master_memories)
+    if floor > slo_ms:
+        raise Infeasible(f"no plan can meet the {slo_ms:g} ms SLO: even the fastest choice for every group "
+                         f"takes {floor:.1f} ms; relax the SLO or allow larger functions")
     with _isolated_rng(torch_threads):
         model = PPO(
             "MlpPolicy", env, learning_rate=learning_rate, n_steps=n_steps, batch_size=batch_size,

@@ -18,6 +18,7 @@ __all__ = ["TRANSPORTS", "FunctionConfig"]
 TRANSPORTS = ("inline", "shm", "redis", "s3")
 INVOKERS = ("local", "lambda", "openfaas")
 COMPRESSIONS = ("none", "zstd", "lz4")
+BACKENDS = ("onnxruntime", "mxnet")  # functions.backends.BACKENDS, kept import-free here
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class FunctionConfig:
         (None: no hedging); ``hedge_min_samples`` durations are needed first.
     intra_op_threads: onnxruntime threads, from the function's vCPU share (0: onnxruntime decides).
     memory_mb: the function's memory size (informational inside the function; the platform enforces it).
+    backend: what runs the parts: ``onnxruntime`` (default) or ``mxnet`` (MXNet 1.9, in its own
+        environment; see :mod:`functions.backends`).
     """
 
     bundle_dir: Path
@@ -74,6 +77,7 @@ class FunctionConfig:
     hedge_min_samples: int = 20
     intra_op_threads: int = 0
     memory_mb: int | None = None
+    backend: str = "onnxruntime"
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -87,6 +91,8 @@ class FunctionConfig:
             raise ValueError(f"FLATPACK_INVOKER={self.invoker!r} is not one of {INVOKERS}")
         if self.compression not in COMPRESSIONS:
             raise ValueError(f"FLATPACK_COMPRESSION={self.compression!r} is not one of {COMPRESSIONS}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"FLATPACK_BACKEND={self.backend!r} is not one of {BACKENDS}")
         if self.hedge_percentile is not None and not 0 < self.hedge_percentile < 100:
             raise ValueError(f"FLATPACK_HEDGE_PERCENTILE={self.hedge_percentile} must be in (0, 100)")
         if self.max_retries < 0 or self.invoke_timeout_ms <= 0 or self.payload_limit_bytes <= 0:

@@ -12,13 +12,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from functions.backends import make_session_cache
 from functions.config import FunctionConfig
 from functions.errors import BadRequest, FunctionError, InitError, PartError
 from functions.event import Event, Reply, Wire, decode_message
 from functions.invoker import InvokePolicy, Invoker, PolicyInvoker, make_invoker
 from functions.master import Master
 from functions.plan import Plan, PlanError
-from functions.session import SessionCache
 from functions.transport.channel import TensorChannel
 from functions.transport.factory import TransportSet
 from functions.worker import Worker
@@ -51,7 +51,7 @@ class FunctionRuntime:
             raise InitError(
                 f"function {config.function!r} is not in the plan (it has {[f.name for f in self.plan.functions]})"
             )
-        self.sessions = SessionCache(intra_op_threads=config.intra_op_threads)
+        self.sessions = make_session_cache(config.backend, intra_op_threads=config.intra_op_threads)
         self.transports = TransportSet.from_config(config)
         self.worker = Worker(self.plan, config.bundle_dir, config.function, self.sessions)
         self._invoker = invoker
@@ -60,8 +60,8 @@ class FunctionRuntime:
         if preload:
             try:
                 self.worker.preload()
-            except Exception as e:  # noqa: BLE001 - onnxruntime's load errors are untyped
-                raise InitError(f"cannot load the parts of {config.function!r}: {e}") from e
+            except Exception as e:  # noqa: BLE001 - onnxruntime's (and MXNet's) load errors are untyped
+                raise InitError(f"cannot load the parts of {config.function!r} with {config.backend}: {e}") from e
         self.init_ms = 1e3 * (time.perf_counter() - t0)
 
     def channel(self, wire: Wire) -> TensorChannel:

@@ -1,19 +1,28 @@
-"""onnxruntime sessions for parts, created once per file and cached by their owner."""
+"""onnxruntime sessions for parts, created once per file and cached by their owner.
+
+onnxruntime is imported when the first session is made, so the rest of the function runtime loads in an
+environment without it (the MXNet backend's, see :mod:`functions.backends`).
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnxruntime as ort
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 __all__ = ["SessionCache", "make_session"]
 
 
 def make_session(path: str | Path, *, intra_op_threads: int = 0) -> ort.InferenceSession:
     """A CPU session for ``path``; ``intra_op_threads`` 0 lets onnxruntime choose (all cores)."""
+    import onnxruntime as ort
+
     so = ort.SessionOptions()
     so.log_severity_level = 3
     # Functions share cores with other functions (and the endpoint with its event loop): spinning

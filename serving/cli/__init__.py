@@ -30,6 +30,7 @@ _COMMANDS: dict[str, str] = {
     "run": "serving.cli.run:run_cmd",
     "platform": "serving.cli.platform:platform",
     "bench": "serving.cli.bench:bench",
+    "backend": "serving.cli.backend:backend",
     "compress": "serving.cli.compress:compress_cmd",
     "profile": "serving.cli.profile:profile_cmd",
 }

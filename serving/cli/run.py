@@ -35,10 +35,12 @@ __all__ = ["run_cmd"]
 @click.option("--s3-bucket", default="flatpack-tensors", show_default=True)
 @click.option("--overhead/--no-overhead", default=True, show_default=True,
               help="Also measure a one-part bundle vs onnxruntime in-process (overhead_ratio).")
+@click.option("--backend", type=click.Choice(["onnxruntime", "mxnet"]), default="onnxruntime", show_default=True,
+              help="What runs the parts in the functions (mxnet: its own environment, made on first use).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def run_cmd(bundle: Path, transport: str, n_requests: int, concurrency: int, max_instances: int | None, seed: int,
             timeout_s: float, tolerance: float, redis_url: str, s3_endpoint_url: str | None, s3_bucket: str,
-            overhead: bool, as_json: bool) -> None:
+            overhead: bool, backend: str, as_json: bool) -> None:
     """Deploy BUNDLE on the local platform, send requests with random inputs, and check every output
     against the unsplit model. Exits non-zero if any output is wrong or tensors are left behind."""
     from functions.bundle import Bundle, BundleError
@@ -56,15 +58,18 @@ def run_cmd(bundle: Path, transport: str, n_requests: int, concurrency: int, max
         Bundle.load(bundle)
     except BundleError as e:
         raise click.ClickException(str(e)) from e
+    from serving.cli.backend import require_backend
+
+    require_backend(backend, bundle=bundle)
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True, disable=as_json) as bar:
-        task = bar.add_task(f"{transport}: requests", total=n_requests)
+        task = bar.add_task(f"{transport}, {backend}: requests", total=n_requests)
         try:
             report = run_bundle(
                 bundle, transport=transport, requests=n_requests, concurrency=concurrency, seed=seed,
                 max_instances=max_instances, timeout_s=timeout_s, tolerance=tolerance, overhead=overhead,
                 redis_url=redis_url if transport == "redis" else None, s3_endpoint_url=s3_endpoint_url,
-                s3_bucket=s3_bucket, progress=lambda n: bar.advance(task, n),
+                s3_bucket=s3_bucket, progress=lambda n: bar.advance(task, n), backend=backend,
             )
         except FunctionError as e:
             raise click.ClickException(f"{e.message}") from e
@@ -87,7 +92,7 @@ def run_cmd(bundle: Path, transport: str, n_requests: int, concurrency: int, max
 
 
 def _table(doc: dict) -> None:
-    t = Table(title=f"flatpack run: {doc['bundle']} over {doc['transport']}")
+    t = Table(title=f"flatpack run: {doc['bundle']} over {doc['transport']} with {doc.get('backend', 'onnxruntime')}")
     t.add_column("metric")
     t.add_column("value", justify="right")
     for k in ("requests", "correct", "errors", "max_rel_err", "p50_ms", "p99_ms", "mean_ms", "throughput_rps",

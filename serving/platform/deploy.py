@@ -85,12 +85,15 @@ def deploy_bundle(
     concurrency: int | None = None,
     timeout_s: float | None = None,
     memory_mb: dict[str, int] | None = None,
+    backend: str = "onnxruntime",
     **config: object,
 ) -> Deployment:
     """Register every function of the bundle's plan on the platform behind ``client``.
 
     ``config`` are further :class:`FunctionConfig` fields (``redis_url``, ``s3_endpoint_url``,
     ``max_retries``, ``inline_max_bytes``, ...). ``memory_mb`` overrides the plan's memory per function.
+    ``backend`` runs every function's parts with ``onnxruntime`` or ``mxnet`` (whose environment the
+    platform must find set up: ``flatpack backend setup mxnet``).
     """
     bundle_dir = Path(bundle_dir).resolve()
     plan = Plan.load(bundle_dir / "plan.json")
@@ -104,11 +107,15 @@ def deploy_bundle(
         invoker="local",
         invoke_url=health.get("url") or client.url,
         function_prefix=f"{dep}-",
+        backend=backend,
         **config,  # type: ignore[arg-type]
     )
     d = Deployment(client, bundle_dir, plan, base)
     try:
         for fn in plan.functions:
+            mb = (memory_mb or {}).get(fn.name)
+            if mb is None:
+                mb = _memory_for(plan, bundle_dir, fn.name, fn.memory_mb, backend)
             cfg = replace(base, function=fn.name)
             env = cfg.to_env()
             # what the platform derives (from the memory size and its profile) unless set here explicitly
@@ -120,15 +127,29 @@ def deploy_bundle(
             name = cfg.deployed_name(fn.name)
             client.register(FunctionSpec(
                 name=name,
-                memory_mb=(memory_mb or {}).get(fn.name, fn.memory_mb),
+                memory_mb=mb,
                 bundle_dir=str(bundle_dir),
                 handler="master" if fn.name == plan.master else "worker",
                 env=env,
                 concurrency=concurrency,
                 timeout_s=timeout_s,
+                backend=backend,
             ))
             d.names[fn.name] = name
     except BaseException:
         d.remove()
         raise
     return d
+
+
+def _memory_for(plan: Plan, bundle_dir: Path, function: str, plan_mb: int, backend: str) -> int:
+    """The plan's memory for ``function`` (sized for onnxruntime), grown by what ``backend`` needs more."""
+    if backend == "onnxruntime":
+        return plan_mb
+    from functions.backends import backend_memory_mb
+
+    files = {p.file for s in plan.stages for p in s.parts if p.function == function}
+    if function == plan.master:
+        files |= {s.epilogue for s in plan.stages if s.epilogue}
+    size = sum((bundle_dir / f).stat().st_size for f in files if (bundle_dir / f).is_file())
+    return backend_memory_mb(backend, plan_mb, size)

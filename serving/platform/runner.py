@@ -74,6 +74,7 @@ class RunReport:
     split_vs_inprocess: float | None = None
     first_error: str | None = None
     functions: dict[str, Any] = field(default_factory=dict)
+    backend: str = "onnxruntime"
 
     @property
     def ok(self) -> bool:
@@ -187,9 +188,13 @@ def run_bundle(
     s3_bucket: str = "flatpack-tensors",
     platform: PlatformConfig | None = None,
     progress: Callable[[int], None] | None = None,
+    backend: str = "onnxruntime",
 ) -> RunReport:
     """Deploy, load, check and tear down; see the module docstring. Raises FunctionError for setup failures
-    (an unreachable Redis, say); request failures are counted in the report, not raised."""
+    (an unreachable Redis, say); request failures are counted in the report, not raised.
+
+    ``backend`` runs the bundle's parts with ``onnxruntime`` or ``mxnet`` (the reference outputs, and the
+    one-part overhead baseline, stay onnxruntime in this process)."""
     bundle_dir = Path(bundle_dir).resolve()
     plan = Plan.load(bundle_dir / "plan.json")
     source = bundle_dir / "source.onnx"
@@ -212,7 +217,7 @@ def run_bundle(
         local = stack.enter_context(LocalPlatform(pcfg))
         client = local.client
         dep = deploy_bundle(client, bundle_dir, transport=transport, deployment=new_deployment_id("run"),
-                            concurrency=max_instances or concurrency, timeout_s=timeout_s, **cfg)
+                            concurrency=max_instances or concurrency, timeout_s=timeout_s, backend=backend, **cfg)
         try:
             lat, errs, first_error, max_err, correct = _load(dep, local.url, inputs, expected, concurrency,
                                                               timeout_s, tolerance, progress)
@@ -231,7 +236,7 @@ def run_bundle(
             cold_starts=sum(v["cold_starts"] for v in mine.values()),
             invocations=sum(v["invocations"] for v in mine.values()),
             leftover_tensors=sum(leftovers.values()), first_error=first_error,
-            functions={k.removeprefix(f"{dep.id}-"): v for k, v in mine.items()},
+            functions={k.removeprefix(f"{dep.id}-"): v for k, v in mine.items()}, backend=backend,
         )
         if overhead and requests:
             _overhead(report, local, bundle_dir, plan, inputs, transport, cfg, timeout_s, overhead_requests)

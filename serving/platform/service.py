@@ -79,12 +79,23 @@ class PlatformService:
         env.update(spec.env)  # the deployer's explicit settings win
         return env
 
+    def _python(self, spec: FunctionSpec) -> str:
+        """The interpreter of ``spec``'s instances: the platform's, or its backend's environment."""
+        if spec.backend == "onnxruntime":
+            return self.config.python
+        from serving.platform.runtimes import BackendEnvError, backend_python
+
+        try:
+            return backend_python(spec.backend)
+        except BackendEnvError as e:
+            raise ValueError(f"function {spec.name}: {e}") from e
+
     async def register(self, spec: FunctionSpec) -> dict[str, object]:
         """Add or replace a function (a replaced one's instances are stopped)."""
         self.profile.memory.check(spec.memory_mb)
         pool = FunctionPool(
             spec,
-            argv=instance_argv(self.config.python),
+            argv=instance_argv(self._python(spec)),
             env=self._env(spec),
             concurrency=spec.concurrency or self.config.default_concurrency or self.profile.max_concurrency,
             timeout_s=spec.timeout_s or self.config.function_timeout_s,

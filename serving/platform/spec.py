@@ -29,6 +29,9 @@ class FunctionSpec:
     ``FLATPACK_INTRA_OP_THREADS`` (from the memory size through the profile). ``handler`` says which
     role the function plays (informational: one runtime serves both). ``concurrency``: most instances
     at once (None: the platform default). ``timeout_s``: limit of one invocation (None: default).
+    ``backend`` picks the interpreter its instances run under, as a Lambda runtime picks an image
+    (``onnxruntime``: the platform's own; ``mxnet``: the cached MXNet environment, see
+    :mod:`serving.platform.runtimes`); the function's ``FLATPACK_BACKEND`` should say the same.
     """
 
     name: str
@@ -38,9 +41,12 @@ class FunctionSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     concurrency: int | None = None
     timeout_s: float | None = None
+    backend: str = "onnxruntime"
 
     def __post_init__(self) -> None:
         check_name(self.name)
+        if self.backend not in ("onnxruntime", "mxnet"):
+            raise ValueError(f"function {self.name}: backend must be 'onnxruntime' or 'mxnet', got {self.backend!r}")
         if self.memory_mb <= 0:
             raise ValueError(f"function {self.name}: memory_mb must be positive, got {self.memory_mb}")
         if self.handler not in ("master", "worker"):
@@ -57,6 +63,7 @@ class FunctionSpec:
             "env": dict(self.env),
             "concurrency": self.concurrency,
             "timeout_s": self.timeout_s,
+            "backend": self.backend,
         }
 
     @classmethod
@@ -70,6 +77,7 @@ class FunctionSpec:
                 env={str(k): str(v) for k, v in (d.get("env") or {}).items()},
                 concurrency=None if d.get("concurrency") is None else int(d["concurrency"]),
                 timeout_s=None if d.get("timeout_s") is None else float(d["timeout_s"]),
+                backend=str(d.get("backend") or "onnxruntime"),
             )
         except KeyError as e:
             raise ValueError(f"function spec is missing {e}") from e

@@ -47,6 +47,11 @@ __all__ = [
 
 MB = 2**20
 _MISSING = object()
+# A function's process beyond the profiler's bare one (numpy + onnxruntime + a session): flatpack's runtime
+# modules, transport clients and the invoke loop. Measured: a no-op function's peak RSS on the local
+# platform 61.1 MB vs the profiler's base 54.6 MB (onnxruntime 1.31, Python 3.11).
+FUNCTION_RUNTIME_MB = 6.5
+_FINE_GRANULARITY_MS = 1.0  # at or below this (Lambda now), run-to-run jitter spans several billing steps
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,7 @@ class PlatformFacts:
     transfer_latency_ms: float  # per put or get
     cores: int | None = None  # physical cores shared by every function (the local platform); None = unlimited
     memcpy_gb_s: float = 4.0
+    billed_overhead_ms: float = 0.0  # billed per invocation beyond the work the model times
 
     def vcpu(self, memory_mb: float) -> float:
         return min(self.max_vcpu, memory_mb / self.mb_per_vcpu)
@@ -142,8 +148,18 @@ class PlatformFacts:
         return self.transfer_latency_ms + nbytes / (self.bandwidth_mb_s * MB) * 1e3
 
     def billed_ms(self, ms: float) -> float:
+        """Expected billed duration of an invocation whose mean duration is ``ms``.
+
+        Each invocation is rounded up to the granularity. With a granularity much coarser than the run
+        to run jitter (Lambda's old 100 ms) that is ``ceil(ms)``; with a fine one (1 ms) the jitter spreads
+        the durations over several steps and rounding up adds half a step on average, which ``ceil`` of
+        the mean gets wrong by up to a whole step (20 % of a 5 ms invocation)."""
         g = self.granularity_ms
-        return math.ceil(ms / g - 1e-9) * g if g > 0 else ms
+        if g <= 0:
+            return ms
+        if g <= _FINE_GRANULARITY_MS:
+            return max(g, ms + g / 2)
+        return math.ceil(ms / g - 1e-9) * g
 
     @classmethod
     def from_profile(cls, profile: PlatformProfile, *, transfer_latency_ms: float | None = None) -> PlatformFacts:
@@ -167,6 +183,7 @@ class PlatformFacts:
             bandwidth_mb_s=profile.bandwidth_mb_s,
             transfer_latency_ms=(0.2 if shared_host else 1.0) if transfer_latency_ms is None else transfer_latency_ms,
             cores=cpus if shared_host else None,
+            billed_overhead_ms=profile.billed_overhead_ms,
         )
 
 
@@ -184,6 +201,10 @@ class ComputeModel:
     base_mb: float = 60.0
     activation_factor: float = 1.5
     weight_factor: float = 2.0  # measured: onnxruntime holds a second copy of initializers while it prepacks
+    # per unit, peak memory its profile shows beyond base, weights and activations: buffers onnxruntime
+    # uses while it prepares the session (prepacked convolution weights) and frees again. They do not add
+    # up over units (one is freed before the next is taken), so a part is charged the largest of its units'.
+    unit_transient_mb: tuple[float, ...] = ()
     overhead_ms: float = 0.05  # per session run
     stage_overhead_ms: float = 0.15  # the master's slicing, bookkeeping and joining per stage
     invocation_overhead_ms: float = 0.3  # a worker's decoding and encoding per invocation
@@ -201,17 +222,27 @@ class ComputeModel:
     def from_profile(cls, profile: Any, lg: LayerGraph) -> ComputeModel:
         """From a ``partitioner.profile.GraphProfile``: measured unit times, base and activation factor."""
         units = profile.units
+        wf = cls.weight_factor
+        # a function's process holds more than the profiler's bare one (the runtime's modules, transport
+        # clients, the invoke loop)
+        base = float(profile.base_mb) + FUNCTION_RUNTIME_MB
         factors = []
         for u, g in zip(units, lg.units, strict=True):
-            extra = u.peak_rss_mb - profile.base_mb - g.weight_bytes / MB
+            extra = u.peak_rss_mb - profile.base_mb - wf * g.weight_bytes / MB
             if g.activation_bytes > 0 and extra > 0:
                 factors.append(extra * MB / (g.activation_bytes + g.input_bytes))
-        act = float(np.median(factors)) if factors else 1.5
+        act = min(max(float(np.median(factors)) if factors else 1.5, 1.0), 4.0)
+        transient = tuple(
+            max(0.0, u.peak_rss_mb - profile.base_mb
+                - (wf * g.weight_bytes + act * (g.activation_bytes + g.input_bytes)) / MB)
+            if u.peak_rss_mb > 0 else 0.0
+            for u, g in zip(units, lg.units, strict=True))
         return cls(
             unit_ms=tuple({int(k): float(v) for k, v in u.time_ms.items()} for u in units),
             unit_flops=tuple(g.flops for g in lg.units),
-            base_mb=float(profile.base_mb),
-            activation_factor=min(max(act, 1.0), 4.0),
+            base_mb=base,
+            activation_factor=act,
+            unit_transient_mb=transient,
         )
 
     def unit_time(self, unit: int, vcpu: float) -> float:
@@ -236,9 +267,23 @@ class ComputeModel:
         share = part_flops / stage_flops if stage_flops else 1.0
         return self.stage_time(first, last, vcpu) * share + self.overhead_ms
 
-    def memory_mb(self, cost: PartCost) -> float:
-        return self.base_mb + (self.weight_factor * cost.weight_bytes
-                               + self.activation_factor * (cost.activation_bytes + cost.input_bytes)) / MB
+    def transient_mb(self, first: int, last: int, weight_share: float = 1.0) -> float:
+        """The largest transient of units ``first..last``, scaled to a part holding ``weight_share`` of
+        their weights (prepacking buffers follow the weights)."""
+        if not self.unit_transient_mb:
+            return 0.0
+        return max(self.unit_transient_mb[first:last + 1], default=0.0) * min(1.0, weight_share)
+
+    def memory_mb(self, cost: PartCost, first: int | None = None, last: int | None = None,
+                  stage_weight_bytes: int = 0) -> float:
+        """A function's peak memory for one part; with the part's units (``first``, ``last``) it includes
+        their largest transient, scaled by the part's share of ``stage_weight_bytes``."""
+        transient = 0.0
+        if first is not None and last is not None:
+            share = cost.weight_bytes / stage_weight_bytes if stage_weight_bytes else 1.0
+            transient = self.transient_mb(first, last, share)
+        return self.base_mb + transient + (self.weight_factor * cost.weight_bytes
+                                           + self.activation_factor * (cost.activation_bytes + cost.input_bytes)) / MB
 
 
 @dataclass(frozen=True)
@@ -359,8 +404,9 @@ class PerfModel:
             q = put + max(t_master, p.invoke.quantile_of_max(n, self.q) + slowest) + get + join
         else:
             mean = q = t_master + join
-        gb_ms = sum(p.billed_ms(t) for t in worker_ms) * worker_mb / 1024.0
+        gb_ms = sum(p.billed_ms(t + p.billed_overhead_ms) for t in worker_ms) * worker_mb / 1024.0
         held = sum(x.input_bytes for x in costs) + out_bytes
+        stage_w = sum(self.lg.units[u].weight_bytes for u in range(choice.first, choice.last + 1))
         return OptionCost(
             latency_ms=mean,
             latency_q_ms=q,
@@ -368,8 +414,10 @@ class PerfModel:
             invocations=n,
             master_weights_mb=(c.weight_factor * mine[0].weight_bytes / MB) if mine else 0.0,
             master_hold_mb=(c.activation_factor * (mine[0].activation_bytes + mine[0].input_bytes) / MB
+                            + c.transient_mb(choice.first, choice.last, mine[0].weight_bytes / stage_w
+                                             if stage_w else 1.0)
                             if mine else 0.0) + held / MB,
-            worker_need_mb=max((c.memory_mb(x) for x in theirs), default=0.0),
+            worker_need_mb=max((c.memory_mb(x, choice.first, choice.last, stage_w) for x in theirs), default=0.0),
             payload_bytes=max([x.input_bytes for x in theirs] + [x.output_bytes for x in theirs] + [0]),
         )
 
@@ -423,7 +471,9 @@ class PerfModel:
 
     def cost_usd(self, latency_ms: float, master_mb: int, worker_gb_ms: float, invocations: int) -> float:
         p = self.platform
-        gb_s = (p.billed_ms(latency_ms) * master_mb / 1024.0 + worker_gb_ms) / 1e3
+        # the master is billed while it runs its stages and waits for its workers, plus its own handling
+        master_ms = latency_ms + self.compute.invocation_overhead_ms + p.billed_overhead_ms
+        gb_s = (p.billed_ms(master_ms) * master_mb / 1024.0 + worker_gb_ms) / 1e3
         return gb_s * p.price_gb_s + (1 + invocations) * p.price_request
 
     def estimate(self, choices: Sequence[StageChoice], master_mb: int) -> PlanEstimate:

@@ -79,6 +79,7 @@ class PlatformProfile:
     max_concurrency: int
     shared_memory: bool
     sources: Mapping[str, str] = field(default_factory=dict)
+    billed_overhead_ms: float = 0.0  # billed per invocation beyond the handler's own work (hand-off, decoding)
 
     def vcpus(self, memory_mb: float) -> float:
         """vCPUs a function of ``memory_mb`` gets (capped by the profile, or by this machine's cores)."""
@@ -121,6 +122,7 @@ class PlatformProfile:
                 max_concurrency=int(d["max_concurrency"]),
                 shared_memory=bool(d["shared_memory"]),
                 sources={str(k): str(v) for k, v in (d.get("sources") or {}).items()},
+                billed_overhead_ms=float(d.get("billed_overhead_ms", 0.0)),
             )
         except KeyError as e:
             raise ValueError(f"{origin}: missing field {e}") from e

@@ -27,7 +27,7 @@ SIMILARITY = 0.05
 def _unit_mb(pm: PerfModel, first: int, last: int) -> float:
     costs = pm.part_costs(first, last, Split())
     assert costs is not None
-    return pm.compute.memory_mb(costs[0])
+    return pm.compute.memory_mb(costs[0], first, last)
 
 
 def simplify(pm: PerfModel, threshold: float = SIMILARITY) -> list[tuple[int, int]]:
@@ -55,7 +55,8 @@ def _slice_choice(pm: PerfModel, first: int, last: int, split: Split) -> tuple[S
     costs = pm.part_costs(first, last, split)
     if costs is None:
         return None
-    need = max(pm.compute.memory_mb(c) for c in costs)
+    stage_w = sum(pm.lg.units[u].weight_bytes for u in range(first, last + 1))
+    need = max(pm.compute.memory_mb(c, first, last, stage_w) for c in costs)
     try:
         mb = pm.platform.round_memory(need)
     except ValueError:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ExportError", "ModelError", "NotSplittable", "SpecError"]
+__all__ = ["ExportError", "ModelError", "NotSplittable", "SpecError", "UnsupportedByBackend"]
 
 
 class ModelError(ValueError):
@@ -19,3 +19,7 @@ class NotSplittable(ValueError):  # noqa: N818 - reads better at the raise site 
 
 class ExportError(RuntimeError):
     """Export refused: the parts do not reproduce the model's outputs."""
+
+
+class UnsupportedByBackend(ExportError):
+    """Export refused: a part uses an op (or option) the chosen part-execution backend cannot run."""

@@ -166,11 +166,15 @@ def export_bundle(
     mode: str = "manual",
     predicted: Mapping[str, object] | None = None,
     progress: Callable[[str], None] | None = None,
+    backend: str = "onnxruntime",
 ) -> Path:
     """Cut ``model`` as ``stages`` say, verify the parts reproduce it, and write the bundle to ``out``.
 
     Raises SpecError for a stage spec that does not fit the model, ExportError if the parts do not
     reproduce the model within ``tolerance`` (relative to max(1, max|output|)); nothing is written then.
+    ``backend`` other than onnxruntime writes the parts in the form that backend imports (``mxnet``: opset
+    13, initializers as graph inputs) and raises UnsupportedByBackend for parts it cannot run; the bundle
+    is still verified with onnxruntime.
     """
     from partitioner.verify import verify_bundle  # verify imports export's helpers
 
@@ -183,6 +187,12 @@ def export_bundle(
     plan, files = build_plan(lg, specs, source_sha256=source_sha, placements=placements, master_mb=master_mb,
                              platform=platform, transport=transport, mode=mode, predicted=predicted,
                              progress=progress)
+    if backend != "onnxruntime":
+        from partitioner.backends import parts_for_backend
+
+        if progress:
+            progress(f"rewriting {len(files)} part files for {backend}")
+        files = parts_for_backend(files, backend)
     out = Path(out)
     if out.exists() and not overwrite:
         raise ExportError(f"{out} exists; remove it or pass overwrite")
@@ -205,6 +215,8 @@ def export_bundle(
             )
         manifest = json.loads((tmp / "manifest.json").read_text())
         manifest["verification"] = {"seeds": list(seeds), "max_rel_err": report.max_rel_err, "tolerance": tolerance}
+        if backend != "onnxruntime":
+            manifest["backend"] = backend
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         if out.exists():
             shutil.rmtree(out)

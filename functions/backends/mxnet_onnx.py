@@ -198,8 +198,22 @@ def _downgrade(model: onnx.ModelProto) -> onnx.ModelProto:
             o.version = MXNET_OPSET
     model.ir_version = min(model.ir_version, 7)  # the IR version of opset 13
     _prune_unused(model)
-    onnx.checker.check_model(model)
+    _check_nodes(model)
     return model
+
+
+def _check_nodes(model: onnx.ModelProto) -> None:
+    """Every node against its opset-13 schema (attributes, input counts): what a relabel could get wrong."""
+    ctx = onnx.checker.C.CheckerContext()
+    ctx.ir_version = model.ir_version
+    ctx.opset_imports = {o.domain: o.version for o in model.opset_import}
+    for node in model.graph.node:
+        try:
+            onnx.checker.check_node(node, ctx)
+        except onnx.checker.ValidationError as e:
+            raise MXNetIncompatible(
+                f"{node.op_type} node {node.name or node.output[0]!r} does not fit opset {MXNET_OPSET}: {e}"
+            ) from e
 
 
 def _drop_attr(node: onnx.NodeProto, name: str) -> None:

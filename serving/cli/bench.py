@@ -19,6 +19,7 @@ _BENCHMARKS: dict[str, str] = {
     "load": "bench.load:load_cmd",
     "suite": "bench.suite:suite_cmd",
     "sim": "bench.sim:sim_cmd",
+    "backends": "bench.backends:backends_cmd",
 }
 
 

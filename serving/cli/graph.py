@@ -91,14 +91,18 @@ def inspect_cmd(model: str, input_shapes: tuple[str, ...], as_json: bool) -> Non
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
 @input_shape_option
 @click.option("--tolerance", default=1e-4, show_default=True, help="Max relative error the parts may show.")
-def export_cmd(model: str, stages: str, out: str, input_shapes: tuple[str, ...], tolerance: float) -> None:
+@click.option("--backend", type=click.Choice(["onnxruntime", "mxnet"]), default="onnxruntime", show_default=True,
+              help="Write parts this backend imports (mxnet: opset 13, initializers as inputs; refuses ops it lacks).")
+def export_cmd(model: str, stages: str, out: str, input_shapes: tuple[str, ...], tolerance: float,
+               backend: str) -> None:
     """Cut MODEL into per-part ONNX files as --stages says, verify them, and write a bundle."""
     from partitioner.export import export_bundle
 
     with _user_errors():
         lg = _load(model, input_shapes)
         with _err.status("exporting") as status:
-            path = export_bundle(lg, stages, out, tolerance=tolerance, progress=lambda msg: status.update(msg))
+            path = export_bundle(lg, stages, out, tolerance=tolerance, progress=lambda msg: status.update(msg),
+                                 backend=backend)
     from functions.bundle import Bundle
 
     b = Bundle.load(path)

@@ -206,3 +206,51 @@ def test_function_runtime_loads_parts_with_mxnet_in_its_environment(mxnet_python
     assert kind == "MXNetSessionCache" and int(n) >= 1
     assert numpy_version.startswith("1.23") and has_ort == "False"
     assert sys.executable != mxnet_python
+
+
+# -- cloud packaging with the MXNet runtime (rendering only) ----------------------------------------------
+
+def test_lambda_service_for_mxnet_is_one_container_image(tmp_path: Path) -> None:
+    import yaml
+
+    from serving.deploy.lambda_service import LambdaOptions, LambdaService, render_lambda_service
+    from tests.conftest import conv_channel_bundle
+
+    bundle = conv_channel_bundle(tmp_path / "conv")
+    svc = render_lambda_service(bundle, tmp_path / "svc", deployment="mx",
+                                options=LambdaOptions(backend="mxnet", vendor=True))
+    root = tmp_path / "svc"
+    reqs = (root / "requirements.txt").read_text()
+    assert "mxnet==1.9.1" in reqs and "numpy==1.23.5" in reqs and "onnxruntime" not in reqs
+    docker = (root / "Dockerfile").read_text()
+    assert "public.ecr.aws/lambda/python:3.11" in docker and 'CMD ["flatpack_entry.handler"]' in docker
+    assert not (root / "vendor").exists(), "an image service vendors nothing"
+    doc = yaml.safe_load((root / "flatpack.yml").read_text())
+    assert doc["provider"]["environment"]["FLATPACK_BACKEND"] == "mxnet"
+    assert doc["provider"]["ecr"]["images"]["flatpack"]["path"] == "./${self:custom.flatpack.prefix}"
+    for spec in doc["functions"].values():
+        assert spec["image"] == {"name": "flatpack", "command": ["flatpack_entry.handler"]}
+        assert "handler" not in spec and "package" not in spec
+    assert svc.image and not any(svc.parts_in_s3.values())
+    assert LambdaService.load(root).options.backend == "mxnet"
+    # the default stays a zip package without the variable
+    render_lambda_service(bundle, tmp_path / "zip", deployment="mx", options=LambdaOptions(vendor=False))
+    plain = yaml.safe_load((tmp_path / "zip" / "flatpack.yml").read_text())
+    assert "FLATPACK_BACKEND" not in plain["provider"]["environment"] and "ecr" not in plain["provider"]
+    assert not (tmp_path / "zip" / "Dockerfile").exists()
+
+
+def test_openfaas_stack_for_mxnet_installs_it_on_python_311(tmp_path: Path) -> None:
+    import yaml
+
+    from serving.deploy.openfaas import OpenFaaSOptions, render_openfaas_stack
+    from tests.conftest import conv_channel_bundle
+
+    bundle = conv_channel_bundle(tmp_path / "conv")
+    render_openfaas_stack(bundle, tmp_path / "st", deployment="mx", options=OpenFaaSOptions(backend="mxnet"))
+    reqs = (tmp_path / "st" / "template" / "flatpack" / "requirements.txt").read_text()
+    assert "mxnet==1.9.1" in reqs and "numpy==1.23.5" in reqs and "onnxruntime" not in reqs
+    stack = yaml.safe_load((tmp_path / "st" / "stack.yml").read_text())
+    for spec in stack["functions"].values():
+        assert spec["environment"]["FLATPACK_BACKEND"] == "mxnet"
+        assert spec["build_args"] == {"PYTHON_VERSION": "3.11"}

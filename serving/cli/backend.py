@@ -55,9 +55,10 @@ def status_cmd(as_json: bool) -> None:
     console.print(t)
 
 
-def require_backend(backend: str, *, bundle: object = None, quiet: bool = False) -> None:
+def require_backend(backend: str, *, bundle: object = None, quiet: bool = False, local: bool = True) -> None:
     """For a command about to run functions with ``backend``: refuse a bundle it cannot run (``bundle``:
-    its directory), and create the backend's environment on first use, saying so on stderr."""
+    its directory), and, for functions on this machine (``local``), create the backend's environment on
+    first use, saying so on stderr."""
     if backend == "onnxruntime":
         return
     from serving.platform.runtimes import BackendEnvError, backend_env, ensure_backend_env
@@ -72,7 +73,7 @@ def require_backend(backend: str, *, bundle: object = None, quiet: bool = False)
                 + "\nRun it with --backend onnxruntime (the default)"
             )
     env = backend_env(backend)
-    if env.ready:
+    if env.ready or not local:
         return
     err_console.print(f"the {backend} backend runs in its own environment, which is not set up yet: creating it "
                       f"now (once; `flatpack backend setup {backend}` does the same)")

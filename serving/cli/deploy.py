@@ -125,11 +125,14 @@ def _announce(r) -> None:  # type: ignore[no-untyped-def]
 @click.option("--gateway", default=None, help="openfaas: the gateway URL (default: $OPENFAAS_URL).")
 @click.option("--no-vendor", is_flag=True,
               help="lambda: do not install numpy/onnxruntime wheels into the package (bring them as a layer).")
+@click.option("--backend", type=click.Choice(["onnxruntime", "mxnet"]), default="onnxruntime", show_default=True,
+              help="What runs the parts (mxnet: locally its own environment, made on first use; on Lambda a "
+                   "container image; on OpenFaaS an image with MXNet).")
 def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str, memory: str,
                max_group: int, profile_mode: str, input_shapes: tuple[str, ...], target: str, platform: str | None,
                transport: str | None, name: str | None, host: str, port: int, detach: bool, keep_warm: float,
                dry_run: bool, out_dir: str | None, region: str | None, endpoint_url: str | None,
-               gateway: str | None, no_vendor: bool, compress: str) -> None:
+               gateway: str | None, no_vendor: bool, compress: str, backend: str) -> None:
     """Plan MODEL (a file or zoo name), export verified parts, start its functions and serve an endpoint.
 
     With --target lambda or openfaas: render the service (one function per plan function) and deploy it
@@ -162,9 +165,13 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     lg = LayerGraph.load(path)
     pm, _, _ = make_perfmodel(lg, request, compute=None)
     print_solution(lg, result, request, source, pm)
+    from serving.cli.backend import require_backend
+
+    require_backend(backend, bundle=bundle, local=target == "local")
     if target != "local":
         _deploy_cloud(target, name, path, bundle, transport=transport, mode=mode, dry_run=dry_run, out_dir=out_dir,
-                      region=region, endpoint_url=endpoint_url, gateway=gateway, vendor=not no_vendor)
+                      region=region, endpoint_url=endpoint_url, gateway=gateway, vendor=not no_vendor,
+                      backend=backend)
         return
     from functions.bundle import Bundle
 
@@ -172,6 +179,8 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     record = DeploymentRecord(name=name, model=str(path), bundle=str(bundle), transport=transport, mode=mode,
                               host=host, port=port, predicted=dict(b.plan.predicted),
                               functions=[f.to_json() for f in b.plan.functions], options={"compression": compression})
+    if backend != "onnxruntime":
+        record.options["backend"] = backend
     _start(record, detach, keep_warm)
 
 

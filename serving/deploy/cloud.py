@@ -31,8 +31,12 @@ class CloudResult:
 
 def deploy_cloud(target: str, name: str, model: Path, bundle: Path, *, transport: str, mode: str, dry_run: bool,
                  out_dir: str | None, region: str | None, endpoint_url: str | None, gateway: str | None,
-                 vendor: bool = True, progress: Callable[[str], None] | None = None) -> CloudResult:
+                 vendor: bool = True, progress: Callable[[str], None] | None = None,
+                 backend: str = "onnxruntime") -> CloudResult:
     """Render (and unless ``dry_run`` deploy) ``bundle`` on ``target`` as deployment ``name``.
+
+    ``backend`` ``mxnet`` renders functions that run their parts with MXNet (on Lambda: one container
+    image, which only ``serverless deploy`` builds and pushes, so that needs ``dry_run``).
 
     Redis and an existing bucket come from ``FLATPACK_REDIS_URL`` and ``FLATPACK_S3_BUCKET``; the API token
     guarding the endpoint from ``FLATPACK_API_TOKEN``.
@@ -47,7 +51,12 @@ def deploy_cloud(target: str, name: str, model: Path, bundle: Path, *, transport
         opts = LambdaOptions(region=region, transport=transport, redis_url=redis_url, endpoint_url=endpoint_url,
                              bucket=os.environ.get("FLATPACK_S3_BUCKET") or None, vendor=vendor,
                              strict_vendor=not dry_run, api_token=os.environ.get("FLATPACK_API_TOKEN") or None,
-                             fallback_transport=(None if transport != "inline" else "redis" if redis_url else "s3"))
+                             fallback_transport=(None if transport != "inline" else "redis" if redis_url else "s3"),
+                             backend=backend)
+        if backend != "onnxruntime" and not dry_run:
+            raise ValueError(f"{backend} functions on Lambda run a container image, which flatpack's boto3 deployer "
+                             f"does not build: render with --dry-run -o DIR, then `cd DIR && serverless deploy` "
+                             f"(it builds the image and pushes it to ECR)")
         say(f"rendering the Lambda service in {out}")
         service = render_lambda_service(bundle, out, deployment=name, options=opts)
         res = CloudResult(target, name, service.root)
@@ -58,6 +67,9 @@ def deploy_cloud(target: str, name: str, model: Path, bundle: Path, *, transport
                 res.warnings.append(f"{fn}: its parts exceed the package limit and are fetched from S3 at cold start")
         res.next_steps = [f"cd {service.root} && serverless package --region {region}",
                           f"cd {service.root} && cfn-lint"]
+        if service.image:
+            res.next_steps = [f"cd {service.root} && serverless deploy --region {region}   # builds the {backend} "
+                              f"image, pushes it to ECR"]
         if dry_run:
             return res
         from serving.deploy.aws_lambda import LambdaDeployer
@@ -76,7 +88,8 @@ def deploy_cloud(target: str, name: str, model: Path, bundle: Path, *, transport
         gw = gateway or os.environ.get("OPENFAAS_URL") or "http://127.0.0.1:8080"
         ofopts = OpenFaaSOptions(gateway=gw, transport=transport, redis_url=redis_url,
                                  image=os.environ.get("FLATPACK_OPENFAAS_IMAGE") or None,
-                                 function_gateway=os.environ.get("FLATPACK_OPENFAAS_FUNCTION_GATEWAY") or None)
+                                 function_gateway=os.environ.get("FLATPACK_OPENFAAS_FUNCTION_GATEWAY") or None,
+                                 backend=backend)
         say(f"rendering the OpenFaaS stack in {out}")
         stack = render_openfaas_stack(bundle, out, deployment=name, options=ofopts)
         res = CloudResult(target, name, stack.root)

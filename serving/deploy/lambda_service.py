@@ -12,6 +12,7 @@
       vendor/                 numpy + onnxruntime as manylinux x86_64 wheels for the Lambda runtime
       bundle/                 plan.json, manifest.json, parts/*.onnx
       flatpack-service.json   what was rendered (read by the boto3 deployer and by `undeploy`)
+      Dockerfile, requirements.txt   with ``backend="mxnet"`` only: the functions' container image
 
 Paths in ``flatpack.yml`` start with ``${self:custom.flatpack.prefix}`` (empty here), so the repository's
 top-level ``serverless.yml`` can deploy the same functions from the repository root.
@@ -19,6 +20,11 @@ top-level ``serverless.yml`` can deploy the same functions from the repository r
 Each function is packaged on its own (``package.individually``) with only the parts it runs. When the
 code, dependencies and parts of a function would exceed Lambda's 250 MB unzipped limit, its parts stay
 out of the package: they are uploaded to the deployment's bucket and fetched to ``/tmp`` at cold start.
+
+With the MXNet backend (``LambdaOptions.backend="mxnet"``) MXNet 1.9 + numpy 1.23 + onnx alone exceed
+that limit, so every function runs one container image instead (``templates/lambda/Dockerfile``, built
+and pushed to ECR by ``serverless deploy`` through ``provider.ecr``); nothing is vendored and no part
+goes to the bucket. The boto3 deployer does not build images: deploy such a service with the framework.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from serving.deploy.render import (
     copy_bundle,
     copy_runtime,
     dir_bytes,
+    runtime_requirements,
     write_json,
     write_yaml,
 )
@@ -67,7 +74,8 @@ BUCKET_PLACEHOLDER = "@flatpack-bucket@"
 REGION_PLACEHOLDER = "@aws-region@"
 SERVICE_FILE = "flatpack-service.json"
 _GENERATED = ("serverless.yml", "flatpack.yml", "flatpack_entry.py", "functions", "vendor", "bundle",
-              SERVICE_FILE, ".serverless", ".cfnlintrc")
+              SERVICE_FILE, ".serverless", ".cfnlintrc", "Dockerfile", "requirements.txt")
+_IMAGE = "flatpack"  # the provider.ecr image every function of an MXNet service runs
 # cfn-lint's configuration for the template `serverless package` writes (run `cfn-lint` in the directory)
 _CFNLINTRC = """\
 # cfn-lint for the CloudFormation template that `serverless package` writes: run `cfn-lint` here.
@@ -110,6 +118,8 @@ class LambdaOptions:
     api_token: when set, the master's HTTP routes require ``Authorization: Bearer <token>``.
     plugins: Serverless Framework plugins the service lists (``serverless-offline`` to run it locally;
         none by default, so ``serverless package`` needs nothing but the framework).
+    backend: what runs the parts: ``onnxruntime`` (zip packages, the default) or ``mxnet`` (one
+        container image for every function; ``vendor`` and ``unzipped_limit_bytes`` do not apply).
     """
 
     region: str = "us-east-1"
@@ -127,8 +137,11 @@ class LambdaOptions:
     unzipped_limit_bytes: int = LAMBDA_UNZIPPED_LIMIT_BYTES
     api_token: str | None = None
     plugins: tuple[str, ...] = ()
+    backend: str = "onnxruntime"
 
     def __post_init__(self) -> None:
+        if self.backend not in ("onnxruntime", "mxnet"):
+            raise ValueError(f"backend {self.backend!r} is not one of onnxruntime, mxnet")
         if self.transport == "shm" or self.fallback_transport == "shm":
             raise ValueError("the shm transport needs functions on one host; on AWS Lambda use --transport "
                              "inline (with an s3 or redis fallback), redis or s3")
@@ -174,6 +187,11 @@ class LambdaService:
     @property
     def bundle_dir(self) -> Path:
         return self.root / "bundle"
+
+    @property
+    def image(self) -> bool:
+        """Its functions run a container image (the MXNet backend) rather than zip packages."""
+        return self.options.backend != "onnxruntime"
 
     def save(self) -> Path:
         doc = {
@@ -253,7 +271,12 @@ def render_lambda_service(bundle_dir: str | Path, out: str | Path, *, deployment
     shutil.copy2(templates.ENTRY, out / "flatpack_entry.py")
     copy_bundle(bundle, out / "bundle")
     vendored, vendor_error = False, None
-    if opts.vendor:
+    image = opts.backend != "onnxruntime"
+    if image:
+        shutil.copy2(templates.LAMBDA_IMAGE_DOCKERFILE, out / "Dockerfile")
+        extra_reqs = ("redis>=5",) if "redis" in (opts.transport, opts.fallback_transport) else ()
+        (out / "requirements.txt").write_text(runtime_requirements(opts.backend, extra_reqs))
+    elif opts.vendor:
         extra = ("redis>=5",) if "redis" in (opts.transport, opts.fallback_transport) else ()
         try:
             vendor_dependencies(out / "vendor", runtime=opts.runtime, extra=extra)
@@ -279,6 +302,7 @@ def render_lambda_service(bundle_dir: str | Path, out: str | Path, *, deployment
         invoke_url=opts.endpoint_url,
         function_prefix=f"{deployment}-",
         invoke_timeout_ms=opts.timeout_s * 1000,
+        backend=opts.backend,
     )
     threads = {fn.memory_mb: _threads(fn.memory_mb) for fn in plan.functions}
     fns = cloud_functions(plan, deployment, base, threads=threads, drop=())
@@ -288,6 +312,10 @@ def render_lambda_service(bundle_dir: str | Path, out: str | Path, *, deployment
     sizes: dict[str, int] = {}
     for f in fns:
         own = sum((out / "bundle" / rel).stat().st_size for rel in f.files)
+        if image:  # the image holds the whole bundle; its limit (10 GB) is not the zip's
+            parts_in_s3[f.name] = False
+            sizes[f.name] = common + own
+            continue
         parts_in_s3[f.name] = common + own > opts.unzipped_limit_bytes
         sizes[f.name] = common + (0 if parts_in_s3[f.name] else own)
         if common > opts.unzipped_limit_bytes:
@@ -373,7 +401,10 @@ def _flatpack_yml(service: LambdaService, master: str) -> dict[str, Any]:
             "role": _ROLE_IDS[f.role],
             "environment": env,
         }
-        if patterns:
+        if service.image:
+            del spec["handler"]
+            spec["image"] = {"name": _IMAGE, "command": [HANDLER]}
+        elif patterns:
             spec["package"] = {"patterns": patterns}
         if service.parts_in_s3[f.name]:
             # the parts are fetched to /tmp: room for them (Lambda offers 512..10240 MB)
@@ -425,6 +456,8 @@ def _flatpack_yml(service: LambdaService, master: str) -> dict[str, Any]:
         "patterns": ["!**", f"{pre}flatpack_entry.py", f"{pre}functions/**", f"{pre}vendor/**",
                      f"{pre}bundle/plan.json", f"{pre}bundle/manifest.json", "!**/__pycache__/**", "!**/*.pyc"],
     }
+    if service.image:
+        provider["ecr"] = {"images": {_IMAGE: {"path": f"./{pre}", "platform": "linux/amd64"}}}
     doc: dict[str, Any] = {
         "service": f"flatpack-{service.deployment}",
         "plugins": list(opts.plugins),

@@ -106,7 +106,8 @@ def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep
         platform = LocalPlatform(PlatformConfig.from_env(port=0)).start()
         dep = deploy_bundle(platform.client, record.bundle, transport=record.transport,
                             deployment=f"{record.name}-{uuid.uuid4().hex[:6]}",
-                            compression=record.options.get("compression", "none"))
+                            compression=record.options.get("compression", "none"),
+                            backend=record.options.get("backend", "onnxruntime"))
         backend = PlatformBackend(dep, platform.url, name=record.name, meter=platform.client.meter)
         bundle = Bundle.load(record.bundle)
         from partitioner.inputs import random_inputs

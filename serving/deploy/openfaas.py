@@ -43,7 +43,15 @@ import templates
 from functions.bundle import Bundle
 from functions.config import FunctionConfig
 from partitioner.platform import load_profile
-from serving.deploy.render import CloudFunction, cloud_functions, copy_bundle, copy_runtime, write_json, write_yaml
+from serving.deploy.render import (
+    CloudFunction,
+    cloud_functions,
+    copy_bundle,
+    copy_runtime,
+    runtime_requirements,
+    write_json,
+    write_yaml,
+)
 
 __all__ = [
     "OpenFaaSDeployer",
@@ -61,6 +69,7 @@ log = logging.getLogger(__name__)
 STACK_FILE = "flatpack-stack.json"
 SHM_ROOT = "/dev/shm"  # noqa: S108 - the node's tmpfs, shared by the co-located slices, is the point
 _GENERATED = ("stack.yml", "template", "function", "kubernetes", STACK_FILE)
+_MXNET_PYTHON = "3.11"  # numpy 1.23.5, which MXNet 1.9 needs, has no wheels for a newer Python
 
 
 class OpenFaaSError(RuntimeError):
@@ -83,6 +92,8 @@ class OpenFaaSOptions:
         ``flatpack-<deployment>:<bundle digest>``, what ``faas-cli build`` tags for a local registry.
     namespace: the functions' namespace (None: the gateway's default, ``openfaas-fn``).
     timeout_s: read/write/exec timeouts of the watchdog and the master's per-invoke timeout.
+    backend: what runs the parts: ``onnxruntime`` (default) or ``mxnet`` (the image installs MXNet 1.9 +
+        numpy 1.23.5 + onnx on Python 3.11, the newest numpy 1.23 has wheels for).
     """
 
     gateway: str = "http://127.0.0.1:8080"
@@ -93,8 +104,11 @@ class OpenFaaSOptions:
     image: str | None = None
     namespace: str | None = None
     timeout_s: int = 300
+    backend: str = "onnxruntime"
 
     def __post_init__(self) -> None:
+        if self.backend not in ("onnxruntime", "mxnet"):
+            raise ValueError(f"backend {self.backend!r} is not one of onnxruntime, mxnet")
         if self.transport not in ("inline", "shm", "redis", "s3"):
             raise ValueError(f"transport {self.transport!r} is not one of inline, shm, redis, s3")
         if "redis" in (self.transport, self.fallback_transport) and not self.redis_url:
@@ -185,6 +199,9 @@ def render_openfaas_stack(bundle_dir: str | Path, out: str | Path, *, deployment
         profile.memory.check(fn.memory_mb)
     shutil.copytree(templates.OPENFAAS_TEMPLATE, out / "template" / "flatpack",
                     ignore=shutil.ignore_patterns("__init__.py", "__pycache__"))
+    if opts.backend != "onnxruntime":
+        (out / "template" / "flatpack" / "requirements.txt").write_text(
+            runtime_requirements(opts.backend, ("redis>=5", "boto3>=1.28")))
     handler_dir = out / "function"
     handler_dir.mkdir()
     copy_runtime(handler_dir)
@@ -204,6 +221,7 @@ def render_openfaas_stack(bundle_dir: str | Path, out: str | Path, *, deployment
         invoke_url=opts.function_gateway or "http://gateway.openfaas:8080",
         function_prefix=f"{deployment}-",
         invoke_timeout_ms=opts.timeout_s * 1000,
+        backend=opts.backend,
     )
     threads = {fn.memory_mb: max(1, round(min(profile.max_vcpu or 8, fn.memory_mb / profile.mb_per_vcpu)))
                for fn in plan.functions}
@@ -240,6 +258,8 @@ def _stack_yml(stack: OpenFaaSStack) -> dict[str, Any]:
             "limits": stack.resources(f),
             "requests": stack.resources(f),
         }
+        if opts.backend == "mxnet":
+            spec["build_args"] = {"PYTHON_VERSION": _MXNET_PYTHON}
         if stack.annotations():
             spec["annotations"] = stack.annotations()
         if opts.namespace:

@@ -33,6 +33,7 @@ __all__ = [
     "copy_bundle",
     "copy_runtime",
     "dir_bytes",
+    "runtime_requirements",
     "write_json",
     "write_yaml",
 ]
@@ -173,3 +174,12 @@ def write_json(path: Path, doc: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
+
+
+def runtime_requirements(backend: str, extra: Iterable[str] = ()) -> str:
+    """A requirements.txt for a function image running ``backend`` (``mxnet``: the MXNet environment's
+    pins, functions/backends/mxnet-requirements.txt), plus ``extra`` (redis, boto3 for those transports)."""
+    if backend != "mxnet":
+        raise ValueError(f"backend {backend!r} has no image requirements here (onnxruntime uses the template's)")
+    src = Path(functions.__file__).resolve().parent / "backends" / "mxnet-requirements.txt"
+    return src.read_text() + "".join(f"{r}\n" for r in extra)

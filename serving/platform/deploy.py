@@ -115,7 +115,7 @@ def deploy_bundle(
         for fn in plan.functions:
             mb = (memory_mb or {}).get(fn.name)
             if mb is None:
-                mb = _memory_for(plan, bundle_dir, fn.name, fn.memory_mb, backend)
+                mb = _memory_for(plan, bundle_dir, fn.name, fn.memory_mb, backend, str(health.get("profile") or ""))
             cfg = replace(base, function=fn.name)
             env = cfg.to_env()
             # what the platform derives (from the memory size and its profile) unless set here explicitly
@@ -142,8 +142,10 @@ def deploy_bundle(
     return d
 
 
-def _memory_for(plan: Plan, bundle_dir: Path, function: str, plan_mb: int, backend: str) -> int:
-    """The plan's memory for ``function`` (sized for onnxruntime), grown by what ``backend`` needs more."""
+def _memory_for(plan: Plan, bundle_dir: Path, function: str, plan_mb: int, backend: str, profile: str) -> int:
+    """The plan's memory for ``function`` (sized for onnxruntime), grown by what ``backend`` needs more,
+    up to the largest size the platform's ``profile`` offers. (More memory is more CPU on a platform
+    that ties them, as on Lambda: an MXNet function may get a larger vCPU share than its plan's.)"""
     if backend == "onnxruntime":
         return plan_mb
     from functions.backends import backend_memory_mb
@@ -152,4 +154,12 @@ def _memory_for(plan: Plan, bundle_dir: Path, function: str, plan_mb: int, backe
     if function == plan.master:
         files |= {s.epilogue for s in plan.stages if s.epilogue}
     size = sum((bundle_dir / f).stat().st_size for f in files if (bundle_dir / f).is_file())
-    return backend_memory_mb(backend, plan_mb, size)
+    mb = backend_memory_mb(backend, plan_mb, size)
+    if profile:
+        from partitioner.platform import load_profile
+
+        mem = load_profile(profile).memory
+        if mb > mem.max_mb:
+            mb = max(plan_mb, mem.max_mb)
+        mb = mem.min_mb + -(-(mb - mem.min_mb) // mem.step_mb) * mem.step_mb if mb > mem.min_mb else mem.min_mb
+    return mb

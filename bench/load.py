@@ -212,8 +212,10 @@ def _one(target: Target, pool: InputPool, i: int, client: int, due: float, t0: f
 
 
 def closed_loop(target: Target, pool: InputPool, *, clients: int, requests: int, label: str = "",
-                first_index: int = 0, progress: Callable[[int], None] | None = None) -> tuple[list[Sample], float]:
-    """``clients`` threads, each sending ``requests`` requests back to back. Returns (samples, wall s)."""
+                first_index: int = 0, progress: Callable[[int], None] | None = None, think_s: float = 0.0
+                ) -> tuple[list[Sample], float]:
+    """``clients`` threads, each sending ``requests`` requests back to back (pausing ``think_s`` after each
+    response: an interactive user's think time). Returns (samples, wall s)."""
     if clients < 1 or requests < 0:
         raise ValueError(f"need clients >= 1 and requests >= 0, got {clients} and {requests}")
     samples: list[Sample] = []
@@ -231,6 +233,8 @@ def closed_loop(target: Target, pool: InputPool, *, clients: int, requests: int,
                 samples.append(s)
             if progress:
                 progress(1)
+            if think_s > 0:
+                time.sleep(think_s)
 
     threads = [threading.Thread(target=client, args=(c,), name=f"flatpack-load-{c}", daemon=True)
                for c in range(clients)]

@@ -166,7 +166,9 @@ def test_a_killed_worker_is_retried_and_the_request_succeeds(platform: LocalPlat
     got = result["out"]["y"]  # type: ignore[index]
     assert rel_err(got, reference(bundle, x)["y"]) <= 1e-4
     u = platform.client.meter()["functions"][d.names["worker-1"]]
-    assert u["errors_by_type"] == {"Crashed": 1} and u["invocations"] == 2 and u["cold_starts"] == 2
+    # cold starts: the first instance, the retry's, and the dead one's background replacement (unless the
+    # replacement was up before the retry asked for an instance)
+    assert u["errors_by_type"] == {"Crashed": 1} and u["invocations"] == 2 and u["cold_starts"] in (2, 3)
     client.close()
     assert sum(d.leftovers().values()) == 0
 

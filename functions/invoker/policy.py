@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from functions.errors import FunctionError, InvokeTimeout, error_from_json
+from functions.errors import FunctionError, InstanceCrashed, InvokeTimeout, error_from_json
 from functions.event import Reply
 from functions.invoker.base import Invoker
 
@@ -196,7 +196,9 @@ class PolicyInvoker:
                     last_err = errors[-1]
                     last_err.message = f"{last_err.message} (gave up after {launched} attempts)"
                     raise last_err
-                pause = pol.backoff_s * (2 ** (len(errors) - 1))
+                # A crashed instance is gone and the retry goes to another one: nothing to back off from. A
+                # throttled or unreachable platform, or a timeout, gets time to recover.
+                pause = 0.0 if isinstance(errors[-1], InstanceCrashed) else pol.backoff_s * (2 ** (len(errors) - 1))
                 time.sleep(max(0.0, min(pause, deadline - time.time())))
                 if time.time() < deadline:
                     launch()

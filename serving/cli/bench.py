@@ -20,6 +20,8 @@ _BENCHMARKS: dict[str, str] = {
     "suite": "bench.suite:suite_cmd",
     "sim": "bench.sim:sim_cmd",
     "backends": "bench.backends:backends_cmd",
+    "chaos": "bench.chaos:chaos_cmd",
+    "soak": "bench.soak:soak_cmd",
 }
 
 

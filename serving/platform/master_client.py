@@ -3,17 +3,23 @@
 Inputs go inline or through the deployment's transport (above the inline limit), keyed by deployment and
 request id; the reply's outputs are read (and deleted) the same way. Used by `flatpack run` and by the
 inference endpoint in front of a local deployment.
+
+A master instance that dies before replying (killed, crashed, reaped under it) or a platform that drops
+the connection leaves the request unanswered but unharmed: a request is idempotent, so it is sent again
+(inputs put again under a new request id: the master deletes inputs as it reads them), up to
+``retries`` times while its deadline allows. Any other error is the answer.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 
 import numpy as np
 
-from functions.errors import error_from_json
+from functions.errors import InstanceCrashed, InvokeError, error_from_json
 from functions.event import Event, Reply, now_ms
 from functions.invoker.local import LocalInvoker
 from functions.transport.base import TensorKey
@@ -31,7 +37,7 @@ def _safe(name: str) -> str:
 class MasterClient:
     """Thread-safe; one per deployment."""
 
-    def __init__(self, deployment: Deployment, platform_url: str, *, timeout_s: float) -> None:
+    def __init__(self, deployment: Deployment, platform_url: str, *, timeout_s: float, retries: int = 1) -> None:
         self.d = deployment
         self.invoker = LocalInvoker(platform_url)
         cfg = deployment.config
@@ -40,24 +46,36 @@ class MasterClient:
             payload_limit_bytes=cfg.payload_limit_bytes, inline_max_bytes=cfg.inline_max_bytes,
         )
         self.timeout_s = timeout_s
+        self.retries = retries
         self._ids = iter(range(1 << 62))
         self._prefix = uuid.uuid4().hex[:8]  # two clients of one deployment never share request ids
         self._lock = threading.Lock()
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        with self._lock:
-            rid = f"q{self._prefix}-{next(self._ids)}"
-        dep = self.d.id
-        entries = self.channel.send(inputs, lambda n: TensorKey(dep, rid, f"in.{_safe(n)}"))
-        ev = Event("infer", rid, dep, now_ms() + int(1000 * self.timeout_s), tuple(entries))
-        try:
-            body = self.invoker.invoke(self.d.master, ev.encode(self.invoker.wire), timeout_s=self.timeout_s + 5)
-        finally:
-            self.channel.transports.delete(e.ref for e in entries if e.ref is not None)
+        deadline_ms = now_ms() + int(1000 * self.timeout_s)
+        t_end = time.monotonic() + self.timeout_s
+        for attempt in range(1 + self.retries):
+            try:
+                body = self._invoke(inputs, deadline_ms)
+                break
+            except (InstanceCrashed, InvokeError):
+                if attempt >= self.retries or time.monotonic() >= t_end:
+                    raise
         reply = Reply.decode(body)
         if reply.error is not None:
             raise error_from_json(reply.error)
         return self.channel.receive(reply.outputs, delete=True)
+
+    def _invoke(self, inputs: Mapping[str, np.ndarray], deadline_ms: int) -> bytes:
+        with self._lock:
+            rid = f"q{self._prefix}-{next(self._ids)}"
+        dep = self.d.id
+        entries = self.channel.send(inputs, lambda n: TensorKey(dep, rid, f"in.{_safe(n)}"))
+        ev = Event("infer", rid, dep, deadline_ms, tuple(entries))
+        try:
+            return self.invoker.invoke(self.d.master, ev.encode(self.invoker.wire), timeout_s=self.timeout_s + 5)
+        finally:
+            self.channel.transports.delete(e.ref for e in entries if e.ref is not None)
 
     def close(self) -> None:
         self.invoker.close()

@@ -20,10 +20,16 @@ log = logging.getLogger(__name__)
 class FunctionPool:
     """Lambda semantics for one function: each instance serves one request at a time; a request that
     finds no idle instance starts one (a cold start) unless ``concurrency`` instances exist, in which
-    case it waits for one to free up until its deadline (then: 429 TooManyRequests)."""
+    case it waits for one to free up until its deadline (then: 429 TooManyRequests).
+
+    An instance that dies while serving (crashed, killed, out of memory) is replaced in the background
+    (``replace_dead``): the request it was serving is retried by its caller at once, and without a
+    replacement the retry, and every request after it, would pay the cold start the dead instance leaves
+    behind. The replacement goes to the back of the idle list (used only when the warm ones are busy).
+    """
 
     def __init__(self, spec: FunctionSpec, *, argv: list[str], env: Mapping[str, str], concurrency: int,
-                 timeout_s: float, init_timeout_s: float, meter: Meter) -> None:
+                 timeout_s: float, init_timeout_s: float, meter: Meter, replace_dead: bool = True) -> None:
         self.spec = spec
         self.concurrency = concurrency
         self.timeout_s = timeout_s
@@ -36,6 +42,8 @@ class FunctionPool:
         self._starting = 0
         self._cond = asyncio.Condition()
         self.closed = False
+        self.replace_dead = replace_dead
+        self._spares: set[asyncio.Task[None]] = set()
 
     @property
     def instances(self) -> list[Instance]:
@@ -78,6 +86,7 @@ class FunctionPool:
                     if inst.alive:
                         self.busy.add(inst)
                         return inst
+                    self._replace(inst)  # died while idle (killed from outside)
                 if len(self.busy) + self._starting < self.concurrency:
                     self._starting += 1
                     break
@@ -114,6 +123,41 @@ class FunctionPool:
             self._cond.notify()
         if not inst.alive:
             await inst.stop()
+            self._replace(inst)
+
+    def _replace(self, dead: Instance) -> None:
+        if self.replace_dead and not self.closed and dead.oom_rss_mb is None:
+            task = asyncio.create_task(self._start_spare())
+            self._spares.add(task)
+            task.add_done_callback(self._spares.discard)
+
+    async def _start_spare(self) -> None:
+        """Start one instance into the idle list, if the function is under its concurrency limit."""
+        async with self._cond:
+            if self.closed or len(self.busy) + len(self.idle) + self._starting >= self.concurrency:
+                return
+            self._starting += 1
+        inst = Instance(self.spec.name, self.spec.memory_mb, self._argv, self._env)
+        try:
+            await inst.start(self._init_timeout_s)
+        except BaseException as e:
+            inst.kill()
+            async with self._cond:
+                self._starting -= 1
+                self._cond.notify()
+            if isinstance(e, Exception):
+                log.warning("replacing a dead %s instance failed: %s", self.spec.name, e)
+                return
+            raise
+        self._meter.cold_start(self.spec.name, self.spec.memory_mb, inst.init_ms)
+        async with self._cond:
+            self._starting -= 1
+            keep = not self.closed
+            if keep:
+                self.idle.insert(0, inst)
+                self._cond.notify()
+        if not keep:
+            await inst.stop()
 
     def check_memory(self) -> None:
         for inst in list(self.busy):
@@ -132,6 +176,9 @@ class FunctionPool:
 
     async def close(self) -> None:
         """Stop every instance (busy ones are killed: their requests fail as crashed)."""
+        for task in list(self._spares):
+            task.cancel()
+        await asyncio.gather(*self._spares, return_exceptions=True)
         async with self._cond:
             self.closed = True
             idle, busy = list(self.idle), list(self.busy)

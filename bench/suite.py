@@ -229,7 +229,7 @@ def _perfmodel(lg: Any, invoke: Any, *, platform: str = "local", transport: str 
     from partitioner.perfmodel import PerfModel
     from partitioner.planner import PlanRequest, make_perfmodel
 
-    pm, _, source = make_perfmodel(lg, PlanRequest(platform=platform, transport=transport))
+    pm, _, source = make_perfmodel(lg, PlanRequest(platform=platform, transport=transport, profile="measure"))
     if invoke is not None:
         pm = PerfModel(lg, replace(pm.platform, invoke=invoke), pm.compute, transport=transport)
     return pm, source

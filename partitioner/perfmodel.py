@@ -115,6 +115,11 @@ class PlatformFacts:
     billed_overhead_ms: float = 0.0  # billed per invocation beyond the work the model times
 
     def vcpu(self, memory_mb: float) -> float:
+        """The CPU a function of ``memory_mb`` computes with. On a host whose cores every function shares
+        (the local platform) that is the whole threads the platform gives it (``PlatformProfile.threads``:
+        at least one, nothing throttles a thread to a fraction of a core); elsewhere the platform's share."""
+        if self.cores:
+            return float(max(1, min(self.cores, round(memory_mb / self.mb_per_vcpu))))
         return min(self.max_vcpu, memory_mb / self.mb_per_vcpu)
 
     def round_memory(self, need_mb: float) -> int:

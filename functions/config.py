@@ -44,6 +44,8 @@ class FunctionConfig:
         ``lambda`` (boto3), ``openfaas`` (HTTP to the gateway).
     invoke_url: the local platform's or the OpenFaaS gateway's base URL; the Lambda endpoint override.
     function_prefix: deployed function name = prefix + plan function name.
+    invoke_qualifier: the version or alias the master invokes its workers at (``live`` on Lambda, so a
+        worker's unpublished ``$LATEST`` is never what serves); empty: the unqualified function.
     invoke_timeout_ms: deadline of one invocation attempt (the request's deadline caps it).
     max_retries: further attempts after a retryable failure (crash, timeout, transport hiccup).
     hedge_percentile: re-invoke a part still running past this percentile of its recent durations
@@ -71,6 +73,7 @@ class FunctionConfig:
     invoker: str = "local"
     invoke_url: str | None = None
     function_prefix: str = ""
+    invoke_qualifier: str = ""
     invoke_timeout_ms: int = 60_000
     max_retries: int = 2
     hedge_percentile: float | None = None
@@ -101,6 +104,11 @@ class FunctionConfig:
 
     def deployed_name(self, function: str) -> str:
         return f"{self.function_prefix}{function}"
+
+    def invoke_name(self, function: str) -> str:
+        """What the master invokes for plan function ``function``: its deployed name, qualified."""
+        name = self.deployed_name(function)
+        return f"{name}:{self.invoke_qualifier}" if self.invoke_qualifier else name
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> FunctionConfig:

@@ -335,7 +335,7 @@ class _RequestRun:
             ).encode(wire)
 
         reply = m.caller.call(
-            m.config.deployed_name(part.function),
+            m.config.invoke_name(part.function),
             payload_for,
             deadline=self.deadline,
             key=CallKey(part.function, stage.index, part.index),

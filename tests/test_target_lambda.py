@@ -409,8 +409,13 @@ def test_boto3_deployer_creates_and_removes_exactly(moto_url: str, conv: Path, t
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
     assert keys == {"bundles/cc/plan.json", "bundles/cc/manifest.json", "bundles/cc/parts/s00_p00.onnx",
                     "bundles/cc/parts/s00_p01.onnx"}
-    assert "FLATPACK_BUNDLE_S3_URI" not in lam.get_function_configuration(FunctionName="cc-master")["Environment"][
-        "Variables"]
+    master_env = lam.get_function_configuration(FunctionName="cc-master")["Environment"]["Variables"]
+    assert "FLATPACK_BUNDLE_S3_URI" not in master_env
+    # the master invokes its workers at their published alias, which its policy allows
+    from functions.config import FunctionConfig
+
+    cfg_master = FunctionConfig.from_env({**master_env, "FLATPACK_BUNDLE_DIR": "b"})
+    assert cfg_master.invoke_name("worker-1") == f"cc-worker-1:{ALIAS}"
     policy = iam.get_role_policy(RoleName="flatpack-cc-master", PolicyName="flatpack")["PolicyDocument"]
     for st in policy["Statement"]:
         for r in st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]]:

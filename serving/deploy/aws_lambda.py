@@ -171,6 +171,7 @@ class LambdaDeployer:
                 env["FLATPACK_BUNDLE_S3_URI"] = f"s3://{dep.bucket}/{bundle_prefix(dep.deployment)}"
             if f.role == "master":
                 env["FLATPACK_MODEL_NAME"] = service.model
+                env["FLATPACK_INVOKE_QUALIFIER"] = ALIAS  # workers at their published version, not $LATEST
                 if opts.api_token:
                     env["FLATPACK_API_TOKEN"] = opts.api_token
             code: dict[str, Any]

@@ -62,7 +62,12 @@ def load_model(
             raise ModelError(f"{path} is not a valid ONNX file (truncated or not ONNX?): {e}") from e
         except (OSError, ValueError) as e:
             raise ModelError(f"{path} could not be loaded: {e}") from e
-    return normalize_model(model, input_shapes, _inplace=True)
+    try:
+        return normalize_model(model, input_shapes, _inplace=True)
+    except UnicodeDecodeError as e:  # protobuf decodes string fields lazily: a corrupt name surfaces here
+        where = "the model" if isinstance(source, onnx.ModelProto) else str(source)
+        raise ModelError(f"{where}: a name or string in it is not valid UTF-8 ({e.reason}); the file is "
+                         "corrupt") from e
 
 
 def normalize_model(
@@ -93,13 +98,28 @@ def normalize_model(
     model = _infer(model)  # first, so that outputs declared without a shape get one before the checker
     try:
         onnx.checker.check_model(_light_copy(model))
-    except onnx.checker.ValidationError as e:
+    except (onnx.checker.ValidationError, ValueError) as e:  # ValueError: e.g. a name that is not UTF-8
         raise ModelError(f"model fails the ONNX checker: {_first_line(e)}") from e
     model = _fold_constants(model)
     model = _infer(model)
     _require_static_shapes(model)
+    _check_dtypes(model)
     _check_ceil_pools(model)
     return model
+
+
+def _check_dtypes(model: onnx.ModelProto) -> None:
+    """Every tensor's element type has a numpy form (a corrupted or exotic file may name one that has not)."""
+    g = model.graph
+    typed = [(vi.name, vi.type.tensor_type.elem_type) for vi in [*g.input, *g.value_info, *g.output]
+             if vi.type.HasField("tensor_type")]
+    typed += [(t.name, t.data_type) for t in g.initializer]
+    for name, elem in typed:
+        try:
+            onnx.helper.tensor_dtype_to_np_dtype(elem)
+        except (KeyError, ValueError, TypeError):
+            raise ModelError(f"tensor {name!r} has ONNX element type {elem}, which flatpack cannot run; "
+                             "export the model with standard numeric types") from None
 
 
 def _check_ceil_pools(model: onnx.ModelProto) -> None:
@@ -213,7 +233,7 @@ def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
         o.type.tensor_type.ClearField("shape")
     try:
         inferred = shape_inference.infer_shapes(light, strict_mode=True, data_prop=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError) as e:
         raise ModelError(f"shape inference failed: {_first_line(e)}") from e
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)

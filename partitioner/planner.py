@@ -284,4 +284,5 @@ def export_solution(lg: LayerGraph, result: SolverResult, request: PlanRequest, 
     specs, places = _specs(result)
     return export_bundle(lg, specs, out, placements=places, master_mb=result.master_mb, platform=request.platform,
                          transport=request.transport, mode=request.mode,
-                         predicted=_predicted(result, request, source), progress=progress)
+                         predicted=_predicted(result, request, source), progress=progress,
+                         backend=request.extra.get("backend", "onnxruntime"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -151,6 +152,8 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
         raise click.UsageError("--input-shape is not supported by deploy yet; fix the shapes in the ONNX file")
     compression = _compression(compress)
     request = request_from(mode, slo, percentile, solver, platform, memory, max_group, transport, profile_mode)
+    if backend != "onnxruntime":  # parts written in the form that backend imports
+        request = dataclasses.replace(request, extra={**request.extra, "backend": backend})
     path = resolve_model(model)
     name = name or _name_for(str(path))
     if target == "local" or not dry_run:

@@ -26,6 +26,14 @@ __all__ = ["DEFAULT_MAX_BODY_MB", "create_app"]
 
 DEFAULT_MAX_BODY_MB = 64.0
 
+_ERROR_BODY = {"application/json": {"schema": {"type": "object", "required": ["error"],
+                                                "properties": {"error": {"type": "string"}}}}}
+
+
+def _responses(**codes: str) -> dict[int | str, dict]:
+    """OpenAPI ``responses`` for error statuses (``_404="unknown model"``), each with the ``{"error"}`` body."""
+    return {int(k.lstrip("_")): {"description": v, "content": _ERROR_BODY} for k, v in codes.items()}
+
 
 def _token_from_env() -> str | None:
     return os.environ.get("FLATPACK_API_TOKEN") or None
@@ -46,6 +54,7 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
                   description="Open Inference Protocol v2 (KServe/Triton) over models split across serverless "
                               "functions.", lifespan=lifespan)
     app.state.plane = plane
+    auth = _responses(_401="missing or wrong bearer token") if token else {}
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -70,20 +79,21 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
     async def live() -> dict:
         return {"live": True}
 
-    @app.get("/v2/health/ready", tags=["health"])
+    @app.get("/v2/health/ready", tags=["health"], responses=_responses(_503="not ready") | auth)
     async def ready() -> JSONResponse:
         ok = plane.ready()
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
-    @app.get("/v2", tags=["metadata"])
+    @app.get("/v2", tags=["metadata"], responses=auth)
     async def server_metadata() -> dict:
         return {"name": "flatpack", "version": version, "extensions": ["binary_tensor_data"]}
 
-    @app.get("/v2/models/{name}", tags=["metadata"])
+    @app.get("/v2/models/{name}", tags=["metadata"], responses=_responses(_404="unknown model") | auth)
     async def model_metadata(name: str) -> dict:
         return plane.model(name).info.metadata()
 
-    @app.get("/v2/models/{name}/ready", tags=["health"])
+    @app.get("/v2/models/{name}/ready", tags=["health"],
+             responses=_responses(_404="unknown model", _503="not ready") | auth)
     async def model_ready(name: str) -> JSONResponse:
         ok = plane.model(name).ready()
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
@@ -101,8 +111,15 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
                                                                 "followed by raw tensor bytes"},
                 },
             },
-            "responses": {"400": {"description": "bad input"}, "404": {"description": "unknown model"},
-                          "413": {"description": "request too large"}, "503": {"description": "not ready"}},
+            "responses": {
+                "200": {"description": "the outputs", "content": {
+                    "application/json": {"schema": {"type": "object"}},
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                **{str(k): v for k, v in _responses(
+                    _400="bad input (malformed, or not what the model takes)", _404="unknown model",
+                    _413="request too large", _502="the functions failed to answer", _503="not ready").items()},
+                **{str(k): v for k, v in auth.items()},
+            },
         },
     )
     async def infer(name: str, request: Request) -> Response:
@@ -113,7 +130,8 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
         payload, headers = encode_response(name, decoded, outputs)
         return Response(payload, headers=headers, media_type=headers.pop("content-type"))
 
-    @app.get("/metrics", tags=["metrics"])
+    @app.get("/metrics", tags=["metrics"], responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+                                                       **auth})
     async def metrics() -> Response:
         return Response(generate_latest(plane.registry), media_type=CONTENT_TYPE_LATEST)
 

@@ -79,6 +79,15 @@ class DecodedRequest:
     binary_default: bool
 
 
+# No request body (64 MB by default) holds more; a larger count is a malformed shape, refused before any
+# arithmetic on it.
+_MAX_ELEMENTS = 2**40
+
+
+def _no_constant(name: str) -> float:
+    raise json.JSONDecodeError(f"{name} is not a JSON number (NaN and infinities are not allowed)", name, 0)
+
+
 def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
     """Parse a JSON or binary-extension infer request. Raises InvalidInput naming what is wrong."""
     if header_length is not None:
@@ -92,8 +101,8 @@ def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
     else:
         header, binary = body, memoryview(b"")
     try:
-        raw = json.loads(header)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raw = json.loads(header, parse_constant=_no_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise InvalidInput(f"request is not valid JSON: {e}") from None
     try:
         req = InferRequest.model_validate(raw)
@@ -110,10 +119,16 @@ def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
                                f"use one of {', '.join(DATATYPES)}")
         if any(d < 0 for d in inp.shape):
             raise InvalidInput(f"input {inp.name!r}: negative dimension in shape {inp.shape}")
-        count = int(np.prod(inp.shape, dtype=np.int64))
+        count = 1
+        for d in inp.shape:
+            count *= d
+        if count > _MAX_ELEMENTS:
+            raise InvalidInput(f"input {inp.name!r}: shape {inp.shape} has {count} elements, more than any request "
+                               f"body can hold")
         size = (inp.parameters or {}).get("binary_data_size")
         if size is not None:
-            size = int(size)
+            if isinstance(size, bool) or not isinstance(size, int):
+                raise InvalidInput(f"input {inp.name!r}: binary_data_size must be an integer, got {size!r}")
             if size != count * dtype.itemsize:
                 raise InvalidInput(f"input {inp.name!r}: binary_data_size {size} does not match shape {inp.shape} "
                                    f"of {inp.datatype} ({count * dtype.itemsize} bytes)")
@@ -127,13 +142,15 @@ def decode_request(body: bytes, header_length: str | None) -> DecodedRequest:
                 raise InvalidInput(f"input {inp.name!r} has neither data nor binary_data_size")
             try:
                 arr = np.asarray(inp.data, dtype=dtype)
-            except (ValueError, TypeError) as e:
+            except (ValueError, TypeError, OverflowError) as e:
                 raise InvalidInput(f"input {inp.name!r}: data is not {inp.datatype}: {e}") from None
             if arr.size != count:
                 raise InvalidInput(f"input {inp.name!r}: {arr.size} values do not fill shape {inp.shape}")
             arr = arr.reshape(inp.shape)
         if inp.name in inputs:
             raise InvalidInput(f"input {inp.name!r} is given twice")
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise InvalidInput(f"input {inp.name!r} holds NaN or infinite values; send finite numbers")
         inputs[inp.name] = arr
     if offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data are not claimed by any input")

@@ -226,6 +226,8 @@ class SmallDeployment:
         self.server = AppServer(create_app(plane, token=os.environ.get("FLATPACK_API_TOKEN") or "")).start()
         self.target = EndpointTarget(self.server.url, self.name, platform_url=self.platform.url,
                                      deployment_id=self.deployment.id, timeout_s=120.0)
+        self.server_pid = os.getpid()  # the endpoint and the platform run in this process
+        self.prefix = f"{self.deployment.id}-"
         self.functions = list(self.deployment.names.values())
         self.workers = [n for f, n in self.deployment.names.items() if f != self.deployment.plan.master]
 
@@ -306,7 +308,12 @@ class ExistingDeployment:
         if not self.target.platform_url or not self.target.deployment_id:
             raise LookupError(f"deployment {name!r} is not on the local platform; chaos needs its instances")
         self._client = PlatformClient(self.target.platform_url)
-        prefix = f"{self.target.deployment_id}-"
+        from serving.deploy.state import DeploymentRecord
+        from serving.platform.config import PlatformConfig
+
+        prefix = self.prefix = f"{self.target.deployment_id}-"
+        self.server_pid = int(DeploymentRecord.load(name).pid or 0)
+        self._shm = PlatformConfig.from_env().shm_dir / self.target.deployment_id
         master = prefix + Plan.load(Path(self.bundle) / "plan.json").master
         self.functions = [f["name"] for f in self._client.functions() if f["name"].startswith(prefix)]
         self.workers = [f for f in self.functions if f != master]
@@ -326,7 +333,8 @@ class ExistingDeployment:
         return _terminate_idle(self.instances())
 
     def leftovers(self) -> dict[str, int]:
-        return {}
+        """Files in the deployment's shared-memory directory (its other transports are not ours to read)."""
+        return {"shm_files": sum(1 for p in self._shm.rglob("*") if p.is_file()) if self._shm.exists() else 0}
 
     def close(self) -> dict[str, int]:
         return {}

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving.api.dataplane import DataPlane
-from serving.api.errors import STATUS, ApiError, PayloadTooLarge
+from serving.api.errors import STATUS, ApiError, Overloaded, PayloadTooLarge
 from serving.api.protocol import HEADER_LENGTH, decode_request, encode_response
 
 __all__ = ["DEFAULT_MAX_BODY_MB", "create_app"]
@@ -60,6 +60,8 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         status = next((code for cls, code in STATUS.items() if isinstance(exc, cls)), 500)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if isinstance(exc, Overloaded):
+            headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse({"error": str(exc)}, status_code=status, headers=headers)
 
     @app.middleware("http")
@@ -117,7 +119,8 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
                     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
                 **{str(k): v for k, v in _responses(
                     _400="bad input (malformed, or not what the model takes)", _404="unknown model",
-                    _413="request too large", _502="the functions failed to answer", _503="not ready").items()},
+                    _413="request too large", _502="the functions failed to answer",
+                    _503="not ready, or at its concurrency limit (then with Retry-After)").items()},
                 **{str(k): v for k, v in auth.items()},
             },
         },

@@ -20,9 +20,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from functions.bundle import Bundle
+from functions.errors import Throttled
 from functions.executor import InProcessRunner
 from functions.plan import Plan, TensorSpec
-from serving.api.errors import InvalidInput, ModelNotFound, NotReady, UpstreamError
+from serving.api.errors import InvalidInput, ModelNotFound, NotReady, Overloaded, UpstreamError
 from serving.api.protocol import datatype_of
 
 __all__ = ["Backend", "DataPlane", "InProcessBackend", "ModelInfo"]
@@ -150,6 +151,9 @@ class DataPlane:
         except (InvalidInput, NotReady):
             self._requests.labels(name, "error").inc()
             raise
+        except Throttled as e:
+            self._requests.labels(name, "throttled").inc()
+            raise Overloaded(f"model {name!r} is at its concurrency limit; retry later ({e})") from e
         except Exception as e:
             self._requests.labels(name, "error").inc()
             log.warning("inference of %s failed: %s", name, e)

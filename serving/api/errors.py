@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["STATUS", "ApiError", "InvalidInput", "ModelNotFound", "NotReady", "PayloadTooLarge", "Unauthorized",
-           "UpstreamError"]
+__all__ = ["STATUS", "ApiError", "InvalidInput", "ModelNotFound", "NotReady", "Overloaded", "PayloadTooLarge",
+           "Unauthorized", "UpstreamError"]
 
 
 class ApiError(Exception):
@@ -24,6 +24,12 @@ class PayloadTooLarge(ApiError, ValueError):
 
 class NotReady(ApiError, RuntimeError):
     """The model's functions are not up (503)."""
+
+
+class Overloaded(NotReady):
+    """The model's functions are all busy (the platform throttled the request): 503 with Retry-After."""
+
+    retry_after_s = 1
 
 
 class Unauthorized(ApiError, PermissionError):

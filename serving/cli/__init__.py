@@ -40,6 +40,17 @@ class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(_COMMANDS)
 
+    def invoke(self, ctx: click.Context) -> object:
+        # A file, directory or socket the environment refused (unwritable output, missing parent, port in
+        # use) is the user's to fix: one line naming it, not a traceback.
+        try:
+            return super().invoke(ctx)
+        except OSError as e:
+            if isinstance(e, BrokenPipeError):
+                raise
+            what = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
+            raise click.ClickException(f"{what}; check the path and its permissions") from e
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         target = _COMMANDS.get(cmd_name)
         if target is None:

@@ -64,7 +64,9 @@ class FunctionPool:
             raise
         started = time.monotonic()
         try:
-            reply = await inst.invoke(payload, max(0.05, deadline - started))
+            # the function's timeout counts from the start of its execution, as on Lambda: a request that
+            # waited for a free instance still gets all of it
+            reply = await inst.invoke(payload, limit)
         except FunctionFailed as e:
             # a failed invocation is billed for the time it ran, as on Lambda
             self._meter.record(name, mem, 1e3 * (time.monotonic() - started), error=e.flatpack_type,

@@ -6,13 +6,32 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from urllib.parse import urlsplit, urlunsplit
 
 from serving.platform.errors import FunctionFailed, TooManyRequests
 from serving.platform.instance import Instance, InstanceReply
 from serving.platform.meter import Meter
 from serving.platform.spec import FunctionSpec
 
-__all__ = ["FunctionPool"]
+__all__ = ["FunctionPool", "public_env"]
+
+_SECRET_NAMES = ("TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "ACCESS_KEY", "SESSION_KEY")
+
+
+def public_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` fit to show (the management API, `flatpack platform status`): secrets masked, passwords cut
+    out of URLs (a Redis URL may carry one)."""
+    out = {}
+    for k, v in env.items():
+        if any(w in k.upper() for w in _SECRET_NAMES):
+            v = "***" if v else v
+        elif "://" in v and "@" in v:
+            parts = urlsplit(v)
+            if parts.password is not None:
+                host = parts.netloc.rsplit("@", 1)[1]
+                v = urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+        out[k] = v
+    return out
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +212,7 @@ class FunctionPool:
     def describe(self) -> dict[str, object]:
         return {
             **self.spec.to_json(),
+            "env": public_env(self.spec.env),
             "concurrency": self.concurrency,
             "timeout_s": self.timeout_s,
             "intra_op_threads": int(self._env.get("FLATPACK_INTRA_OP_THREADS", "0")),

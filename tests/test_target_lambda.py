@@ -461,3 +461,20 @@ def test_cli_lambda_dry_run_then_deploy_undeploy(moto_url: str, tmp_path: Path) 
     assert res.returncode == 0, res.stderr + res.stdout
     assert _inventory(moto_url) == before
     assert not (tmp_path / "state" / "deployments" / "m.json").exists()
+
+
+def test_handler_answers_an_init_failure_with_a_structured_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A function that cannot start (here: no bundle setting) answers each invocation with an InitError the
+    master does not retry, instead of raising out of the handler; it tries again on the next invocation."""
+    import functions.handlers.aws_lambda as h
+    from functions.errors import InitError, error_from_json
+
+    monkeypatch.setattr(h, "_runtime", None)
+    monkeypatch.delenv("FLATPACK_BUNDLE_DIR", raising=False)
+    monkeypatch.setenv("FLATPACK_FUNCTION", "master")
+    for _ in range(2):
+        doc = h.handler({"kind": "infer"}, None)
+        err = error_from_json(doc["error"])
+        assert isinstance(err, InitError) and not err.retryable
+        assert "FLATPACK_BUNDLE_DIR" in str(err) and err.function == "master"
+    assert h._runtime is None

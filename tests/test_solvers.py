@@ -122,6 +122,23 @@ def test_a_model_too_big_for_one_function_still_gets_a_plan(lg: LayerGraph) -> N
     assert any(c.split.degree > 1 for c in r.choices)
 
 
+def test_mopar_pays_for_slices_only_where_they_save_more_than_their_invocations(lg: LayerGraph) -> None:
+    """HyPAD's vertical cost counts each slice's request fee and billed hand-off, and the master runs the first
+    slice itself: where fees dominate (cheap GB-s) the plan is the unsplit model; where memory-time dominates
+    a slice of its own pays, and the plan is never costlier than the same slices behind an idle master."""
+    heavy_last = dataclasses.replace(_compute(lg), weight_factor=2.0)
+    fees = PerfModel(lg, _facts(price_gb_s=1e-9, price_request=1e-3), heavy_last)
+    r = hypad(fees)
+    assert len(r.choices) == 1 and r.choices[0].master_part and r.choices[0].split.family == "none"
+    gb_s = PerfModel(lg, _facts(price_request=0.0), _compute(lg, 2000.0))
+    r = hypad(gb_s)
+    assert r.choices[0].master_part  # the master is not left idle while a slice of its own runs
+    idle = [dataclasses.replace(r.choices[0], master_part=False,
+                                worker_mb=gb_s.platform.round_memory(r.estimate.memory_mb["master"])), *r.choices[1:]]
+    need = gb_s.platform.round_memory(gb_s.master_need_mb(idle, gb_s.platform.memory_min_mb))
+    assert r.estimate.cost_usd <= gb_s.estimate(idle, need).cost_usd + 1e-15
+
+
 @pytest.mark.parametrize("mode", ["lo", "slo", "mopar"])
 def test_every_mode_plans_exports_and_verifies(lg: LayerGraph, mode: str, tmp_path: Path) -> None:
     request = PlanRequest(mode=mode, slo_ms=5000.0 if mode == "slo" else None, profile="flops", platform="local")

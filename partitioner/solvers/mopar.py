@@ -14,6 +14,7 @@ A slice too big for any function must be cut horizontally; if no family admits t
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from functions.plan import Split
 from partitioner.perfmodel import PerfModel, StageChoice
@@ -117,9 +118,34 @@ def hypad(pm: PerfModel, *, max_slice_units: int = 64) -> SolverResult:
     master_mb = pm.platform.round_memory(pm.master_need_mb(choices, pm.platform.memory_min_mb))
     est = pm.estimate(choices, master_mb)
     notes = [f"{len(segs)} segments after merging units within {SIMILARITY:.0%} memory, {len(bounds)} slices"]
+    folded = _fold_first_slice(pm, choices)
+    if folded is not None and folded[2].cost_usd < est.cost_usd:
+        choices, master_mb, est = folded
+        notes.append("the master runs the first slice itself (one invocation less, no idle master)")
     if est.latency_ms > limit:
         notes.append(f"latency {est.latency_ms:.1f} ms is above the unsplit {limit:.1f} ms")
     return SolverResult(tuple(choices), master_mb, est, "mopar", time.perf_counter() - t0, notes=tuple(notes))
+
+
+def _fold_first_slice(pm: PerfModel, choices: list[StageChoice]) -> tuple[list[StageChoice], int, Any] | None:
+    """The plan with its first (unsplit) slice run by the master, sized to it; None if it does not fit.
+
+    MOPAR's slices are functions of their own; flatpack's master orchestrates them and is billed while it
+    waits. Running the first slice on the master saves an invocation (its fee and hand-off) and the master's
+    otherwise idle memory, at the price of the master holding that slice's memory to the end."""
+    first = choices[0]
+    if first.split.family != "none":
+        return None
+    folded = [StageChoice(first.first, first.last, first.split, True, 0), *choices[1:]]
+    try:
+        mb = pm.platform.round_memory(pm.master_need_mb(folded, pm.platform.memory_min_mb))
+    except ValueError:
+        return None
+    mb = max(mb, first.worker_mb)  # keep the slice's CPU share: it was sized for its latency
+    est = pm.estimate(folded, mb)
+    if est.warnings:
+        return None
+    return folded, mb, est
 
 
 def _meet_latency(pm: PerfModel, choices: list[StageChoice], limit: float) -> list[StageChoice]:
@@ -164,4 +190,6 @@ def _vertical_cost(pm: PerfModel, first: int, last: int, price: float) -> float:
     if cand is None:
         return float("inf")
     ch, lat = cand
-    return ch.worker_mb / 1024.0 * lat / 1e3 * price
+    # what one invocation of the slice bills: GB-s of its run and the platform's hand-off, and the fee
+    billed = pm.platform.billed_ms(lat + pm.platform.billed_overhead_ms)
+    return ch.worker_mb / 1024.0 * billed / 1e3 * price + pm.platform.price_request

@@ -3,19 +3,20 @@
 Phases, each a closed loop of ``--clients`` clients over real HTTP to the OIP v2 endpoint:
 
 1. warm-up (three times the clients, so every function has spare warm instances; not measured);
+2. fault-free: the baseline p99;
+3. faults: a :class:`FaultInjector` polls the platform's instances and SIGKILLs busy worker instances
+   until ``kill_rate`` of all worker invocations so far were killed mid-request (10 % by default: the
+   issue's "10 % worker failures"), and SIGSTOPs others for ``straggler_ms`` (stragglers, SIGCONT after).
+   Phases 2 and 3 alternate ``--rounds`` times, so both see the same background load;
+4. disruptions: while the load goes on, every idle instance is stopped at once (what an idle-timeout sweep
+   of the whole platform does: the next requests are cold starts), and, when the benchmark started its
+   own redis-server (``--transport redis`` without DEPLOYMENT), Redis is restarted. A Redis this
+   benchmark did not start is never touched.
 
 Each client pauses ``--think-ms`` (250 ms) after every response: an interactive closed loop that keeps
 this 2-core machine below saturation. At saturation the figure would measure CPU contention, not
 recovery: every killed instance is replaced by a new process (about 0.14 CPU-s to start, against about
 12 ms of CPU per request), so 10 % kills at full load add several times the requests' own CPU.
-2. fault-free: the baseline p99;
-3. faults: a :class:`FaultInjector` polls the platform's instances and SIGKILLs busy worker instances
-   until ``kill_rate`` of all worker invocations so far were killed mid-request (10 % by default: the
-   issue's "10 % worker failures"), and SIGSTOPs others for ``straggler_ms`` (stragglers, SIGCONT after);
-4. disruptions: while the load goes on, every idle instance is stopped at once (what an idle-timeout sweep
-   of the whole platform does: the next requests are cold starts), and, when the benchmark started its
-   own redis-server (``--transport redis`` without DEPLOYMENT), Redis is restarted. A Redis this
-   benchmark did not start is never touched.
 
 Every response is checked against onnxruntime's output of the source model for the same input. A request
 is *correct* (HTTP 200, every output within 1e-4), *wrong* (HTTP 200, wrong output: must never happen),
@@ -181,6 +182,7 @@ class ChaosSpec:
     disruption_requests: int = 25
     warmup: int = 5
     think_ms: float = 250.0
+    rounds: int = 3
     kill_rate: float = 0.10
     straggler_rate: float = 0.01
     straggler_ms: float = 250.0
@@ -210,6 +212,30 @@ def _phase(samples: Sequence[Sample], wall_s: float, meter: dict[str, Any] | Non
     }
 
 
+def _settle(dep: Any, *, quiet_s: float = 0.5, limit_s: float = 10.0) -> None:
+    """Wait until the deployment's instance set has not changed for ``quiet_s`` (at most ``limit_s``)."""
+    t_end = time.monotonic() + limit_s
+    last = None
+    since = time.monotonic()
+    while time.monotonic() < t_end:
+        now = sorted((v.function, v.instance) for v in dep.instances())
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.05)
+
+
+def _share(total: int, parts: int, i: int) -> int:
+    """Block ``i``'s share of ``total`` requests split into ``parts`` blocks (the first ones get the rest)."""
+    return total // parts + (1 if i < total % parts else 0)
+
+
+def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    keys = ("invocations", "function_errors", "cold_starts")
+    return {k: a.get(k, 0) + b.get(k, 0) for k in keys}
+
+
 def _meter(target: Any, before: dict[str, Any]) -> dict[str, Any]:
     from bench.usage import meter_delta, usage_summary
 
@@ -229,23 +255,45 @@ def run_chaos(dep: Any, spec: ChaosSpec, *, say: Any = None) -> dict[str, Any]:
     say(f"warm-up ({3 * spec.clients} clients)")
     closed_loop(target, pool, clients=3 * spec.clients, requests=spec.warmup, first_index=5_000_000)
 
-    say("fault-free phase")
-    u = target.usage()
+    # Fault-free and fault blocks alternate, `rounds` of each, so that both see the same background load
+    # (a shared machine drifts over a run); each phase's figures are over all of its blocks.
     think = spec.think_ms / 1000
-    base, base_wall = closed_loop(target, pool, clients=spec.clients, requests=spec.fault_free_requests,
-                                  think_s=think)
-    phases = {"fault_free": _phase(base, base_wall, _meter(target, u))}
-
-    say(f"fault phase: {spec.kill_rate:.0%} of worker invocations killed, {spec.straggler_rate:.0%} stalled")
-    u = target.usage()
-    inj = FaultInjector(dep.instances, dep.workers, kill_rate=spec.kill_rate, straggler_rate=spec.straggler_rate,
-                        straggler_ms=spec.straggler_ms, seed=spec.seed).start()
-    try:
-        faulty, wall = closed_loop(target, pool, clients=spec.clients, requests=spec.requests,
-                                   first_index=1_000_000, think_s=think)
-    finally:
-        counts = inj.stop()
-    phases["faults"] = _phase(faulty, wall, _meter(target, u))
+    base: list[Sample] = []
+    faulty: list[Sample] = []
+    base_wall = wall = 0.0
+    counts = FaultCounts()
+    m_base: dict[str, Any] = {}
+    m_faults: dict[str, Any] = {}
+    for r in range(spec.rounds):
+        say(f"round {r + 1}/{spec.rounds}: fault-free block")
+        u = target.usage()
+        n = _share(spec.fault_free_requests, spec.rounds, r)
+        s, w = closed_loop(target, pool, clients=spec.clients, requests=n, think_s=think, first_index=100_000 * r)
+        base += s
+        base_wall += w
+        m_base = _add(m_base, _meter(target, u))
+        say(f"round {r + 1}/{spec.rounds}: {spec.kill_rate:.0%} of worker invocations killed, "
+            f"{spec.straggler_rate:.0%} stalled")
+        u = target.usage()
+        inj = FaultInjector(dep.instances, dep.workers, kill_rate=spec.kill_rate,
+                            straggler_rate=spec.straggler_rate, straggler_ms=spec.straggler_ms,
+                            seed=spec.seed + r).start()
+        try:
+            s, w = closed_loop(target, pool, clients=spec.clients, requests=_share(spec.requests, spec.rounds, r),
+                               first_index=1_000_000 + 100_000 * r, think_s=think)
+        finally:
+            c = inj.stop()
+        faulty += s
+        wall += w
+        m_faults = _add(m_faults, _meter(target, u))
+        _settle(dep)  # replacements of the last killed instances finish starting before the next block
+        counts.worker_invocations += c.worker_invocations
+        counts.kills += c.kills
+        counts.stragglers += c.stragglers
+    if counts.worker_invocations:
+        counts.kill_fraction = counts.kills / counts.worker_invocations
+        counts.straggler_fraction = counts.stragglers / counts.worker_invocations
+    phases = {"fault_free": _phase(base, base_wall, m_base), "faults": _phase(faulty, wall, m_faults)}
     faults: dict[str, Any] = {"worker_kills": asdict(counts) | {"rate": spec.kill_rate},
                               "stragglers": {"count": counts.stragglers, "rate": spec.straggler_rate,
                                              "delay_ms": spec.straggler_ms}}
@@ -310,6 +358,8 @@ def run_chaos(dep: Any, spec: ChaosSpec, *, say: Any = None) -> dict[str, Any]:
 @click.option("--fault-free-requests", default=40, show_default=True, help="Requests per client, baseline.")
 @click.option("--disruption-requests", default=25, show_default=True,
               help="Requests per client while instances are reaped / Redis restarts (0: skip).")
+@click.option("--rounds", default=3, show_default=True,
+              help="Fault-free and fault blocks alternate this many times (same background load for both).")
 @click.option("--think-ms", default=250.0, show_default=True,
               help="Each client's pause after a response (keeps the machine below saturation).")
 @click.option("--kill-rate", default=0.10, show_default=True, help="Fraction of worker invocations killed.")
@@ -323,8 +373,8 @@ def run_chaos(dep: Any, spec: ChaosSpec, *, say: Any = None) -> dict[str, Any]:
 @click.option("--out", type=click.Path(file_okay=False), default="bench/results", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def chaos_cmd(deployment: str | None, clients: int, requests: int, fault_free_requests: int,
-              disruption_requests: int, think_ms: float, kill_rate: float, straggler_rate: float, straggler_ms: float,
-              transport: str, hedge_percentile: float, seed: int, out: str, as_json: bool) -> None:
+              disruption_requests: int, rounds: int, think_ms: float, kill_rate: float, straggler_rate: float,
+              straggler_ms: float, transport: str, hedge_percentile: float, seed: int, out: str, as_json: bool) -> None:
     """Faults under load: kill and stall worker instances, reap all instances, restart Redis (its own only);
     count requests sent / answered / correct / failed with a clear error / lost, p99 vs fault-free.
 
@@ -332,10 +382,11 @@ def chaos_cmd(deployment: str | None, clients: int, requests: int, fault_free_re
     from bench.local_deployment import ExistingDeployment, SmallDeployment
     from serving.cli.console import console, err_console
 
-    if clients < 1 or requests < 1 or fault_free_requests < 1 or disruption_requests < 0:
-        raise click.BadParameter("clients and request counts must be >= 1 (disruption requests >= 0)")
+    if clients < 1 or rounds < 1 or requests < rounds or fault_free_requests < rounds or disruption_requests < 0:
+        raise click.BadParameter("clients and rounds must be >= 1, request counts >= rounds (disruption requests "
+                                 ">= 0)")
     spec = ChaosSpec(clients=clients, requests=requests, fault_free_requests=fault_free_requests,
-                     disruption_requests=disruption_requests, think_ms=think_ms, kill_rate=kill_rate,
+                     disruption_requests=disruption_requests, rounds=rounds, think_ms=think_ms, kill_rate=kill_rate,
                      straggler_rate=straggler_rate, straggler_ms=straggler_ms, seed=seed)
 
     def say(msg: str) -> None:

@@ -277,7 +277,7 @@ def run_chaos(dep: Any, spec: ChaosSpec, *, say: Any = None) -> dict[str, Any]:
         u = target.usage()
         inj = FaultInjector(dep.instances, dep.workers, kill_rate=spec.kill_rate,
                             straggler_rate=spec.straggler_rate, straggler_ms=spec.straggler_ms,
-                            seed=spec.seed + r).start()
+                            poll_s=dep.poll_s, seed=spec.seed + r).start()
         try:
             s, w = closed_loop(target, pool, clients=spec.clients, requests=_share(spec.requests, spec.rounds, r),
                                first_index=1_000_000 + 100_000 * r, think_s=think)
@@ -404,7 +404,8 @@ def chaos_cmd(deployment: str | None, clients: int, requests: int, fault_free_re
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     finally:
-        say("tearing down")
+        if not deployment:
+            say("tearing down")
         left = dep.close()
     if not deployment:
         doc["leftovers_after_teardown"] = left

@@ -227,6 +227,7 @@ class SmallDeployment:
         self.target = EndpointTarget(self.server.url, self.name, platform_url=self.platform.url,
                                      deployment_id=self.deployment.id, timeout_s=120.0)
         self.server_pid = os.getpid()  # the endpoint and the platform run in this process
+        self.poll_s = 0.002  # reading the pools in this process is cheap
         self.prefix = f"{self.deployment.id}-"
         self.functions = list(self.deployment.names.values())
         self.workers = [n for f, n in self.deployment.names.items() if f != self.deployment.plan.master]
@@ -318,6 +319,7 @@ class ExistingDeployment:
         self.functions = [f["name"] for f in self._client.functions() if f["name"].startswith(prefix)]
         self.workers = [f for f in self.functions if f != master]
         self.redis: OwnRedis | None = None  # never restart a Redis this benchmark did not start
+        self.poll_s = 0.02  # each poll is an HTTP request to the platform, which also serves the load
         self.transport = "?"
 
     def instances(self) -> list[InstanceView]:

@@ -4,10 +4,11 @@ Inputs go inline or through the deployment's transport (above the inline limit),
 request id; the reply's outputs are read (and deleted) the same way. Used by `flatpack run` and by the
 inference endpoint in front of a local deployment.
 
-A master instance that dies before replying (killed, crashed, reaped under it) or a platform that drops
-the connection leaves the request unanswered but unharmed: a request is idempotent, so it is sent again
-(inputs put again under a new request id: the master deletes inputs as it reads them), up to
-``retries`` times while its deadline allows. Any other error is the answer.
+A master instance that dies before replying (killed, crashed, reaped under it), a platform that drops
+the connection, or a tensor store that lost the request's tensors (a Redis restarted mid-request) leaves
+the request unanswered but unharmed: a request is idempotent, so it is sent again (inputs put again under
+a new request id: the master deletes inputs as it reads them), up to ``retries`` times while its deadline
+allows. Any other error is the answer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from functions.errors import InstanceCrashed, InvokeError, error_from_json
+from functions.errors import InstanceCrashed, InvokeError, TransportError, error_from_json
 from functions.event import Event, Reply, now_ms
 from functions.invoker.local import LocalInvoker
 from functions.transport.base import TensorKey
@@ -28,6 +29,8 @@ from functions.transport.factory import TransportSet
 from serving.platform.deploy import Deployment
 
 __all__ = ["MasterClient"]
+
+_STORE_PAUSE_S = 0.2
 
 
 def _safe(name: str) -> str:
@@ -55,16 +58,22 @@ class MasterClient:
         deadline_ms = now_ms() + int(1000 * self.timeout_s)
         t_end = time.monotonic() + self.timeout_s
         for attempt in range(1 + self.retries):
+            last = attempt >= self.retries
             try:
-                body = self._invoke(inputs, deadline_ms)
-                break
+                reply = Reply.decode(self._invoke(inputs, deadline_ms))
+                if reply.error is not None:
+                    raise error_from_json(reply.error)
+                return self.channel.receive(reply.outputs, delete=True)
             except (InstanceCrashed, InvokeError):
-                if attempt >= self.retries or time.monotonic() >= t_end:
+                if last or time.monotonic() >= t_end:
                     raise
-        reply = Reply.decode(body)
-        if reply.error is not None:
-            raise error_from_json(reply.error)
-        return self.channel.receive(reply.outputs, delete=True)
+            except TransportError:
+                # the store lost the request's tensors (restarted, flushed) or was briefly away: send it again
+                # with its tensors put again, after a moment for the store to come back
+                if last or time.monotonic() + _STORE_PAUSE_S >= t_end:
+                    raise
+                time.sleep(_STORE_PAUSE_S)
+        raise AssertionError("unreachable")
 
     def _invoke(self, inputs: Mapping[str, np.ndarray], deadline_ms: int) -> bytes:
         with self._lock:

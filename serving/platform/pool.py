@@ -148,12 +148,13 @@ class FunctionPool:
 
     def _replace(self, dead: Instance) -> None:
         if self.replace_dead and not self.closed and dead.oom_rss_mb is None:
-            task = asyncio.create_task(self._start_spare())
+            task = asyncio.create_task(self._start_spare(dead))
             self._spares.add(task)
             task.add_done_callback(self._spares.discard)
 
-    async def _start_spare(self) -> None:
-        """Start one instance into the idle list, if the function is under its concurrency limit."""
+    async def _start_spare(self, dead: Instance) -> None:
+        """Reap ``dead``; start one instance into the idle list if the function is under its concurrency limit."""
+        await dead.stop()
         async with self._cond:
             if self.closed or len(self.busy) + len(self.idle) + self._starting >= self.concurrency:
                 return

@@ -399,6 +399,9 @@ def chaos_cmd(deployment: str | None, clients: int, requests: int, fault_free_re
             dep = SmallDeployment(transport=transport, hedge_percentile=hedge_percentile or None, progress=say)
     except (LookupError, ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from e
+    except ImportError as e:  # the small model is built with torch (the zoo extra)
+        raise click.ClickException(f"deploying the small model needs {e.name or e}: pip install -e '.[zoo]', "
+                                   "or name a running deployment") from e
     try:
         doc = run_chaos(dep, spec, say=say)
     except ValueError as e:

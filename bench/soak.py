@@ -189,6 +189,9 @@ def soak_cmd(deployment: str | None, minutes: float, rate: float, warmup_s: floa
                                                                                      name="soak", progress=say)
     except (LookupError, ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from e
+    except ImportError as e:  # the small model is built with torch (the zoo extra)
+        raise click.ClickException(f"deploying the small model needs {e.name or e}: pip install -e '.[zoo]', "
+                                   "or name a running deployment") from e
     try:
         doc = run_soak(dep, minutes=minutes, rate_rps=rate, warmup_s=warmup_s, sample_s=sample_s, say=say)
     except ValueError as e:

@@ -4,11 +4,12 @@
    exponentially modified Gaussian (scipy.stats.exponnorm), as Gillis modelled Lambda's.
 2. For several plans of several zoo models (families, fan-outs, transports): deploy the bundle, warm it
    up, run requests one at a time (warm-up excluded) with a no-op round trip before each, then predict
-   latency and billed GB-s with the model - unit times from the cached profile scaled to a whole-model
-   timing taken just before, invoke latency and the platform's billed overhead from the no-op round
-   trips taken between the plan's requests - and compare the median latency and the billed GB-s per
-   request read from the platform's meter. Platform facts measured in the same run, as the planner
-   would measure them on the platform it deploys to; nothing is fitted to the plan's own latencies.
+   latency and billed GB-s with the model - unit times from the cached profile scaled to whole-model
+   runs (in this process, one thread, as a 1769 MB function) taken between the plan's requests, invoke
+   latency and the platform's billed overhead from the no-op round trips - and compare the median
+   latency and the billed GB-s per request read from the platform's meter. Platform facts are measured
+   in the same run, as the planner would measure them on the platform it deploys to; nothing is fitted
+   to the plan's own latencies.
 Errors are absolute percentage errors, as fractions.
 """
 
@@ -116,11 +117,12 @@ def perfmodel_cmd(as_json: bool, n: int, quick: bool) -> None:
     """Predicted vs measured latency and billed cost of plans on the local platform."""
     from bench.zoo import build_to_file
     from functions.bundle import Bundle
-    from partitioner.export import Placement, export_bundle
+    from functions.session import make_session
+    from partitioner.export import Placement, export_bundle, save_model
     from partitioner.graph import LayerGraph
     from partitioner.inputs import random_inputs
     from partitioner.perfmodel import PerfModel, PlatformFacts, StageChoice
-    from partitioner.planner import PlanRequest, compute_model, export_solution, solve
+    from partitioner.planner import PlanRequest, compute_model, export_solution, scale_to_whole, solve
     from partitioner.platform import load_profile
     from partitioner.spec import parse_stages
     from serving.platform.config import PlatformConfig
@@ -144,9 +146,13 @@ def perfmodel_cmd(as_json: bool, n: int, quick: bool) -> None:
         for model, opts, plans in cases:
             path = build_to_file(model, tmp / f"{model}.onnx", **opts)
             lg = LayerGraph.load(path)
+            save_model(lg.model, tmp / f"{model}-normalized.onnx")
+            calib = make_session(tmp / f"{model}-normalized.onnx", intra_op_threads=1)  # as a 1769 MB function
+            feeds = random_inputs(lg.model, 0)
+            calib.run(None, feeds)
             for label, spec, transport in plans:
-                # unit times from the (cached) profile, scaled to a whole-model timing taken now, so that
-                # the prediction and the runs below see the same machine
+                # unit times from the (cached) profile, scaled to whole-model timings taken now (two threads)
+                # and between the plan's requests (one thread), so prediction and runs see the same machine
                 cm, source = compute_model(lg, "measure", fresh=True)
                 out = tmp / f"{model}-{label}"
                 if spec == "lo":
@@ -169,9 +175,12 @@ def perfmodel_cmd(as_json: bool, n: int, quick: bool) -> None:
                         client.infer(x)
                     probe.take()
                     before = _billed(local, dep)
-                    lat = []
+                    lat, whole = [], []
                     for _ in range(n):
                         probe()
+                        t = time.perf_counter()
+                        calib.run(None, feeds)
+                        whole.append((time.perf_counter() - t) * 1e3)
                         t = time.perf_counter()
                         client.infer(x)
                         lat.append((time.perf_counter() - t) * 1e3)
@@ -185,6 +194,8 @@ def perfmodel_cmd(as_json: bool, n: int, quick: bool) -> None:
                 samples, noop_ms = probe.take()
                 all_samples += samples
                 facts = _facts(base_facts, samples, noop_ms)
+                # and the one-thread unit times scaled to whole-model runs taken between its requests
+                cm, source = scale_to_whole(cm, {1: statistics.median(whole)})
                 pm = PerfModel(lg, facts, cm, transport=transport)
                 est = pm.estimate(choices, MEMORY_MB)
                 predicted_gb_s = (est.cost_usd - (1 + sum(pm.option(c, MEMORY_MB).invocations for c in choices))

@@ -111,17 +111,23 @@ def _whole_model_scaled(cm: ComputeModel, lg: LayerGraph, *, fresh: bool) -> tup
     units (measured on vgg11/w2@64), a compute-bound one a few percent faster. One whole-model timing per
     thread count fixes the sum; the profile still says how it divides between units.
     """
-    scales: dict[int, float] = {}
+    wholes: dict[int, float] = {}
     for t in sorted({k for u in cm.unit_ms for k in u}):
-        total = sum(u.get(t, 0.0) for u in cm.unit_ms)
-        if total <= 0:
-            continue
         try:
-            whole = _calibrate(lg, t, reps=15 if fresh else 5, fresh=fresh)
+            wholes[t] = _calibrate(lg, t, reps=15 if fresh else 5, fresh=fresh)
         except Exception as e:  # noqa: BLE001 - e.g. a model too big for this machine: keep the unit sums
             log.warning("whole-model timing at %d thread(s) failed (%s); unit times left as profiled", t, e)
-            continue
-        scales[t] = float(np.clip(whole / total, 0.5, 3.0))
+    return scale_to_whole(cm, wholes)
+
+
+def scale_to_whole(cm: ComputeModel, whole_ms: dict[int, float]) -> tuple[ComputeModel, str]:
+    """``cm`` with its unit times at each thread count in ``whole_ms`` scaled to add up to that whole-model
+    time (the scale clipped to [0.5, 3]); and a note saying by how much."""
+    scales: dict[int, float] = {}
+    for t, whole in whole_ms.items():
+        total = sum(u.get(t, 0.0) for u in cm.unit_ms)
+        if total > 0 and whole > 0:
+            scales[t] = float(np.clip(whole / total, 0.5, 3.0))
     if not scales:
         return cm, ""
     units = tuple({k: v * scales.get(k, 1.0) for k, v in u.items()} for u in cm.unit_ms)

@@ -11,7 +11,10 @@ Phases, each a closed loop of ``--clients`` clients over real HTTP to the OIP v2
 4. disruptions: while the load goes on, every idle instance is stopped at once (what an idle-timeout sweep
    of the whole platform does: the next requests are cold starts), and, when the benchmark started its
    own redis-server (``--transport redis`` without DEPLOYMENT), Redis is restarted. A Redis this
-   benchmark did not start is never touched.
+   benchmark did not start is never touched. Then one busy worker instance exceeds its memory (its limit
+   lowered below what it holds; the platform's watchdog kills it as Lambda would, and its request ends with
+   the platform's out-of-memory error: a clear error, not retried, since a deterministic OOM would fail
+   again). Only for the deployment the benchmark made itself.
 
 Each client pauses ``--think-ms`` (250 ms) after every response: an interactive closed loop that keeps
 this 2-core machine below saturation. At saturation the figure would measure CPU contention, not
@@ -315,8 +318,10 @@ def run_chaos(dep: Any, spec: ChaosSpec, *, say: Any = None) -> dict[str, Any]:
         expected = max(1.0, spec.disruption_requests * base_wall / max(1, spec.fault_free_requests))
         time.sleep(expected / 3)
         events["reap_all"] = {"instances_stopped": dep.reap_all(), "at_s": round(expected / 3, 2)}
+        time.sleep(expected / 6)
+        events["memory"] = dep.squeeze_memory() or "skipped: no worker instance of this process's platform was busy"
         if dep.redis is not None:
-            time.sleep(expected / 3)
+            time.sleep(expected / 6)
             events["redis_restart"] = {"down_s": round(dep.redis.restart(), 3)}
         t.join()
         disrupted = box["samples"]

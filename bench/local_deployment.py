@@ -261,6 +261,32 @@ class SmallDeployment:
         the platform finds them gone on their next use and starts new ones: cold starts)."""
         return _terminate_idle(self.instances())
 
+    def squeeze_memory(self, timeout_s: float = 5.0) -> dict[str, object] | None:
+        """One busy worker instance made to exceed its memory: its limit is lowered below what it holds, so
+        the platform's own watchdog finds it over the limit and kills it (Lambda's out-of-memory end), and
+        its request gets the platform's out-of-memory error. The function's other and later instances keep
+        their size (a one-off spike, e.g. an unusually large input). The small model cannot really outgrow
+        the platform's 128 MB minimum, hence the lowered limit. None if no worker was busy in time."""
+        from functions.procstat import rss_mb
+
+        service = self.platform.service
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            for name in self.workers:
+                try:
+                    pool = service.pool(name)
+                except LookupError:
+                    continue
+                for inst in list(pool.busy):
+                    if inst.pid is None or not inst.alive:
+                        continue
+                    rss = rss_mb(inst.pid)
+                    inst.memory_mb = max(1, int(rss) - 8)
+                    return {"function": name, "instance": inst.id, "rss_mb": round(rss, 1),
+                            "limit_mb": inst.memory_mb}
+            time.sleep(0.002)
+        return None
+
     def leftovers(self) -> dict[str, int]:
         """Tensors in the transports, files in this deployment's shared-memory directory, instance processes."""
         out = {f"{k}_keys": v for k, v in self.deployment.leftovers().items()}
@@ -333,6 +359,10 @@ class ExistingDeployment:
     def reap_all(self) -> int:
         """Every idle instance stopped at once (SIGTERM), as an idle-timeout sweep would."""
         return _terminate_idle(self.instances())
+
+    def squeeze_memory(self, timeout_s: float = 5.0) -> dict[str, object] | None:
+        """Not possible from outside the platform's process: its instances' limits are not ours to change."""
+        return None
 
     def leftovers(self) -> dict[str, int]:
         """Files in the deployment's shared-memory directory (its other transports are not ours to read)."""

@@ -36,6 +36,10 @@ def test_bench_chaos_loses_nothing(tmp_path: Path) -> None:
     kills = doc["faults"]["worker_kills"]
     assert kills["kills"] >= 3 and 0.05 <= kills["kill_fraction"] <= 0.2
     assert doc["faults"]["disruptions"]["reap_all"]["instances_stopped"] >= 1
+    mem = doc["faults"]["disruptions"]["memory"]
+    if isinstance(mem, dict):  # a worker was caught busy and pushed over its limit: its request ends clearly
+        assert mem["limit_mb"] < mem["rss_mb"]
+        assert any("OutOfMemory" in e for e in doc["phases"]["disruptions"]["errors"]), doc["phases"]["disruptions"]
     assert doc["leftovers_after_teardown"] == {"instance_processes": 0, "shm_files": 0}
     assert (tmp_path / "chaos-own.json").exists()
 

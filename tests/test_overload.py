@@ -1,6 +1,7 @@
 """More concurrent requests than a deployment's functions may run at once: queued, or 503 with Retry-After.
 
-A deployment whose functions may run one instance each (and wait at most 1.5 s for one) gets 10 requests
+A deployment whose functions may run one instance each (a request waits at most 0.5 s for one; a running
+one has the default 60 s) gets 10 requests
 at once through the real endpoint: each is answered correctly or refused with 503 and a Retry-After
 header; nothing crashes, and the deployment answers normally afterwards.
 """
@@ -38,7 +39,7 @@ def _post(url: str, x: np.ndarray) -> tuple[int, Message, bytes]:
 def test_over_the_limit_is_queued_or_503_with_retry_after(platform, bundles, reference) -> None:  # type: ignore[no-untyped-def]
     bundle = bundles.slower
     d = deploy_bundle(platform.client, bundle, transport="shm", shm_dir=platform.config.shm_dir, concurrency=1,
-                      timeout_s=1.5)
+                      queue_timeout_s=0.5)
     backend = PlatformBackend(d, platform.url, name="slow", timeout_s=30)
     x = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
     want = reference(bundle, {"x": x})["y"]

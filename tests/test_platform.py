@@ -25,6 +25,7 @@ from functions.errors import (
     InvokeTimeout,
     OutOfMemory,
     PayloadTooLarge,
+    Throttled,
     error_from_json,
 )
 from functions.event import Event, Reply, TensorEntry, now_ms
@@ -214,6 +215,33 @@ def test_concurrency_limit_queues_requests(platform: LocalPlatform, bundles, dep
     u = usage(platform, worker)
     assert u["invocations"] == 12 and 1 <= u["cold_starts"] <= 2
     assert len(platform.client.function(worker)["instances"]) <= 2
+
+
+def test_queue_timeout_throttles_without_cutting_the_running_request(platform: LocalPlatform, bundles,
+                                                                     deploy) -> None:
+    """queue_timeout_s=0: a request finding the one instance busy is throttled at once (Lambda's 429),
+    while the running request keeps its whole timeout."""
+    d = deploy(bundles.slower, concurrency=1, queue_timeout_s=0)
+    worker = d.names["worker-1"]
+    inv = LocalInvoker(platform.url)
+    x = {"x": np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)}
+    inv.invoke(worker, part_event(d, x).encode(), timeout_s=30)  # warm: the instance exists
+    first = threading.Thread(target=lambda: inv.invoke(worker, part_event(d, x).encode(), timeout_s=30))
+    first.start()
+    t_end = time.monotonic() + 10
+    while not platform.client.function(worker)["instances"][0]["busy"] and time.monotonic() < t_end:
+        time.sleep(0.005)
+    t0 = time.monotonic()
+    with pytest.raises(Throttled, match="concurrency limit"):
+        inv.invoke(worker, part_event(d, x).encode(), timeout_s=30)
+    refused_in = time.monotonic() - t0
+    first.join(30)
+    assert not first.is_alive()
+    u = usage(platform, worker)
+    assert u["invocations"] == 3 and u["errors_by_type"].get("Throttled") == 1, u
+    assert refused_in < 0.5, refused_in
+    with pytest.raises(ValueError, match="queue_timeout_s"):
+        FunctionSpec("neg-queue", memory_mb=256, queue_timeout_s=-1)
 
 
 def test_idle_instances_are_reaped(bundles, shm_root: Path) -> None:

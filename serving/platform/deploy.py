@@ -84,6 +84,7 @@ def deploy_bundle(
     deployment: str | None = None,
     concurrency: int | None = None,
     timeout_s: float | None = None,
+    queue_timeout_s: float | None = None,
     memory_mb: dict[str, int] | None = None,
     backend: str = "onnxruntime",
     **config: object,
@@ -134,6 +135,7 @@ def deploy_bundle(
                 concurrency=concurrency,
                 timeout_s=timeout_s,
                 backend=backend,
+                queue_timeout_s=queue_timeout_s,
             ))
             d.names[fn.name] = name
     except BaseException:

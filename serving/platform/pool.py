@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 class FunctionPool:
     """Lambda semantics for one function: each instance serves one request at a time; a request that
     finds no idle instance starts one (a cold start) unless ``concurrency`` instances exist, in which
-    case it waits for one to free up until its deadline (then: 429 TooManyRequests).
+    case it waits for one to free up for ``spec.queue_timeout_s`` (None: until the request's deadline),
+    then is throttled (429 TooManyRequests).
 
     An instance that dies while serving (crashed, killed, out of memory) is replaced in the background
     (``replace_dead``): the request it was serving is retried by its caller at once, and without a
@@ -73,8 +74,9 @@ class FunctionPool:
         limit = min(self.timeout_s, timeout_s) if timeout_s else self.timeout_s
         deadline = time.monotonic() + limit
         name, mem = self.spec.name, self.spec.memory_mb
+        queue_s = self.spec.queue_timeout_s
         try:
-            inst = await self._acquire(deadline)
+            inst = await self._acquire(deadline if queue_s is None else min(deadline, time.monotonic() + queue_s))
         except FunctionFailed as e:
             self._meter.record(name, mem, None, error=e.flatpack_type)
             raise

@@ -82,7 +82,8 @@ class RunReport:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        return {k: (round(v, 6) if isinstance(v, float) and np.isfinite(v) else v) for k, v in d.items()}
+        # six significant digits: a relative error of 2e-8 must not print as 0.0
+        return {k: (float(f"{v:.6g}") if isinstance(v, float) and np.isfinite(v) else v) for k, v in d.items()}
 
 
 def _percentile(xs: list[float], p: float) -> float:

@@ -29,6 +29,9 @@ class FunctionSpec:
     ``FLATPACK_INTRA_OP_THREADS`` (from the memory size through the profile). ``handler`` says which
     role the function plays (informational: one runtime serves both). ``concurrency``: most instances
     at once (None: the platform default). ``timeout_s``: limit of one invocation (None: default).
+    ``queue_timeout_s``: how long a request that finds all ``concurrency`` instances busy waits for one
+    before it is throttled (429); None: up to ``timeout_s``; 0: at once, as Lambda throttles a
+    synchronous invocation.
     ``backend`` picks the interpreter its instances run under, as a Lambda runtime picks an image
     (``onnxruntime``: the platform's own; ``mxnet``: the cached MXNet environment, see
     :mod:`serving.platform.runtimes`); the function's ``FLATPACK_BACKEND`` should say the same.
@@ -42,6 +45,7 @@ class FunctionSpec:
     concurrency: int | None = None
     timeout_s: float | None = None
     backend: str = "onnxruntime"
+    queue_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -53,6 +57,10 @@ class FunctionSpec:
             raise ValueError(f"function {self.name}: handler must be 'master' or 'worker', got {self.handler!r}")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"function {self.name}: concurrency must be at least 1")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"function {self.name}: timeout_s must be positive, got {self.timeout_s}")
+        if self.queue_timeout_s is not None and not self.queue_timeout_s >= 0:
+            raise ValueError(f"function {self.name}: queue_timeout_s must be >= 0, got {self.queue_timeout_s}")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,6 +72,7 @@ class FunctionSpec:
             "concurrency": self.concurrency,
             "timeout_s": self.timeout_s,
             "backend": self.backend,
+            "queue_timeout_s": self.queue_timeout_s,
         }
 
     @classmethod
@@ -78,6 +87,7 @@ class FunctionSpec:
                 concurrency=None if d.get("concurrency") is None else int(d["concurrency"]),
                 timeout_s=None if d.get("timeout_s") is None else float(d["timeout_s"]),
                 backend=str(d.get("backend") or "onnxruntime"),
+                queue_timeout_s=None if d.get("queue_timeout_s") is None else float(d["queue_timeout_s"]),
             )
         except KeyError as e:
             raise ValueError(f"function spec is missing {e}") from e

@@ -395,6 +395,9 @@ class SimPlatform:
     cold_start_ms: float = 1000.0
     invoke_cpu_ms: float = 0.0  # CPU work of one invocation's path (codec, HTTP, platform), on the shared cores
     cold_start_cpu_ms: float = 0.0  # of ``cold_start_ms``, the part that is CPU work (process start, imports)
+    # CPU work per request beside its critical path (the platform's and the client's threads busy while the
+    # functions compute): it takes the shared cores, and so capacity, but the request does not wait for it
+    offpath_cpu_ms: float = 0.0
 
     def billed_ms(self, ms: float) -> float:
         g = self.granularity_ms
@@ -496,9 +499,14 @@ def simulate(plan: SimPlan, platform: SimPlatform, *, arrivals_ms: Iterable[floa
         yield cpu.work(quarter)
         yield k.timeout(platform.invoke.draw(rng) / 2)
 
+    def offpath() -> Generator[Event, Any, None]:
+        yield cpu.work(platform.offpath_cpu_ms)
+
     def request() -> Generator[Event, Any, float]:
         t0 = k.now
         master = fns[plan.master]
+        if platform.offpath_cpu_ms > 0:
+            k.process(offpath())
         yield k.timeout(client_inv.draw(rng) / 2)
         yield cpu.work(quarter)
         inst, cold = yield master.acquire()

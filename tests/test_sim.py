@@ -165,6 +165,27 @@ def test_calibration_recovers_an_unexplained_delay() -> None:
     assert _sim_p50(plan.scaled(fit["compute_scale"]), fitted_pf, 200, 0) == pytest.approx(p50, rel=0.01)
 
 
+def test_calibration_puts_cpu_the_p50_cannot_hold_beside_the_path() -> None:
+    """More CPU per request than the 1-client p50 leaves room for (the truth: 4 ms per request of the
+    platform's threads working beside the critical path): the fit keeps the whole CPU per request, so the
+    saturated throughput of a closed loop is the truth's, where scaling the compute down would overstate it."""
+    from bench.sim import _sim_p50, calibrate
+
+    plan = fork_join()
+    pf = platform(cores=2.0, invoke=ExGaussDraw(1.0, 0.1, 0.5), invoke_cpu_ms=0.8)
+    truth_pf = replace(pf, offpath_cpu_ms=4.0)
+    p50 = _sim_p50(plan, truth_pf, 200, 0)
+    cpu = plan.total_work_ms() + 3 * pf.invoke_cpu_ms + 4.0
+    fitted_plan, fitted_pf, fit = calibrate(plan, pf, p50_ms=p50, cpu_ms=cpu, method="delay")
+    assert fit["offpath_cpu_ms"] == pytest.approx(4.0, rel=0.1)
+    assert fit["compute_scale"] == pytest.approx(1.0, rel=0.03)
+    assert _sim_p50(fitted_plan, fitted_pf, 200, 0) == pytest.approx(p50, rel=0.01)
+    loop = {"clients": 6, "requests_per_client": 40, "warmup": 2}
+    truth = simulate(plan, truth_pf, **loop).summary()["throughput_rps"]  # type: ignore[arg-type]
+    assert simulate(fitted_plan, fitted_pf, **loop).summary()["throughput_rps"] == pytest.approx(truth, rel=0.03)  # type: ignore[arg-type]
+    assert truth == pytest.approx(2.0 / cpu * 1e3, rel=0.03)  # the cores, saturated
+
+
 def test_sim_plan_from_perf_model_choices() -> None:
     from bench.sim_plans import sim_plan_for_choices, sim_platform
     from functions.plan import Split

@@ -29,7 +29,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -447,15 +447,16 @@ class SimResult:
 
 def simulate(plan: SimPlan, platform: SimPlatform, *, arrivals_ms: Iterable[float] | None = None,
              clients: int | None = None, requests_per_client: int = 0, warmup: int = 0,
-             warmup_clients: int | None = None, seed: int = 0, think_ms: float = 0.0, prewarm: bool = True
-             ) -> SimResult:
+             warmup_clients: int | None = None, seed: int = 0, think_ms: float = 0.0,
+             prewarm: bool | Mapping[str, int] = True) -> SimResult:
     """Simulate ``plan`` on ``platform`` under open-loop ``arrivals_ms`` or a closed loop of ``clients``
     x ``requests_per_client`` (each client sends its next request ``think_ms`` after a response).
 
     ``warmup``: requests per client of a closed-loop warm-up phase (``warmup_clients`` clients, default
     ``clients``) run first and excluded from the figures and the meter, as the live load generator does;
     the measured phase (and open-loop arrival times) start when it ends. ``prewarm``: start with one warm
-    instance of every function (a deployment that has been warmed up); further instances are cold starts.
+    instance of every function (a deployment that has been warmed up), or as many as a mapping gives per
+    function (missing: none); further instances are cold starts.
     """
     if (arrivals_ms is None) == (clients is None):
         raise ValueError("give either open-loop arrivals_ms or a closed loop's clients")
@@ -468,8 +469,8 @@ def simulate(plan: SimPlan, platform: SimPlatform, *, arrivals_ms: Iterable[floa
                           used_mb=plan.used_mb.get(name), cpu=cpu, cold_start_cpu_ms=platform.cold_start_cpu_ms)
         for name, (mem, threads) in plan.functions.items()
     }
-    if prewarm:
-        for f in fns.values():
+    for name, f in fns.items():
+        for _ in range(prewarm.get(name, 0) if isinstance(prewarm, Mapping) else int(bool(prewarm))):
             f.idle.append(_Instance(next(f._ids), 0.0))
     client_inv = platform.client_invoke or platform.invoke
     measured: dict[str, bool] = {"on": False}
@@ -587,7 +588,7 @@ def simulate(plan: SimPlan, platform: SimPlatform, *, arrivals_ms: Iterable[floa
             "billed_ms": m["billed_ms"],
             "billed_gb_s": gb_s,
             "cost_usd": gb_s * platform.price_gb_s + m["invocations"] * platform.price_request,
-            "max_instances": f.stats.max_instances or (1 if prewarm else 0),
+            "max_instances": max(f.stats.max_instances, len(f.idle) + f.busy),
             "waits": f.stats.waits,
             "reaped": f.stats.reaped,
         }

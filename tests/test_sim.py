@@ -85,6 +85,19 @@ def test_scale_out_starts_instances_on_demand() -> None:
     assert r.functions["m"]["cold_starts"] == 3 and r.functions["m"]["max_instances"] == 4
 
 
+def test_prewarm_starts_with_as_many_instances_as_given() -> None:
+    """A simulation mirroring a live deployment starts with its warm instances: a burst no larger meets
+    no cold start, one request more meets exactly one."""
+    pf = platform(cold_start_ms=50.0)
+    r = simulate(one_function(10.0), pf, arrivals_ms=[0.0, 1.0, 2.0], prewarm={"m": 3})
+    assert r.functions["m"]["cold_starts"] == 0 and r.functions["m"]["max_instances"] == 3
+    assert r.latencies_ms.tolist() == pytest.approx([10.0, 10.0, 10.0])
+    r = simulate(one_function(10.0), pf, arrivals_ms=[0.0, 1.0, 2.0, 3.0], prewarm={"m": 3})
+    assert r.functions["m"]["cold_starts"] == 1 and r.functions["m"]["max_instances"] == 4
+    r = simulate(one_function(10.0), pf, arrivals_ms=[0.0], prewarm={})  # not listed: none warm
+    assert r.functions["m"]["cold_starts"] == 1
+
+
 @pytest.mark.parametrize(("granularity", "billed"), [(1.0, 130.0), (100.0, 200.0)])
 def test_billing_granularity(granularity: float, billed: float) -> None:
     pf = platform(granularity_ms=granularity, price_gb_s=1.0, price_request=0.5)

@@ -22,7 +22,9 @@ Poisson arrivals at a moderate rate (the same arrival times live and simulated) 
 p50, p99 and cost per request are compared, each run simulated with the background counted during it
 and starting with as many warm instances as the live deployment had.
 Functions share the machine's cores, so latency under load comes from queueing for them: the simulator
-models the cores as one processor-sharing pool.
+serves per-core run queues in time slices (``--time-slice-ms``, 0 for one processor-sharing pool).
+After the common scale, (5) each worker function's share of the work is set from the meter (its duration
+per invocation at one client): the perf model spreads compute by FLOPs, and a tile's real share differs.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,7 @@ import numpy as np
 
 from bench.background import BackgroundSampler
 from bench.provenance import machine
-from bench.simulator import ExGaussDraw, SimPlan, SimPlatform, simulate
+from bench.simulator import TIME_SLICE_MS, ExGaussDraw, SimPlan, SimPlatform, simulate
 
 __all__ = ["CpuAccount", "calibrate", "fit_exgauss", "measure_invoke", "sim_cmd", "validate"]
 
@@ -259,6 +261,44 @@ def calibrate(plan: SimPlan, platform: SimPlatform, *, p50_ms: float, cpu_ms: fl
     return plan.scaled(fit["compute_scale"]), replace(platform, background=background_for(fit, background)), fit
 
 
+def calibrate_workers(plan: SimPlan, platform: SimPlatform, live_duration_ms: Mapping[str, float], *,
+                      n: int = 100, seed: int = 0, rounds: int = 3) -> tuple[SimPlan, SimPlatform, dict[str, float]]:
+    """Each worker function's work set so that its simulated duration per invocation at one client is the
+    meter's (``live_duration_ms``: durations, as billing rounds them up). The perf model spreads the compute
+    over the parts by FLOPs, and a part's real share differs (a tile's halo, the layers' speeds): the meter
+    says what each part takes. The CPU taken from (or added to) the workers moves to the work beside the
+    critical path, so the CPU per request, and the capacity, stay the measured ones. Returns the plan, the
+    platform and the factor per function."""
+    workers = {w.function for st in plan.stages for w in st.workers}
+    factors = dict.fromkeys(workers, 1.0)
+    ovh = platform.invoke_cpu_ms / 2  # the callee's half of the invoke path, billed but not the part's work
+    cur = plan
+    for _ in range(rounds):
+        sim = simulate(cur, platform, clients=1, requests_per_client=n, warmup=1, seed=seed).summary()
+        took = sim["duration_ms_per_invocation"]
+        for f in workers:
+            if f in live_duration_ms and took.get(f, 0) > ovh:
+                factors[f] *= max(0.05, live_duration_ms[f] - ovh) / (took[f] - ovh)
+        cur = plan.with_worker_scales(factors)
+    moved = plan.total_work_ms() - cur.total_work_ms()
+    return cur, replace(platform, offpath_cpu_ms=max(0.0, platform.offpath_cpu_ms + moved)), factors
+
+
+def calibrate_with_meter(plan: SimPlan, platform: SimPlatform, live_duration_ms: Mapping[str, float], *,
+                         rounds: int = 2, **kw: Any) -> tuple[SimPlan, SimPlatform, dict[str, Any]]:
+    """:func:`calibrate` (to the 1-client p50 and CPU per request) and :func:`calibrate_workers` (each worker
+    to its metered time) in turn, as each moves the other's target. ``fit["worker_scales"]``: each worker
+    function's work relative to the perf model's share of it, after the common scale."""
+    factors: dict[str, float] = {}
+    for _ in range(rounds):
+        cal_plan, cal_pf, fit = calibrate(plan.with_worker_scales(factors), platform, **kw)
+        cal_plan, cal_pf, more = calibrate_workers(cal_plan, cal_pf, live_duration_ms, seed=kw.get("seed", 0))
+        factors = {f: factors.get(f, 1.0) * x for f, x in more.items()}
+    fit["worker_scales"] = factors
+    fit["offpath_cpu_ms"] = cal_pf.offpath_cpu_ms
+    return cal_plan, cal_pf, fit
+
+
 def background_for(fit: dict[str, Any], measured: float) -> float:
     """The simulation's background threads for a run during which ``measured`` were seen."""
     return fit["weight"] * measured if fit.get("weight") is not None else float(fit.get("constant") or 0.0)
@@ -273,10 +313,11 @@ def _err(sim: float, live: float) -> float:
 
 def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, clients: int = 3,
              requests: int = 100, poisson_utilisation: float = 0.3, duration_s: float = 20.0, seed: int = 0,
-             cores: float | None = None, method: str = "delay", say: Callable[[str], None] | None = None
-             ) -> dict[str, Any]:
+             cores: float | None = None, method: str = "delay", time_slice_ms: float = TIME_SLICE_MS,
+             say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Calibrate at low load, compare at other loads; see the module docstring. ``method``: how the 1-client
-    p50 is matched (see :func:`calibrate`); the other method's figures are reported alongside."""
+    p50 is matched (see :func:`calibrate`); the other method's figures are reported alongside.
+    ``time_slice_ms``: the simulated scheduler's (0: processor sharing)."""
     from bench.load import DeploymentTarget, InputPool, LoadSpec, closed_loop, run_load
     from bench.models import zoo_file
     from bench.platform_process import PlatformProcess
@@ -321,6 +362,7 @@ def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, 
                 with BackgroundSampler(pp.pid) as bg:
                     low, _ = closed_loop(target, pool, clients=1, requests=max(20, requests))
                 low_machine_cpu = (_machine_busy_ms() - busy0) / len(low)
+                low_meter = meter_delta(u1, target.usage())
                 per_pid = acct.per_pid_ms()
                 # the processes' own CPU misses the kernel's work done for them in interrupt context
                 # (loopback TCP, wake-ups): the machine's busy time per request counts it, and is what the
@@ -343,20 +385,27 @@ def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, 
                 n_cold = sum(r["cold_starts"] for r in cold.values())
                 cold_ms = sum(r["init_ms"] for r in cold.values()) / n_cold if n_cold else 1000.0
                 platform = sim_platform(profile, cores=cores, invoke=invoke, cold_start_ms=cold_ms,
-                                        idle_timeout_s=900)
+                                        idle_timeout_s=900, time_slice_ms=time_slice_ms)
                 # a cold start is the instance's start-up CPU, stretched by the contention it meets
                 platform = replace(platform, invoke_cpu_ms=inv_stats["cpu_ms_per_invocation"], cold_start_ms=start_cpu,
                                    cold_start_cpu_ms=start_cpu)
                 base_pf = platform
-                plan, platform, fit = calibrate(base_plan, base_pf, p50_ms=low_p50, cpu_ms=cpu_per_request,
-                                                background=bg.mean, seed=seed, method=method)
+                live_took = {f: r["duration_ms"] / r["invocations"] for f, r in low_meter.items()
+                             if r["invocations"]}
+                plan, platform, fit = calibrate_with_meter(base_plan, base_pf, live_took, p50_ms=low_p50,
+                                                           cpu_ms=cpu_per_request, background=bg.mean, seed=seed,
+                                                           method=method)
                 alt = "weight" if method == "delay" else "delay"
-                plan_alt, platform_alt, fit_alt = calibrate(base_plan, base_pf, p50_ms=low_p50,
-                                                            cpu_ms=cpu_per_request, background=bg.mean, seed=seed,
-                                                            method=alt)
-                uncal = sim_platform(profile, cores=cores, cold_start_ms=cold_ms, idle_timeout_s=900)
+                plan_alt, platform_alt, fit_alt = calibrate_with_meter(
+                    base_plan, base_pf, live_took, p50_ms=low_p50, cpu_ms=cpu_per_request, background=bg.mean,
+                    seed=seed, method=alt)
+                uncal = sim_platform(profile, cores=cores, cold_start_ms=cold_ms, idle_timeout_s=900,
+                                     time_slice_ms=time_slice_ms)
                 probe = simulate(plan, platform, clients=8, requests_per_client=30, warmup=2, seed=seed).summary()
                 capacity = probe["throughput_rps"]
+                low_sim = simulate(plan, platform, clients=1, requests_per_client=len(low), warmup=1,
+                                   seed=seed).summary()
+                doc_low_p50 = low_sim["p50_ms"]
                 doc["calibration"] = {
                     "how": "on the local platform at one client: the invoke path timed on a no-op function (its CPU "
                            "per invocation, its instance's start-up CPU, and the delay beyond CPU fitted as an "
@@ -366,10 +415,13 @@ def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, 
                     "cold_start_ms": cold_ms,
                     "instance_start_cpu_ms": start_cpu,
                     "low_load_p50_ms": low_p50,
+                    "low_load_sim_p50_ms": doc_low_p50,
                     "low_load_requests": len(low),
                     "low_load_cpu_ms_per_request": cpu_per_request,
                     "low_load_process_cpu_ms_per_request": process_cpu,
                     "low_load_machine_cpu_ms_per_request": low_machine_cpu,
+                    "low_load_duration_ms_per_invocation": {
+                        "live": live_took, "sim": low_sim["duration_ms_per_invocation"]},
                     "compute_scale": fit["compute_scale"],
                     "background": {"measured": bg.mean, "weight": fit["weight"], "constant": fit["constant"]},
                     "fit": fit,
@@ -457,10 +509,13 @@ def _compare(name: str, live: Any, sim: dict[str, Any], raw: dict[str, Any], bac
                  "usd_per_request": live_cost, "errors": s["errors"], "incorrect": s["incorrect"],
                  "all_correct": s["all_correct"], "requests": s["requests"], "cold_starts": u["cold_starts"],
                  "billed_gb_s": u["billed_gb_s"],
+                 "billed_ms_per_invocation": {f: r["billed_ms"] / r["invocations"]
+                                              for f, r in u.get("functions", {}).items() if r["invocations"]},
                  **({"machine_cpu_ms_per_request": machine_cpu_ms} if machine_cpu_ms is not None else {})},
         "sim": {"p50_ms": sim["p50_ms"], "p99_ms": sim["p99_ms"], "throughput_rps": sim["throughput_rps"],
                 "usd_per_request": sim_cost, "cold_starts": sim["cold_starts"],
-                "cpu_utilisation": sim.get("cpu_utilisation")},
+                "cpu_utilisation": sim.get("cpu_utilisation"),
+                "billed_ms_per_invocation": sim.get("billed_ms_per_invocation", {})},
         "uncalibrated_sim": {"p50_ms": raw["p50_ms"], "p99_ms": raw["p99_ms"],
                              "usd_per_request": raw["usd_per_1000"] / 1000},
         "p50_error": _err(sim["p50_ms"], s["p50_ms"]),
@@ -481,8 +536,8 @@ def simulate_model(model: str, *, mode: str = "mopar", slo_ms: float | None = No
                    memory: str = "auto", load: str = "trace", rate: float = 500.0, low: float = 250.0,
                    high: float = 1250.0, duration_s: float = 60.0, clients: int = 100, requests: int = 100,
                    cold_start_ms: float = 1500.0, idle_timeout_s: float = 600.0, concurrency: int | None = None,
-                   cores: float | None = None, seed: int = 0, say: Callable[[str], None] | None = None
-                   ) -> dict[str, Any]:
+                   cores: float | None = None, seed: int = 0, time_slice_ms: float = TIME_SLICE_MS,
+                   say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Plan ``model`` (a file or zoo name) and simulate the plan and the unsplit model under a load."""
     from bench.sim_plans import sim_plan_for_choices, sim_platform
     from bench.trace import diurnal_arrivals, poisson_arrivals
@@ -510,7 +565,7 @@ def simulate_model(model: str, *, mode: str = "mopar", slo_ms: float | None = No
     except ValueError:
         say("the unsplit model fits no function of this platform: no baseline")
     pf = sim_platform(profile, cores=cores, cold_start_ms=cold_start_ms, idle_timeout_s=idle_timeout_s,
-                      concurrency=concurrency)
+                      concurrency=concurrency, time_slice_ms=time_slice_ms)
     if load == "trace":
         arrivals = [1e3 * t for t in diurnal_arrivals(low, high, duration_s, seed=seed)]
         what = f"diurnal trace {low:g}..{high:g} requests/s over {duration_s:g} s ({len(arrivals)} requests)"
@@ -524,6 +579,7 @@ def simulate_model(model: str, *, mode: str = "mopar", slo_ms: float | None = No
                            "load": what, "compute_source": source,
                            "assumptions": {"cold_start_ms": cold_start_ms, "idle_timeout_s": idle_timeout_s,
                                            "concurrency": pf.concurrency, "cores": pf.cores,
+                                           "time_slice_ms": pf.time_slice_ms,
                                            "invoke_ms": {"mu": pf.invoke.mu, "sigma": pf.invoke.sigma,
                                                          "tau": pf.invoke.tau}},
                            "plans": {}}
@@ -616,13 +672,15 @@ def _exit_on_sigterm() -> None:
 @click.option("--idle-timeout-s", type=float, default=600.0, show_default=True)
 @click.option("--concurrency", type=int, default=None, help="Instances per function at most (default: profile).")
 @click.option("--cores", type=float, default=None, help="Shared cores of the local platform (default: this machine's).")
+@click.option("--time-slice-ms", type=click.FloatRange(min=0), default=TIME_SLICE_MS, show_default=True,
+              help="Shared cores (local platform): the scheduler's time slice; 0 for processor sharing.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False), default="bench/results", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def sim_cmd(model: str, do_validate: bool, mode: str, slo_ms: float | None, platform: str, memory: str, load: str,
             rate: float, low: float, high: float, duration: float, clients: int, requests: int,
-            cold_start_ms: float, idle_timeout_s: float, concurrency: int | None, cores: float | None, seed: int,
-            out: str, as_json: bool) -> None:
+            cold_start_ms: float, idle_timeout_s: float, concurrency: int | None, cores: float | None,
+            time_slice_ms: float, seed: int, out: str, as_json: bool) -> None:
     """Simulate a plan on a serverless platform (MOPAR-scale loads), or --validate against live runs."""
     from serving.cli.console import console, err_console
 
@@ -630,7 +688,7 @@ def sim_cmd(model: str, do_validate: bool, mode: str, slo_ms: float | None, plat
     with err_console.status("simulating") as st:
         say = st.update
         if do_validate:
-            doc = validate(seed=seed, cores=cores, say=say)
+            doc = validate(seed=seed, cores=cores, time_slice_ms=time_slice_ms, say=say)
             path = Path(out) / "sim-validate.json"
         else:
             if mode == "slo" and slo_ms is None:
@@ -638,7 +696,8 @@ def sim_cmd(model: str, do_validate: bool, mode: str, slo_ms: float | None, plat
             doc = simulate_model(model, mode=mode, slo_ms=slo_ms, platform=platform, memory=memory, load=load,
                                  rate=rate, low=low, high=high, duration_s=duration, clients=clients,
                                  requests=requests, cold_start_ms=cold_start_ms, idle_timeout_s=idle_timeout_s,
-                                 concurrency=concurrency, cores=cores, seed=seed, say=say)
+                                 concurrency=concurrency, cores=cores, seed=seed, time_slice_ms=time_slice_ms,
+                                 say=say)
             doc["plots"] = [str(p) for p in _plots(doc, Path(out))]
             path = Path(out) / f"sim-{doc['model']}-{platform}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.simulator import ExGaussDraw, SimPlan, SimPlatform, SimStage, SimWorker
+from bench.simulator import TIME_SLICE_MS, ExGaussDraw, SimPlan, SimPlatform, SimStage, SimWorker
 from partitioner.perfmodel import PerfModel, StageChoice
 
 __all__ = ["choices_from_bundle", "sim_plan", "sim_plan_for_choices", "sim_plan_from_bundle", "sim_platform"]
@@ -24,10 +24,12 @@ __all__ = ["choices_from_bundle", "sim_plan", "sim_plan_for_choices", "sim_plan_
 
 def sim_platform(profile: Any, *, cores: float | None = None, background: float = 0.0,
                  idle_timeout_s: float = 300.0, cold_start_ms: float = 1000.0, concurrency: int | None = None,
-                 invoke: ExGaussDraw | None = None, client_invoke: ExGaussDraw | None = None) -> SimPlatform:
+                 invoke: ExGaussDraw | None = None, client_invoke: ExGaussDraw | None = None,
+                 time_slice_ms: float = TIME_SLICE_MS) -> SimPlatform:
     """The simulator's platform for a :class:`partitioner.platform.PlatformProfile`. A profile whose vCPU
     cap is this machine's cores (the local one) shares ``cores`` (default: this machine's) between every
-    function; the others give each function its own CPU."""
+    function, scheduled in time slices of ``time_slice_ms`` (0: processor sharing); the others give each
+    function its own CPU."""
     shared = profile.max_vcpu is None
     lat = profile.invoke_latency
     return SimPlatform(
@@ -42,6 +44,7 @@ def sim_platform(profile: Any, *, cores: float | None = None, background: float 
         concurrency=concurrency or profile.max_concurrency,
         idle_timeout_ms=idle_timeout_s * 1e3,
         cold_start_ms=cold_start_ms,
+        time_slice_ms=(time_slice_ms or None) if shared else None,
     )
 
 

@@ -299,6 +299,32 @@ def calibrate_with_meter(plan: SimPlan, platform: SimPlatform, live_duration_ms:
     return cal_plan, cal_pf, fit
 
 
+def fit_wake(plan: SimPlan, platform: SimPlatform, *, p50_ms: float, think_ms: float, n: int = 100,
+             seed: int = 0) -> SimPlatform:
+    """The platform with ``wake_ms`` fitted so that one client pausing ``think_ms`` after each response has
+    the measured p50 (a core idle for half that or more counts as woken: none is in a back-to-back loop,
+    both are after each pause). 0 if the pauses cost nothing; unchanged without time slices."""
+    if not platform.time_slice_ms or platform.cores is None:
+        return platform
+    pf = replace(platform, wake_after_ms=think_ms / 2)
+
+    def p50(x: float) -> float:
+        return simulate(plan, replace(pf, wake_ms=x), clients=1, requests_per_client=n, warmup=1, seed=seed,
+                        think_ms=think_ms).summary()["p50_ms"]
+
+    if p50(0.0) >= p50_ms:
+        return replace(pf, wake_ms=0.0)
+    lo, hi = 0.0, 1.0
+    while p50(hi) < p50_ms and hi < 1e4:
+        hi *= 2
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if p50(mid) < p50_ms else (lo, mid)
+        if hi - lo < 0.02:
+            break
+    return replace(pf, wake_ms=(lo + hi) / 2)
+
+
 def background_for(fit: dict[str, Any], measured: float) -> float:
     """The simulation's background threads for a run during which ``measured`` were seen."""
     return fit["weight"] * measured if fit.get("weight") is not None else float(fit.get("constant") or 0.0)
@@ -363,6 +389,7 @@ def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, 
                     low, _ = closed_loop(target, pool, clients=1, requests=max(20, requests))
                 low_machine_cpu = (_machine_busy_ms() - busy0) / len(low)
                 low_meter = meter_delta(u1, target.usage())
+                low_p50 = float(np.median([s.latency_ms for s in low]))
                 per_pid = acct.per_pid_ms()
                 # the processes' own CPU misses the kernel's work done for them in interrupt context
                 # (loopback TCP, wake-ups): the machine's busy time per request counts it, and is what the
@@ -377,10 +404,15 @@ def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, 
                 starts = [acct.start[p] - 3 * used / len(low) for p, used in per_pid.items()
                           if p not in (pp.pid, os.getpid())]
                 start_cpu = float(np.median(starts)) if starts else inv_stats["instance_start_cpu_ms"]
-                bad = [s for s in low if not (s.ok and s.correct)]
+                # the same client pausing twice the p50 after each response: both cores sit idle for longer
+                # than either does between back-to-back requests
+                say("low-load calibration: one client with pauses")
+                think_ms = 2 * low_p50
+                paused, _ = closed_loop(target, pool, clients=1, requests=40, think_s=think_ms / 1e3)
+                bad = [s for s in [*low, *paused] if not (s.ok and s.correct)]
                 if bad:
                     raise RuntimeError(f"{len(bad)} calibration requests failed or were wrong: {bad[0].error}")
-                low_p50 = float(np.median([s.latency_ms for s in low]))
+                paused_p50 = float(np.median([s.latency_ms for s in paused]))
                 cold = meter_delta(u0, u1)
                 n_cold = sum(r["cold_starts"] for r in cold.values())
                 cold_ms = sum(r["init_ms"] for r in cold.values()) / n_cold if n_cold else 1000.0
@@ -399,6 +431,8 @@ def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, 
                 plan_alt, platform_alt, fit_alt = calibrate_with_meter(
                     base_plan, base_pf, live_took, p50_ms=low_p50, cpu_ms=cpu_per_request, background=bg.mean,
                     seed=seed, method=alt)
+                platform = fit_wake(plan, platform, p50_ms=paused_p50, think_ms=think_ms, seed=seed)
+                platform_alt = replace(platform_alt, wake_ms=platform.wake_ms, wake_after_ms=platform.wake_after_ms)
                 uncal = sim_platform(profile, cores=cores, cold_start_ms=cold_ms, idle_timeout_s=900,
                                      time_slice_ms=time_slice_ms)
                 probe = simulate(plan, platform, clients=8, requests_per_client=30, warmup=2, seed=seed).summary()
@@ -415,6 +449,10 @@ def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, 
                     "cold_start_ms": cold_ms,
                     "instance_start_cpu_ms": start_cpu,
                     "low_load_p50_ms": low_p50,
+                    "paused_p50_ms": paused_p50,
+                    "paused_think_ms": think_ms,
+                    "wake_ms": platform.wake_ms,
+                    "wake_after_ms": platform.wake_after_ms,
                     "low_load_sim_p50_ms": doc_low_p50,
                     "low_load_requests": len(low),
                     "low_load_cpu_ms_per_request": cpu_per_request,

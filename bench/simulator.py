@@ -240,11 +240,12 @@ class _Slice:
 
 
 class _Core:
-    __slots__ = ("budget", "current", "finished_owner", "queue", "version")
+    __slots__ = ("budget", "current", "finished_owner", "idle_since", "queue", "version")
 
     def __init__(self) -> None:
         self.queue: deque[_Slice] = deque()
         self.current: _Slice | None = None
+        self.idle_since: float | None = 0.0  # None while it has a thread
         self.budget = 0.0  # what is left of the running thread's time slice
         self.version = 0
         self.finished_owner: object = None  # whose work just ended here (it may go on at once)
@@ -261,16 +262,20 @@ class TimeSliceCpu:
     out of work takes a waiting thread from the busiest core. A thread that goes on with more work of the
     same ``owner`` at once (a function's next step, with no wait between) keeps its core and its slice.
     ``background`` always-busy threads slow every core by ``1 + background / cores``. A job of ``threads``
-    threads is that many threads of ``work_ms`` each, done when the last is.
+    threads is that many threads of ``work_ms`` each, done when the last is. A core that sat idle for
+    ``wake_after_ms`` or more adds ``wake_ms`` of work to the first thread it runs.
     """
 
-    def __init__(self, kernel: Kernel, cores: int, *, time_slice_ms: float, background: float = 0.0) -> None:
+    def __init__(self, kernel: Kernel, cores: int, *, time_slice_ms: float, background: float = 0.0,
+                 wake_ms: float = 0.0, wake_after_ms: float = math.inf) -> None:
         if cores < 1 or time_slice_ms <= 0:
             raise ValueError(f"TimeSliceCpu needs cores >= 1 and time_slice_ms > 0, got {cores} and {time_slice_ms}")
         self.k = kernel
         self.cores = [_Core() for _ in range(int(cores))]
         self.time_slice_ms = time_slice_ms
         self.speed = 1.0 / (1.0 + max(0.0, background) / len(self.cores))
+        self.wake_ms = wake_ms
+        self.wake_after_ms = wake_after_ms
         self.busy_core_ms = 0.0
 
     def work(self, work_ms: float, threads: int = 1, owner: object = None) -> Event:
@@ -311,6 +316,10 @@ class TimeSliceCpu:
     def _run(self, c: _Core, t: _Slice, budget: float) -> None:
         if budget <= 1e-9:
             budget = self.time_slice_ms
+        if c.idle_since is not None:
+            if self.k.now - c.idle_since >= self.wake_after_ms:
+                t.left += self.wake_ms
+            c.idle_since = None
         c.current = t
         c.budget = budget
         c.version += 1
@@ -355,6 +364,7 @@ class TimeSliceCpu:
 
     def _dispatch(self, c: _Core) -> None:
         if not c.queue and not self._steal_into(c):
+            c.idle_since = self.k.now
             return
         self._run(c, c.queue.popleft(), self.time_slice_ms)
 
@@ -553,6 +563,11 @@ class SimPlatform:
     # the shared cores' scheduler: None, processor sharing (:class:`CpuPool`); else time slices of this
     # length on per-core run queues (:class:`TimeSliceCpu`), as the operating system schedules
     time_slice_ms: float | None = None
+    # time slices only: CPU work a core adds to the first thread it runs after sitting idle for
+    # ``wake_after_ms`` or more (a core waking from a deep idle state, its caches cold; measured live as the
+    # 1-client p50 with pauses over that without)
+    wake_ms: float = 0.0
+    wake_after_ms: float = math.inf
 
     def billed_ms(self, ms: float) -> float:
         g = self.granularity_ms
@@ -624,7 +639,8 @@ def simulate(plan: SimPlan, platform: SimPlatform, *, arrivals_ms: Iterable[floa
     cpu: CpuPool | TimeSliceCpu
     if platform.cores is not None and platform.time_slice_ms:
         cpu = TimeSliceCpu(k, max(1, round(platform.cores)), time_slice_ms=platform.time_slice_ms,
-                           background=platform.background)
+                           background=platform.background, wake_ms=platform.wake_ms,
+                           wake_after_ms=platform.wake_after_ms)
     else:
         cpu = CpuPool(k, platform.cores, background=platform.background)
     fns = {

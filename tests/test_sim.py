@@ -177,6 +177,29 @@ def test_a_thread_going_on_with_its_next_work_keeps_its_core() -> None:
     assert t == {"function": pytest.approx(2.0), "other": pytest.approx(12.0)}
 
 
+def test_a_core_waking_from_a_long_idle_adds_its_wake_up_work() -> None:
+    """A core idle for 10 ms or more adds 2 ms to the first thread it runs; after a shorter idle, nothing."""
+    k = Kernel()
+    cpu = TimeSliceCpu(k, 1, time_slice_ms=3.0, wake_ms=2.0, wake_after_ms=10.0)
+    done: dict[str, float] = {}
+    for name, at in (("first", 0.0), ("soon after", 5.0), ("after a rest", 30.0)):
+        k.call_at(at, lambda n=name: cpu.work(1.0).on(lambda _e: done.__setitem__(n, k.now)))
+    k.run()
+    assert done == {"first": pytest.approx(1.0), "soon after": pytest.approx(6.0), "after a rest": pytest.approx(33.0)}
+
+
+def test_wake_up_work_is_fitted_to_the_paused_p50() -> None:
+    """The truth: cores idle for 20 ms or more add 1.5 ms; fitted back from one client pausing 40 ms."""
+    from bench.sim import fit_wake
+
+    plan, think = fork_join(), 40.0
+    pf = platform(cores=2.0, time_slice_ms=3.0, invoke=ExGaussDraw(1.0, 0.1, 0.5))
+    truth = replace(pf, wake_ms=1.5, wake_after_ms=think / 2)
+    p50 = simulate(plan, truth, clients=1, requests_per_client=100, warmup=1, think_ms=think).summary()["p50_ms"]
+    assert fit_wake(plan, pf, p50_ms=p50, think_ms=think).wake_ms == pytest.approx(1.5, abs=0.1)
+    assert fit_wake(plan, pf, p50_ms=p50 - 5, think_ms=think).wake_ms == 0.0  # pauses that cost nothing
+
+
 def test_time_slices_reject_nonsense() -> None:
     with pytest.raises(ValueError, match="cores >= 1"):
         TimeSliceCpu(Kernel(), 0, time_slice_ms=3.0)

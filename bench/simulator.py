@@ -157,9 +157,9 @@ class Kernel:
 
 # The time slice of the local platform's simulated scheduler (ms). Linux's fair scheduler gives a runnable
 # thread a slice of 0.75 ms x (1 + log2 cores) (1.5 ms on 2 cores), which the timer tick (4 ms at 250 Hz)
-# stretches; 3 ms sits between. `flatpack bench sim --validate` with 1.5, 3 and 6 on a 2-core VM: 3 kept
-# the workers' billed time under load within 10 % of the meter and the closed loop's p50 too; 6 made the
-# p50 17 % slow. Processor sharing (0) put the workers 60 % over.
+# stretches; 3 ms sits between. `flatpack bench sim --validate` on a 2-core VM: 1.5 and 3 kept the
+# workers' billed time under load within 10 % of the meter, and the closed loop's p50 too; 6 made the p50
+# 17 % slow; processor sharing (0) billed the workers 50-60 % over.
 TIME_SLICE_MS = 3.0
 
 

@@ -176,6 +176,19 @@ def measure_invoke(pp: Any, work: Path, n: int = 80) -> tuple[ExGaussDraw, dict[
                  "delay_fit": {"mu": fit.mu, "sigma": fit.sigma, "tau": fit.tau}}
 
 
+def _bisect(f: Callable[[float], float], target: float, lo: float, hi: float, tol: float) -> float:
+    """The x in [lo, hi] where increasing ``f`` reaches ``target``, to ``tol``."""
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if f(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < tol:
+            break
+    return (lo + hi) / 2
+
+
 def _sim_p50(plan: SimPlan, platform: SimPlatform, n: int, seed: int) -> float:
     return simulate(plan, platform, clients=1, requests_per_client=n, warmup=1, seed=seed).summary()["p50_ms"]
 
@@ -211,15 +224,7 @@ def calibrate(plan: SimPlan, platform: SimPlatform, *, p50_ms: float, cpu_ms: fl
         return replace(platform, offpath_cpu_ms=max(0.0, (alpha - a) * work))
 
     def bisect(f: Callable[[float], float], lo: float, hi: float, tol: float) -> float:
-        for _ in range(40):
-            mid = (lo + hi) / 2
-            if f(mid) < p50_ms:
-                lo = mid
-            else:
-                hi = mid
-            if hi - lo < tol:
-                break
-        return (lo + hi) / 2
+        return _bisect(f, p50_ms, lo, hi, tol)
 
     def with_delay(d: float) -> SimPlatform:
         inv = platform.invoke
@@ -314,15 +319,10 @@ def fit_wake(plan: SimPlan, platform: SimPlatform, *, p50_ms: float, think_ms: f
 
     if p50(0.0) >= p50_ms:
         return replace(pf, wake_ms=0.0)
-    lo, hi = 0.0, 1.0
+    hi = 1.0
     while p50(hi) < p50_ms and hi < 1e4:
         hi *= 2
-    for _ in range(30):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if p50(mid) < p50_ms else (lo, mid)
-        if hi - lo < 0.02:
-            break
-    return replace(pf, wake_ms=(lo + hi) / 2)
+    return replace(pf, wake_ms=_bisect(p50, p50_ms, 0.0, hi, 0.02))
 
 
 def background_for(fit: dict[str, Any], measured: float) -> float:
@@ -439,7 +439,6 @@ def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, 
                 capacity = probe["throughput_rps"]
                 low_sim = simulate(plan, platform, clients=1, requests_per_client=len(low), warmup=1,
                                    seed=seed).summary()
-                doc_low_p50 = low_sim["p50_ms"]
                 doc["calibration"] = {
                     "how": "on the local platform at one client: the invoke path timed on a no-op function (its CPU "
                            "per invocation, its instance's start-up CPU, and the delay beyond CPU fitted as an "
@@ -453,7 +452,7 @@ def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, 
                     "paused_think_ms": think_ms,
                     "wake_ms": platform.wake_ms,
                     "wake_after_ms": platform.wake_after_ms,
-                    "low_load_sim_p50_ms": doc_low_p50,
+                    "low_load_sim_p50_ms": low_sim["p50_ms"],
                     "low_load_requests": len(low),
                     "low_load_cpu_ms_per_request": cpu_per_request,
                     "low_load_process_cpu_ms_per_request": process_cpu,

@@ -36,7 +36,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,11 @@ from bench.simulator import TIME_SLICE_MS, ExGaussDraw, SimPlan, SimPlatform, si
 __all__ = ["CpuAccount", "calibrate", "fit_exgauss", "measure_invoke", "sim_cmd", "validate"]
 
 log = logging.getLogger(__name__)
+
+# a plan with a fan-out whatever the planner would choose on the machine at hand (``--stages`` with
+# ``--validate``): the convolutions at full resolution cut in two (the master computes one half, one worker
+# the other) and the rest on the master
+FAN_OUT_STAGES = "0-9:spatial=2x1,10-:none"
 
 
 def fit_exgauss(samples_ms: list[float] | np.ndarray) -> ExGaussDraw:
@@ -148,6 +153,7 @@ def measure_invoke(pp: Any, work: Path, n: int = 80) -> tuple[ExGaussDraw, dict[
     invocation (every process on the path), the CPU an instance needs to start, and the delay beyond
     the CPU work, fitted as an ex-Gaussian."""
     from bench.load import DeploymentTarget, InputPool, closed_loop
+    from bench.usage import meter_delta
     from serving.platform.deploy import deploy_bundle
 
     bundle = _noop_bundle(work / "noop")
@@ -160,8 +166,10 @@ def measure_invoke(pp: Any, work: Path, n: int = 80) -> tuple[ExGaussDraw, dict[
         start_cpu = sum(_cpu_ms(p) or 0.0 for p in inst) / max(1, len(inst))
         closed_loop(target, pool, clients=1, requests=5)
         acct = CpuAccount(_pids(pp, dep.names.values()))
+        u0 = target.usage()
         samples, _ = closed_loop(target, pool, clients=1, requests=n)
         cpu = acct.used_ms() / n
+        metered = meter_delta(u0, target.usage())
     finally:
         target.close()
         dep.remove()
@@ -169,10 +177,12 @@ def measure_invoke(pp: Any, work: Path, n: int = 80) -> tuple[ExGaussDraw, dict[
     if len(lat) < n // 2:
         raise RuntimeError(f"the no-op function failed {n - len(lat)} of {n} times: {samples[0].error}")
     cpu = min(cpu, float(np.median(lat)))
+    inv = sum(r["invocations"] for r in metered.values())
+    inside = sum(r["duration_ms"] for r in metered.values()) / inv if inv else float("nan")
     fit = fit_exgauss([max(0.0, x - cpu) for x in lat])
     return fit, {"n": len(lat), "p50_ms": float(np.median(lat)), "mean_ms": float(np.mean(lat)),
                  "p99_ms": float(np.percentile(lat, 99)), "cpu_ms_per_invocation": cpu,
-                 "instance_start_cpu_ms": start_cpu,
+                 "instance_start_cpu_ms": start_cpu, "metered_ms_per_invocation": inside,
                  "delay_fit": {"mu": fit.mu, "sigma": fit.sigma, "tau": fit.tau}}
 
 
@@ -325,6 +335,24 @@ def fit_wake(plan: SimPlan, platform: SimPlatform, *, p50_ms: float, think_ms: f
     return replace(pf, wake_ms=_bisect(p50, p50_ms, 0.0, hi, 0.02))
 
 
+def fit_spread(plan: SimPlan, platform: SimPlatform, *, p50_ms: float, p95_ms: float, n: int = 400,
+               seed: int = 0) -> SimPlatform:
+    """The platform with ``work_cv`` fitted so that one client's simulated p95 lies as far above its p50 as
+    the measured one does (0 if the simulation's other draws spread it that far already)."""
+    def gap(cv: float) -> float:
+        s = simulate(plan, replace(platform, work_cv=cv), clients=1, requests_per_client=n, warmup=1,
+                     seed=seed).summary()
+        return s["p95_ms"] - s["p50_ms"]
+
+    target = p95_ms - p50_ms
+    if gap(0.0) >= target:
+        return replace(platform, work_cv=0.0)
+    hi = 0.25
+    while gap(hi) < target and hi < 4:
+        hi *= 2
+    return replace(platform, work_cv=_bisect(gap, target, 0.0, hi, 0.005))
+
+
 def background_for(fit: dict[str, Any], measured: float) -> float:
     """The simulation's background threads for a run during which ``measured`` were seen."""
     return fit["weight"] * measured if fit.get("weight") is not None else float(fit.get("constant") or 0.0)
@@ -337,21 +365,108 @@ def _err(sim: float, live: float) -> float:
 # -- validation ------------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Probe:
+    """One client's back-to-back requests, as the calibration uses them."""
+
+    samples: list[Any]
+    process_cpu_ms_per_request: float  # the processes' own CPU (platform, instances, client), from /proc
+    machine_cpu_ms_per_request: float  # every core's busy time (steal excluded)
+    took_ms: dict[str, float]  # the meter's duration per invocation, per function
+    background: float  # other runnable scheduling groups, on average
+    per_pid_ms: dict[int, float] = field(default_factory=dict)
+    start_cpu_ms: dict[int, float] = field(default_factory=dict)  # each process's CPU before the probe
+    chunks: list[dict[str, float]] = field(default_factory=list)  # p50 and CPU per request of each part
+
+    @property
+    def p50_ms(self) -> float:
+        return float(np.median([s.latency_ms for s in self.samples]))
+
+    @property
+    def p95_ms(self) -> float:
+        return float(np.percentile([s.latency_ms for s in self.samples], 95))
+
+    @property
+    def p99_ms(self) -> float:
+        return float(np.percentile([s.latency_ms for s in self.samples], 99))
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        """The processes' CPU plus the kernel's work done for them in interrupt context (loopback TCP,
+        wake-ups), which /proc's per-process times miss and the machine's busy time counts. But the machine's
+        busy time counts any other load too: the kernel's share is a few per cent of the processes' (5-10 %
+        in every quiet run here), so a gap beyond :data:`_KERNEL_SHARE_MAX` is someone else's CPU, which the
+        background sampler accounts for separately."""
+        own = self.process_cpu_ms_per_request
+        return own + min(max(0.0, self.machine_cpu_ms_per_request - own), _KERNEL_SHARE_MAX * own)
+
+    def summary(self) -> dict[str, Any]:
+        return {"requests": len(self.samples), "p50_ms": self.p50_ms, "p95_ms": self.p95_ms,
+                "p99_ms": self.p99_ms, "cpu_ms_per_request": self.cpu_ms_per_request,
+                "machine_cpu_ms_per_request": self.machine_cpu_ms_per_request, "background": self.background,
+                "chunks": self.chunks}
+
+    @classmethod
+    def pooled(cls, probes: list[_Probe]) -> _Probe:
+        """The probes as one: samples together, per-request figures weighted by requests."""
+        n = [len(p.samples) for p in probes]
+
+        def mean(x: list[float]) -> float:
+            return float(np.average(x, weights=n))
+
+        took = {f: mean([p.took_ms.get(f, 0.0) for p in probes]) for f in set().union(*(p.took_ms for p in probes))}
+        return cls([s for p in probes for s in p.samples], mean([p.process_cpu_ms_per_request for p in probes]),
+                   mean([p.machine_cpu_ms_per_request for p in probes]), took, mean([p.background for p in probes]))
+
+
+def _probe(pp: Any, dep: Any, target: Any, pool: Any, n: int, chunk: int = 20) -> _Probe:
+    """One client sending ``n`` requests back to back to deployment ``dep``, measured (and every ``chunk``
+    requests apart: their CPU and p50 per chunk)."""
+    from bench.load import closed_loop
+    from bench.usage import meter_delta
+
+    u0 = target.usage()
+    acct = CpuAccount(_pids(pp, dep.names.values()))
+    busy0 = _machine_busy_ms()
+    samples: list[Any] = []
+    chunks: list[dict[str, float]] = []
+    with BackgroundSampler(pp.pid) as bg:
+        while len(samples) < n:
+            k = min(chunk, n - len(samples))
+            own0, m0 = acct.used_ms(), _machine_busy_ms()
+            got, _ = closed_loop(target, pool, clients=1, requests=k, first_index=len(samples))
+            chunks.append({"p50_ms": float(np.median([s.latency_ms for s in got])),
+                           "process_cpu_ms_per_request": (acct.used_ms() - own0) / k,
+                           "machine_cpu_ms_per_request": (_machine_busy_ms() - m0) / k})
+            samples += got
+    machine_ms = _machine_busy_ms() - busy0
+    per_pid = acct.per_pid_ms()
+    took = {f: r["duration_ms"] / r["invocations"] for f, r in meter_delta(u0, target.usage()).items()
+            if r["invocations"]}
+    return _Probe(samples, sum(per_pid.values()) / n, machine_ms / n, took, bg.mean, per_pid, acct.start, chunks)
+
+
+
 def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, clients: int = 3,
-             requests: int = 100, poisson_utilisation: float = 0.3, duration_s: float = 20.0, seed: int = 0,
-             cores: float | None = None, method: str = "delay", time_slice_ms: float = TIME_SLICE_MS,
+             requests: int = 300, low_requests: int = 100, poisson_utilisation: float = 0.3,
+             duration_s: float = 20.0, seed: int = 0, cores: float | None = None, method: str = "delay",
+             time_slice_ms: float = TIME_SLICE_MS, stages: str = "lo",
              say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Calibrate at low load, compare at other loads; see the module docstring. ``method``: how the 1-client
     p50 is matched (see :func:`calibrate`); the other method's figures are reported alongside.
-    ``time_slice_ms``: the simulated scheduler's (0: processor sharing)."""
+    ``time_slice_ms``: the simulated scheduler's (0: processor sharing). ``low_requests``: requests of each
+    1-client calibration run (one before and one after the closed loop). ``stages``: the deployment's plan
+    (a manual stage spec, or "lo" for the planner's)."""
     from bench.load import DeploymentTarget, InputPool, LoadSpec, closed_loop, run_load
     from bench.models import zoo_file
     from bench.platform_process import PlatformProcess
     from bench.sim_plans import sim_plan_from_bundle, sim_platform
     from bench.trace import poisson_arrivals
     from bench.usage import meter_delta
+    from partitioner.export import Placement, export_bundle
     from partitioner.graph import LayerGraph
     from partitioner.planner import PlanRequest, export_solution, make_perfmodel, solve
+    from partitioner.spec import parse_stages
     from serving.platform.deploy import deploy_bundle
 
     say = say or (lambda _m: None)
@@ -361,15 +476,23 @@ def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, 
     lg = LayerGraph.load(path)
     req = PlanRequest(mode="lo", platform="local", memory=1769, transport="shm")
     pm, profile, source = make_perfmodel(lg, req)
-    result = solve(lg, req, pm=pm)
+    n_stages = len(parse_stages(stages, len(lg.units))) if stages != "lo" else 0
+    if stages == "lo":
+        result = solve(lg, req, pm=pm)
+        plan_str, how = [str(c) for c in result.choices], "lo"
+    else:
+        plan_str, how = [stages], "manual"
     doc: dict[str, Any] = {"benchmark": "sim-validate", "machine": machine(),
-                           "deployment": {"model": f"{model} width/{width_div} {input_size}px", "mode": "lo",
-                                          "memory_mb": 1769, "plan": [str(c) for c in result.choices],
-                                          "compute_source": source}}
+                           "deployment": {"model": f"{model} width/{width_div} {input_size}px", "mode": how,
+                                          "memory_mb": 1769, "plan": plan_str, "compute_source": source}}
     with tempfile.TemporaryDirectory(prefix="flatpack-sim-") as tmp:
         work = Path(tmp)
         say("exporting the plan")
-        bundle = export_solution(lg, result, req, work / "bundle", source=source)
+        if stages == "lo":
+            bundle = export_solution(lg, result, req, work / "bundle", source=source)
+        else:
+            bundle = export_bundle(lg, stages, work / "bundle", master_mb=1769, platform="local", transport="shm",
+                                   placements=[Placement(True, 1769)] * n_stages, progress=say)
         base_plan = sim_plan_from_bundle(pm, bundle)
         with PlatformProcess(idle_timeout_s=900) as pp:
             client = pp.client
@@ -383,53 +506,61 @@ def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, 
                 u0 = target.usage()
                 closed_loop(target, pool, clients=1, requests=3)
                 u1 = target.usage()
-                acct = CpuAccount(_pids(pp, dep.names.values()))
-                busy0 = _machine_busy_ms()
-                with BackgroundSampler(pp.pid) as bg:
-                    low, _ = closed_loop(target, pool, clients=1, requests=max(20, requests))
-                low_machine_cpu = (_machine_busy_ms() - busy0) / len(low)
-                low_meter = meter_delta(u1, target.usage())
-                low_p50 = float(np.median([s.latency_ms for s in low]))
-                per_pid = acct.per_pid_ms()
-                # the processes' own CPU misses the kernel's work done for them in interrupt context
-                # (loopback TCP, wake-ups): the machine's busy time per request counts it, and is what the
-                # requests take of the cores under load (other users' load is modelled separately)
-                # ... but so is any other load on the machine: the kernel's share is a few per cent of the
-                # processes' (5-10 % in every quiet run here), so a larger gap is someone else's CPU, which the
-                # background sampler accounts for separately
-                process_cpu = sum(per_pid.values()) / len(low)
-                cpu_per_request = process_cpu + min(max(0.0, low_machine_cpu - process_cpu),
-                                                    _KERNEL_SHARE_MAX * process_cpu)
+                before = _probe(pp, dep, target, pool, low_requests)
                 # an instance's CPU so far = its start-up + 3 warm-up requests + the low-load requests
-                starts = [acct.start[p] - 3 * used / len(low) for p, used in per_pid.items()
-                          if p not in (pp.pid, os.getpid())]
+                starts = [before.start_cpu_ms[p] - 3 * used / len(before.samples)
+                          for p, used in before.per_pid_ms.items() if p not in (pp.pid, os.getpid())]
                 start_cpu = float(np.median(starts)) if starts else inv_stats["instance_start_cpu_ms"]
                 # the same client pausing twice the p50 after each response: both cores sit idle for longer
                 # than either does between back-to-back requests
                 say("low-load calibration: one client with pauses")
-                think_ms = 2 * low_p50
+                think_ms = 2 * before.p50_ms
                 paused, _ = closed_loop(target, pool, clients=1, requests=40, think_s=think_ms / 1e3)
-                bad = [s for s in [*low, *paused] if not (s.ok and s.correct)]
-                if bad:
-                    raise RuntimeError(f"{len(bad)} calibration requests failed or were wrong: {bad[0].error}")
                 paused_p50 = float(np.median([s.latency_ms for s in paused]))
                 cold = meter_delta(u0, u1)
                 n_cold = sum(r["cold_starts"] for r in cold.values())
                 cold_ms = sum(r["init_ms"] for r in cold.values()) / n_cold if n_cold else 1000.0
+
+                say(f"closed loop: {clients} clients x {requests} requests")
+                spec = LoadSpec(mode="closed", clients=clients, requests=requests, warmup=4, seed=seed)
+                # instances for one client more than the loop has, so that the measured phase rarely meets a
+                # cold start the warm-up happened not to need (live and simulated alike start with these)
+                closed_loop(target, pool, clients=clients + 1, requests=3)
+                closed_warm = _warm_instances(pp, dep)
+                busy0 = _machine_busy_ms()
+                with BackgroundSampler(pp.pid) as bg:
+                    closed_live = run_load(target, pool, spec)
+                closed_busy = _machine_busy_ms() - busy0
+                closed_bg = bg.mean
+                # the machine's speed drifts by several per cent over tens of seconds: the calibration is on
+                # one client both before and after the closed loop (none of the loop's figures enter it)
+                say("low-load calibration: one client again")
+                after = _probe(pp, dep, target, pool, low_requests)
+                low = _Probe.pooled([before, after])
+                bad = [s for s in [*low.samples, *paused] if not (s.ok and s.correct)]
+                if bad:
+                    raise RuntimeError(f"{len(bad)} calibration requests failed or were wrong: {bad[0].error}")
+                low_p50, cpu_per_request = low.p50_ms, low.cpu_ms_per_request
                 platform = sim_platform(profile, cores=cores, invoke=invoke, cold_start_ms=cold_ms,
                                         idle_timeout_s=900, time_slice_ms=time_slice_ms)
                 # a cold start is the instance's start-up CPU, stretched by the contention it meets
                 platform = replace(platform, invoke_cpu_ms=inv_stats["cpu_ms_per_invocation"], cold_start_ms=start_cpu,
                                    cold_start_cpu_ms=start_cpu)
                 base_pf = platform
-                live_took = {f: r["duration_ms"] / r["invocations"] for f, r in low_meter.items()
-                             if r["invocations"]}
+                live_took = low.took_ms
                 plan, platform, fit = calibrate_with_meter(base_plan, base_pf, live_took, p50_ms=low_p50,
-                                                           cpu_ms=cpu_per_request, background=bg.mean, seed=seed,
+                                                           cpu_ms=cpu_per_request, background=low.background, seed=seed,
+                                                           method=method)
+                # the compute times' spread, fitted to the 1-client p95; then the rest again with it
+                say("calibrating the simulation")
+                base_pf = replace(base_pf, work_cv=fit_spread(plan, platform, p50_ms=low_p50, p95_ms=low.p95_ms,
+                                                              seed=seed).work_cv)
+                plan, platform, fit = calibrate_with_meter(base_plan, base_pf, live_took, p50_ms=low_p50,
+                                                           cpu_ms=cpu_per_request, background=low.background, seed=seed,
                                                            method=method)
                 alt = "weight" if method == "delay" else "delay"
                 plan_alt, platform_alt, fit_alt = calibrate_with_meter(
-                    base_plan, base_pf, live_took, p50_ms=low_p50, cpu_ms=cpu_per_request, background=bg.mean,
+                    base_plan, base_pf, live_took, p50_ms=low_p50, cpu_ms=cpu_per_request, background=low.background,
                     seed=seed, method=alt)
                 platform = fit_wake(plan, platform, p50_ms=paused_p50, think_ms=think_ms, seed=seed)
                 platform_alt = replace(platform_alt, wake_ms=platform.wake_ms, wake_after_ms=platform.wake_after_ms)
@@ -437,7 +568,7 @@ def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, 
                                      time_slice_ms=time_slice_ms)
                 probe = simulate(plan, platform, clients=8, requests_per_client=30, warmup=2, seed=seed).summary()
                 capacity = probe["throughput_rps"]
-                low_sim = simulate(plan, platform, clients=1, requests_per_client=len(low), warmup=1,
+                low_sim = simulate(plan, platform, clients=1, requests_per_client=len(low.samples), warmup=1,
                                    seed=seed).summary()
                 doc["calibration"] = {
                     "how": "on the local platform at one client: the invoke path timed on a no-op function (its CPU "
@@ -453,14 +584,20 @@ def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, 
                     "wake_ms": platform.wake_ms,
                     "wake_after_ms": platform.wake_after_ms,
                     "low_load_sim_p50_ms": low_sim["p50_ms"],
-                    "low_load_requests": len(low),
+                    "low_load_p95_ms": low.p95_ms,
+                    "low_load_sim_p95_ms": low_sim["p95_ms"],
+                    "low_load_p99_ms": low.p99_ms,
+                    "work_cv": platform.work_cv,
+                    "low_load_sim_p99_ms": low_sim["p99_ms"],
+                    "low_load_requests": len(low.samples),
                     "low_load_cpu_ms_per_request": cpu_per_request,
-                    "low_load_process_cpu_ms_per_request": process_cpu,
-                    "low_load_machine_cpu_ms_per_request": low_machine_cpu,
+                    "low_load_process_cpu_ms_per_request": low.process_cpu_ms_per_request,
+                    "low_load_machine_cpu_ms_per_request": low.machine_cpu_ms_per_request,
+                    "low_load_probes": [p.summary() for p in (before, after)],
                     "low_load_duration_ms_per_invocation": {
                         "live": live_took, "sim": low_sim["duration_ms_per_invocation"]},
                     "compute_scale": fit["compute_scale"],
-                    "background": {"measured": bg.mean, "weight": fit["weight"], "constant": fit["constant"]},
+                    "background": {"measured": low.background, "weight": fit["weight"], "constant": fit["constant"]},
                     "fit": fit,
                     "alternative_fit": fit_alt,
                     "invoke_cpu_ms": platform.invoke_cpu_ms,
@@ -470,25 +607,17 @@ def validate(*, model: str = "vgg16", width_div: int = 2, input_size: int = 96, 
                     "cores": platform.cores,
                 }
                 scenarios = []
-                say(f"closed loop: {clients} clients x {requests} requests")
-                spec = LoadSpec(mode="closed", clients=clients, requests=requests, warmup=4, seed=seed)
-                # instances for one client more than the loop has, so that the measured phase rarely meets a
-                # cold start the warm-up happened not to need (live and simulated alike start with these)
-                closed_loop(target, pool, clients=clients + 1, requests=3)
-                warm = _warm_instances(pp, dep)
-                busy0 = _machine_busy_ms()
-                with BackgroundSampler(pp.pid) as bg:
-                    live = run_load(target, pool, spec)
-                busy = _machine_busy_ms() - busy0
-                pf = replace(platform, background=background_for(fit, bg.mean))
+                say("simulating the closed loop")
+                live, warm, busy = closed_live, closed_warm, closed_busy
+                pf = replace(platform, background=background_for(fit, closed_bg))
                 sim = simulate(plan, pf, clients=clients, requests_per_client=requests, warmup=4, seed=seed,
                                prewarm=warm).summary()
                 raw = simulate(base_plan, uncal, clients=clients, requests_per_client=requests, warmup=4,
                                seed=seed, prewarm=warm).summary()
-                pfa = replace(platform_alt, background=background_for(fit_alt, bg.mean))
+                pfa = replace(platform_alt, background=background_for(fit_alt, closed_bg))
                 other = simulate(plan_alt, pfa, clients=clients, requests_per_client=requests, warmup=4,
                                  seed=seed, prewarm=warm).summary()
-                scenarios.append(_compare(f"closed loop {clients} x {requests}", live, sim, raw, bg.mean, pf,
+                scenarios.append(_compare(f"closed loop {clients} x {requests}", live, sim, raw, closed_bg, pf,
                                           (alt, other), busy / (clients * (requests + spec.warmup))))
                 scenarios[-1]["warm_instances_at_start"] = warm
                 rate = round(poisson_utilisation * capacity, 2)
@@ -711,13 +840,16 @@ def _exit_on_sigterm() -> None:
 @click.option("--cores", type=float, default=None, help="Shared cores of the local platform (default: this machine's).")
 @click.option("--time-slice-ms", type=click.FloatRange(min=0), default=TIME_SLICE_MS, show_default=True,
               help="Shared cores (local platform): the scheduler's time slice; 0 for processor sharing.")
+@click.option("--stages", default="lo", show_default=True, metavar="SPEC",
+              help=f"--validate: the deployment's plan, the planner's (lo) or a stage spec; e.g. {FAN_OUT_STAGES!r} "
+                   "for a fan-out however the planner would cut the model here.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False), default="bench/results", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def sim_cmd(model: str, do_validate: bool, mode: str, slo_ms: float | None, platform: str, memory: str, load: str,
             rate: float, low: float, high: float, duration: float, clients: int, requests: int,
             cold_start_ms: float, idle_timeout_s: float, concurrency: int | None, cores: float | None,
-            time_slice_ms: float, seed: int, out: str, as_json: bool) -> None:
+            time_slice_ms: float, stages: str, seed: int, out: str, as_json: bool) -> None:
     """Simulate a plan on a serverless platform (MOPAR-scale loads), or --validate against live runs."""
     from serving.cli.console import console, err_console
 
@@ -725,7 +857,12 @@ def sim_cmd(model: str, do_validate: bool, mode: str, slo_ms: float | None, plat
     with err_console.status("simulating") as st:
         say = st.update
         if do_validate:
-            doc = validate(seed=seed, cores=cores, time_slice_ms=time_slice_ms, say=say)
+            from partitioner.errors import SpecError
+
+            try:
+                doc = validate(seed=seed, cores=cores, time_slice_ms=time_slice_ms, stages=stages, say=say)
+            except SpecError as e:
+                raise click.BadParameter(str(e), param_hint="--stages") from None
             path = Path(out) / "sim-validate.json"
         else:
             if mode == "slo" and slo_ms is None:

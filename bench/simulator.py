@@ -568,6 +568,9 @@ class SimPlatform:
     # 1-client p50 with pauses over that without)
     wake_ms: float = 0.0
     wake_after_ms: float = math.inf
+    # the spread of compute times: each invocation's compute work is its mean times a gamma-distributed
+    # factor of mean 1 and this coefficient of variation (0: every invocation takes exactly its work)
+    work_cv: float = 0.0
 
     def billed_ms(self, ms: float) -> float:
         g = self.granularity_ms
@@ -667,6 +670,11 @@ def simulate(plan: SimPlan, platform: SimPlatform, *, arrivals_ms: Iterable[floa
         return None
 
     quarter = platform.invoke_cpu_ms / 4  # caller side and callee side, on the way there and back
+    cv2 = platform.work_cv**2
+
+    def spread() -> float:
+        """One invocation's factor on its compute work."""
+        return float(rng.gamma(1 / cv2, cv2)) if cv2 > 0 else 1.0
 
     def worker_call(w: SimWorker) -> Generator[Event, Any, None]:
         fn = fns[w.function]
@@ -674,7 +682,7 @@ def simulate(plan: SimPlan, platform: SimPlatform, *, arrivals_ms: Iterable[floa
         yield cpu.work(quarter)
         inst, cold = yield fn.acquire()
         t = k.now
-        yield cpu.work(quarter + w.work_ms + quarter, fn.threads, inst)
+        yield cpu.work(quarter + w.work_ms * spread() + quarter, fn.threads, inst)
         dur = k.now - t
         fn.release(inst, dur, platform.billed_ms(dur))
         bill(fn, dur, cold)
@@ -693,18 +701,19 @@ def simulate(plan: SimPlan, platform: SimPlatform, *, arrivals_ms: Iterable[floa
         yield cpu.work(quarter)
         inst, cold = yield master.acquire()
         t = k.now
-        yield cpu.work(quarter + plan.request_ms / 2, master.threads, inst)
+        x = spread()
+        yield cpu.work(quarter + x * plan.request_ms / 2, master.threads, inst)
         for st in plan.stages:
             if st.workers:
-                yield cpu.work(st.put_ms, master.threads, inst)
+                yield cpu.work(x * st.put_ms, master.threads, inst)
                 calls = [k.process(worker_call(w)) for w in st.workers]
                 if st.master_ms:
-                    yield cpu.work(st.master_ms, master.threads, inst)
+                    yield cpu.work(x * st.master_ms, master.threads, inst)
                 yield k.all_of(calls)
-                yield cpu.work(st.join_ms, master.threads, inst)
+                yield cpu.work(x * st.join_ms, master.threads, inst)
             elif st.master_ms:
-                yield cpu.work(st.master_ms, master.threads, inst)
-        yield cpu.work(plan.request_ms / 2 + quarter, master.threads, inst)
+                yield cpu.work(x * st.master_ms, master.threads, inst)
+        yield cpu.work(x * plan.request_ms / 2 + quarter, master.threads, inst)
         dur = k.now - t
         master.release(inst, dur, platform.billed_ms(dur))
         bill(master, dur, cold)

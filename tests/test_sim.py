@@ -242,6 +242,52 @@ def test_worker_calibration_matches_the_meter_and_keeps_the_cpu() -> None:
     assert fitted.total_work_ms() + fitted_pf.offpath_cpu_ms == pytest.approx(plan.total_work_ms())
 
 
+def test_work_spread_keeps_the_mean_and_widens_the_tail() -> None:
+    """work_cv draws each invocation's compute around its mean: the CPU per request stays, the p95 grows with
+    it, and 0 is exactly the deterministic simulation."""
+    plan, loop = fork_join(), {"clients": 1, "requests_per_client": 400, "warmup": 1}
+    pf = platform(cores=2.0, time_slice_ms=3.0)
+    runs = {cv: simulate(plan, replace(pf, work_cv=cv), **loop) for cv in (0.0, 0.15, 0.3)}  # type: ignore[arg-type]
+    base = runs[0.0].summary()
+    assert base["p95_ms"] == pytest.approx(base["p50_ms"])  # nothing random without a spread
+    for cv in (0.15, 0.3):
+        assert runs[cv].cpu_busy_core_ms == pytest.approx(runs[0.0].cpu_busy_core_ms, rel=0.03)
+    gaps = [r.summary()["p95_ms"] - r.summary()["p50_ms"] for r in runs.values()]
+    assert gaps[0] < gaps[1] < gaps[2]
+
+
+def test_work_spread_is_fitted_to_the_one_client_p95() -> None:
+    """The truth's compute varies with a coefficient of variation of 0.2: fitted back from one client's p50
+    and p95 (a different seed than the fit's); a p95 the deterministic simulation reaches fits 0."""
+    from bench.sim import fit_spread
+
+    plan = fork_join()
+    pf = platform(cores=2.0, time_slice_ms=3.0, invoke=ExGaussDraw(1.0, 0.1, 0.3))
+    live = simulate(plan, replace(pf, work_cv=0.2), clients=1, requests_per_client=400, warmup=1, seed=7).summary()
+    assert fit_spread(plan, pf, p50_ms=live["p50_ms"], p95_ms=live["p95_ms"]).work_cv == pytest.approx(0.2, abs=0.04)
+    assert fit_spread(plan, pf, p50_ms=live["p50_ms"], p95_ms=live["p50_ms"]).work_cv == 0.0
+
+
+def test_calibration_runs_pool_by_requests() -> None:
+    """The 1-client runs before and after the closed loop calibrate as one: per-request figures weighted by
+    requests, samples together; the kernel's share above the processes' CPU is capped."""
+    from types import SimpleNamespace
+
+    from bench.sim import _KERNEL_SHARE_MAX, _Probe
+
+    def run(ms: list[float], own: float, machine: float, took: float, bg: float) -> _Probe:
+        return _Probe([SimpleNamespace(latency_ms=x) for x in ms], own, machine, {"w": took}, bg)
+
+    a = run([10.0] * 30, own=20.0, machine=21.0, took=5.0, bg=0.0)
+    b = run([14.0] * 10, own=24.0, machine=60.0, took=9.0, bg=1.0)
+    both = _Probe.pooled([a, b])
+    assert len(both.samples) == 40 and both.p50_ms == 10.0
+    assert both.process_cpu_ms_per_request == pytest.approx(21.0)
+    assert both.took_ms == {"w": pytest.approx(6.0)} and both.background == pytest.approx(0.25)
+    assert a.cpu_ms_per_request == pytest.approx(21.0)  # the kernel's share as measured
+    assert b.cpu_ms_per_request == pytest.approx(24.0 * (1 + _KERNEL_SHARE_MAX))  # other load: capped
+
+
 def test_exgauss_fit_recovers_parameters() -> None:
     from bench.sim import fit_exgauss
 
@@ -331,3 +377,14 @@ def test_sim_plan_from_perf_model_choices() -> None:
     assert r.summary()["requests"] == 10 and r.summary()["usd_per_1000"] > 0
     lam = sim_platform(load_profile("aws-lambda"))
     assert lam.cores is None  # the cloud: every function has its own CPU
+
+
+def test_validate_rejects_a_bad_stage_spec_before_deploying() -> None:
+    """A typo in --stages is a usage error naming the option, not a traceback after minutes of work."""
+    from click.testing import CliRunner
+
+    from bench.sim import sim_cmd
+
+    r = CliRunner().invoke(sim_cmd, ["--validate", "--stages", "0-9:bogus=2,10-:none", "--out", "/nonexistent"])
+    assert r.exit_code == 2
+    assert "--stages" in r.output and "unknown split family 'bogus'" in r.output

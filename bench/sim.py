@@ -199,6 +199,16 @@ def _bisect(f: Callable[[float], float], target: float, lo: float, hi: float, to
     return (lo + hi) / 2
 
 
+def _fit_from_zero(f: Callable[[float], float], target: float, hi: float, cap: float, tol: float) -> float:
+    """The x >= 0 where increasing ``f`` reaches ``target``: 0 if ``f(0)`` already does; else ``hi`` doubled
+    until it does (at most to ``cap``), then bisected to ``tol``."""
+    if f(0.0) >= target:
+        return 0.0
+    while f(hi) < target and hi < cap:
+        hi *= 2
+    return _bisect(f, target, 0.0, hi, tol)
+
+
 def _sim_p50(plan: SimPlan, platform: SimPlatform, n: int, seed: int) -> float:
     return simulate(plan, platform, clients=1, requests_per_client=n, warmup=1, seed=seed).summary()["p50_ms"]
 
@@ -327,12 +337,7 @@ def fit_wake(plan: SimPlan, platform: SimPlatform, *, p50_ms: float, think_ms: f
         return simulate(plan, replace(pf, wake_ms=x), clients=1, requests_per_client=n, warmup=1, seed=seed,
                         think_ms=think_ms).summary()["p50_ms"]
 
-    if p50(0.0) >= p50_ms:
-        return replace(pf, wake_ms=0.0)
-    hi = 1.0
-    while p50(hi) < p50_ms and hi < 1e4:
-        hi *= 2
-    return replace(pf, wake_ms=_bisect(p50, p50_ms, 0.0, hi, 0.02))
+    return replace(pf, wake_ms=_fit_from_zero(p50, p50_ms, 1.0, 1e4, 0.02))
 
 
 def fit_spread(plan: SimPlan, platform: SimPlatform, *, p50_ms: float, p95_ms: float, n: int = 400,
@@ -344,13 +349,7 @@ def fit_spread(plan: SimPlan, platform: SimPlatform, *, p50_ms: float, p95_ms: f
                      seed=seed).summary()
         return s["p95_ms"] - s["p50_ms"]
 
-    target = p95_ms - p50_ms
-    if gap(0.0) >= target:
-        return replace(platform, work_cv=0.0)
-    hi = 0.25
-    while gap(hi) < target and hi < 4:
-        hi *= 2
-    return replace(platform, work_cv=_bisect(gap, target, 0.0, hi, 0.005))
+    return replace(platform, work_cv=_fit_from_zero(gap, p95_ms - p50_ms, 0.25, 4.0, 0.005))
 
 
 def background_for(fit: dict[str, Any], measured: float) -> float:

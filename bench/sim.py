@@ -24,7 +24,10 @@ and starting with as many warm instances as the live deployment had.
 Functions share the machine's cores, so latency under load comes from queueing for them: the simulator
 serves per-core run queues in time slices (``--time-slice-ms``, 0 for one processor-sharing pool).
 After the common scale, (5) each worker function's share of the work is set from the meter (its duration
-per invocation at one client): the perf model spreads compute by FLOPs, and a tile's real share differs.
+per invocation at one client): the perf model spreads compute by FLOPs, and a tile's real share differs;
+(6) a core waking from a long idle adds wake-up work, fitted to one client pausing after each response;
+(7) the compute times' spread, fitted to the 1-client p95. The 1-client runs are made both before and after
+the closed loop and pooled, as the machine's speed drifts by several per cent over tens of seconds.
 """
 
 from __future__ import annotations

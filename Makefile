@@ -22,9 +22,12 @@ demo: setup
 	$(BIN)/flatpack invoke vgg11-small --input random
 	@echo "the endpoint keeps serving: flatpack status vgg11-small; stop it with: $(BIN)/flatpack undeploy vgg11-small"
 
+# ruff (style, bugs, security), import-linter (DESIGN.md's layers), mypy (every product package), then pytest
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -n 2 -q
 
 clean:
-	rm -rf $(BUILD) .pytest_cache .ruff_cache
+	rm -rf $(BUILD) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache

@@ -25,7 +25,7 @@ from autoencoder.compress import (
     prefix_model,
     split_point,
 )
-from autoencoder.config import CACHE_DIR_ENV, TrainConfig, cache_root
+from autoencoder.config import TrainConfig
 from autoencoder.design import AEDesign, design_for
 from autoencoder.edge import EdgeKind, EdgeOption, edge_options
 from autoencoder.errors import CompressionError
@@ -38,7 +38,6 @@ from autoencoder.splice import DECODED_SUFFIX, attach_decoder, attach_encoder, i
 from autoencoder.train import TrainedWeights, train_weights
 
 __all__ = [
-    "CACHE_DIR_ENV",
     "CACHE_FORMAT",
     "CODE_SUFFIX",
     "DECODED_SUFFIX",
@@ -70,7 +69,6 @@ __all__ = [
     "attach_encoder",
     "augment_images",
     "cache_key",
-    "cache_root",
     "cached_split",
     "calibration_for",
     "code_name",

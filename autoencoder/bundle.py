@@ -33,8 +33,9 @@ from autoencoder.export import code_name
 from autoencoder.splice import attach_decoder, attach_encoder
 from functions.bundle import MANIFEST_SCHEMA, Bundle, sha256_file
 from functions.plan import Function, Part, PartInput, Plan, Stage, TensorSpec, full_region
-from partitioner.export import export_bundle, save_model
+from partitioner.export import export_bundle
 from partitioner.graph import LayerGraph
+from partitioner.model_file import save_model
 
 __all__ = ["ORIGINAL_FILE", "Placement", "compress_bundle", "uncompressed_bundle", "write_compressed_bundle"]
 

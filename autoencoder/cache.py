@@ -22,7 +22,8 @@ from typing import Any
 import onnx
 from google.protobuf.message import DecodeError
 
-from autoencoder.config import TrainConfig, cache_root
+from autoencoder.config import TrainConfig
+from functions.settings import cache_dir
 
 __all__ = ["CACHE_FORMAT", "AutoencoderCache", "CacheEntry", "cache_key"]
 
@@ -49,11 +50,11 @@ class CacheEntry:
 
 
 class AutoencoderCache:
-    """A directory of trained autoencoders (default ``$FLATPACK_CACHE_DIR/autoencoders`` or
-    ``~/.cache/flatpack/autoencoders``)."""
+    """A directory of trained autoencoders (default: ``autoencoders`` in flatpack's cache,
+    :func:`functions.settings.cache_dir`)."""
 
     def __init__(self, root: str | Path | None = None) -> None:
-        self.root = Path(root) if root is not None else cache_root() / "autoencoders"
+        self.root = Path(root) if root is not None else cache_dir() / "autoencoders"
 
     def _dir(self, key: str) -> Path:
         return self.root / key[:32]

@@ -29,7 +29,7 @@ __all__ = ["CalibrationSet", "calibration_for", "image_input", "load_calibration
 
 log = logging.getLogger(__name__)
 
-_ZOO_KEY = "flatpack.zoo"  # bench.zoo.ZOO_KEY; read here without importing torch
+_ZOO_KEY = "flatpack.zoo"  # zoo.ZOO_KEY; read here without importing torch
 _SPLIT_SEED_KEY = "flatpack.digits_split_seed"
 _SYNTHETIC_TRAIN = 1024
 _SYNTHETIC_TEST = 512
@@ -127,7 +127,7 @@ def calibration_for(model: onnx.ModelProto, *, seed: int = 0, synthetic_train: i
     name, shape = image_input(model)
     info = _zoo_info(model)
     if info is not None and info.get("family") == "digits":
-        from bench.zoo import load_digits_split
+        from zoo import load_digits_split
 
         meta = {p.key: p.value for p in model.metadata_props}
         split_seed = int(meta.get(_SPLIT_SEED_KEY, info.get("options", {}).get("seed", 0)))

@@ -6,15 +6,12 @@ cache key, so changing any of them trains a new autoencoder rather than reusing 
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-__all__ = ["CACHE_DIR_ENV", "TrainConfig", "cache_root"]
+__all__ = ["TrainConfig"]
 
 #: Environment variable overriding the cache root (default ``~/.cache/flatpack``).
-CACHE_DIR_ENV = "FLATPACK_CACHE_DIR"
 
 
 @dataclass(frozen=True)
@@ -70,18 +67,3 @@ class TrainConfig:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def cache_root() -> Path:
-    """``$FLATPACK_CACHE_DIR`` if set, else ``~/.cache/flatpack``.
-
-    Raises:
-        ValueError: the variable is set but empty or names a file.
-    """
-    raw = os.environ.get(CACHE_DIR_ENV)
-    if raw is None:
-        return Path.home() / ".cache" / "flatpack"
-    path = Path(raw).expanduser()
-    if not raw.strip() or path.is_file():
-        raise ValueError(f"{CACHE_DIR_ENV}={raw!r} must name a directory")
-    return path

@@ -68,7 +68,8 @@ class AEDesign:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> AEDesign:
-        return cls(**{k: (bool(v) if k == "relu_out" else int(v)) for k, v in d.items()})
+        sizes = {k: int(v) for k, v in d.items() if k != "relu_out"}  # every other field is an int
+        return cls(**sizes, relu_out=bool(d["relu_out"]))
 
 
 def design_for(

@@ -74,7 +74,7 @@ def measure_fidelity(full: np.ndarray, compressed: np.ndarray, labels: np.ndarra
     recon = math.nan
     if activations is not None and reconstructed is not None:
         a = activations.astype(np.float64)
-        recon = float(np.linalg.norm(reconstructed.astype(np.float64) - a) / max(np.linalg.norm(a), 1e-12))
+        recon = float(np.linalg.norm(reconstructed.astype(np.float64) - a) / max(float(np.linalg.norm(a)), 1e-12))
     spread = float(np.linalg.norm(f - f.mean(axis=0)))
     spread_err = float(np.linalg.norm(c - f) / spread) if spread > 0 else math.inf
     return Fidelity(n, float(np.mean(top_f == top_c)), float(rel.mean()), acc_f, acc_c, recon,

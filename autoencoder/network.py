@@ -25,7 +25,7 @@ class SplitAutoencoder(nn.Module):
         self.design = d
         self.encoder = nn.Conv2d(d.channels, d.code_channels, d.kernel, stride=d.stride, padding=pad)
         if d.stride == 1:
-            self.decoder: nn.Module = nn.Conv2d(d.code_channels, d.channels, d.kernel, padding=pad)
+            self.decoder: nn.Conv2d | nn.ConvTranspose2d = nn.Conv2d(d.code_channels, d.channels, d.kernel, padding=pad)
         else:
             self.decoder = nn.ConvTranspose2d(d.code_channels, d.channels, d.kernel, stride=d.stride, padding=pad,
                                               output_padding=d.output_padding)

@@ -14,6 +14,8 @@ CompressKind = Literal["none", "lossless", "ae"]
 #: Ratios tried for ``--compress ae`` without an explicit ratio.
 DEFAULT_AE_RATIOS: tuple[float, ...] = (2.0, 4.0, 8.0)
 
+_PLAIN: tuple[CompressKind, ...] = ("none", "lossless")  # the kinds that take no ratio
+
 
 @dataclass(frozen=True)
 class CompressSpec:
@@ -36,8 +38,8 @@ def parse_compress(text: str) -> CompressSpec:
         ValueError: anything else, or a ratio that is not a number above 1.
     """
     raw = text.strip().lower()
-    if raw in ("none", "lossless"):
-        return CompressSpec(raw)  # type: ignore[arg-type]
+    if raw in _PLAIN:
+        return CompressSpec(raw)
     if raw == "ae":
         return CompressSpec("ae", DEFAULT_AE_RATIOS)
     if raw.startswith("ae:"):

@@ -100,10 +100,13 @@ def train_weights(
             if progress is not None:
                 progress(epoch + 1, config.epochs, epoch_loss)
         net.eval()
+        enc_bias, dec_bias = net.encoder.bias, net.decoder.bias
+        if enc_bias is None or dec_bias is None:
+            raise RuntimeError("SplitAutoencoder's convolutions were built without a bias")
         ew = net.encoder.weight.detach().numpy() / scale
-        eb = net.encoder.bias.detach().numpy().copy()
+        eb = enc_bias.detach().numpy().copy()
         dw = net.decoder.weight.detach().numpy() * scale
-        db = net.decoder.bias.detach().numpy() * scale
+        db = dec_bias.detach().numpy() * scale
     f32 = np.float32
     return TrainedWeights(ew.astype(f32), eb.astype(f32), dw.astype(f32), db.astype(f32), epoch_loss,
                           time.perf_counter() - start)

@@ -1,5 +1,6 @@
 """Code that runs inside every function: master and worker roles, handlers for each target, the tensor
-codec, transports and invokers. Depends on numpy and onnxruntime (plus redis / boto3 when that
+codec, the Open Inference Protocol codec and error->status table every HTTP front-end shares, transports
+and invokers. Depends on numpy and onnxruntime (plus redis / boto3 when that
 transport or target is used); never on the partitioner or torch."""
 
 __all__ = [
@@ -9,6 +10,8 @@ __all__ = [
     "event",
     "executor",
     "handlers",
+    "http_errors",
+    "inference_protocol",
     "invoker",
     "master",
     "plan",

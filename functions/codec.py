@@ -37,8 +37,9 @@ __all__ = [
     "read_header",
 ]
 
-# What the codec reads from and writes to (collections.abc.Buffer is 3.12+).
-Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap | np.ndarray
+# What the codec reads from and writes to (collections.abc.Buffer is 3.12+). Not an ndarray: before 3.12
+# numpy's types do not make it a buffer, so its memory is handed over as ``array.data`` (a memoryview).
+Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 
 MAGIC = b"FPT1"
 ALIGN = 64
@@ -107,7 +108,7 @@ def _pack_header(dtype: np.dtype, shape: tuple[int, ...], compression: str, payl
     return head + b"\0" * (_header_len(len(shape)) - len(head))
 
 
-def _compress(data: Buffer, compression: str) -> bytes:
+def _compress(data: bytes | memoryview, compression: str) -> bytes:
     if compression == "zstd":
         try:
             import zstandard
@@ -123,7 +124,7 @@ def _compress(data: Buffer, compression: str) -> bytes:
     raise CodecError(f"unknown compression {compression!r}; use one of {sorted(_COMPRESSION)}")
 
 
-def _decompress(data: Buffer, compression: str, size: int) -> bytes:
+def _decompress(data: memoryview, compression: str, size: int) -> bytes:
     if compression == "zstd":
         import zstandard
 
@@ -151,7 +152,7 @@ def encode_parts(array: np.ndarray, compression: Compression = "none") -> tuple[
     if compression not in _COMPRESSION:
         raise CodecError(f"unknown compression {compression!r}; use one of {sorted(_COMPRESSION)}")
     a = _little_endian_contiguous(array)
-    payload: Buffer = memoryview(a.reshape(-1).view(np.uint8)) if a.size else b""
+    payload: bytes | memoryview = a.reshape(-1).view(np.uint8).data if a.size else b""
     if compression != "none":
         payload = _compress(payload, compression)
     return _pack_header(a.dtype, tuple(int(d) for d in a.shape), compression, len(memoryview(payload))), payload

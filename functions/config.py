@@ -8,10 +8,15 @@ Units are in the names (``_MS``, ``_MB``, ``_BYTES``, ``_S``).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from functions import settings
+
+if TYPE_CHECKING:  # the codec imports numpy; this module stays import-free
+    from functions.codec import Compression
 
 __all__ = ["TRANSPORTS", "FunctionConfig"]
 
@@ -54,6 +59,10 @@ class FunctionConfig:
     memory_mb: the function's memory size (informational inside the function; the platform enforces it).
     backend: what runs the parts: ``onnxruntime`` (default) or ``mxnet`` (MXNet 1.9, in its own
         environment; see :mod:`functions.backends`).
+    model_name: the model's name on the master's HTTP routes (``/v2/models/<name>``; empty: the plan's).
+    bundle_s3_uri: ``s3://bucket/prefix`` holding the bundle files of a function whose parts did not fit
+        its package: fetched to local disk at cold start and checked against the manifest (empty: the
+        bundle is in ``bundle_dir``).
     """
 
     bundle_dir: Path
@@ -63,9 +72,9 @@ class FunctionConfig:
     fallback_transport: str | None = "shm"
     payload_limit_bytes: int = 6 * 1024 * 1024
     inline_max_bytes: int = 0
-    compression: str = "none"
+    compression: Compression = "none"
     key_ttl_s: int = 600
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = settings.DEFAULT_REDIS_URL
     shm_dir: Path = Path("/dev/shm/flatpack")  # noqa: S108 - tmpfs shared between functions is the point
     s3_bucket: str = "flatpack-tensors"
     s3_endpoint_url: str | None = None
@@ -81,6 +90,8 @@ class FunctionConfig:
     intra_op_threads: int = 0
     memory_mb: int | None = None
     backend: str = "onnxruntime"
+    model_name: str = ""
+    bundle_s3_uri: str = ""
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -98,6 +109,8 @@ class FunctionConfig:
             raise ValueError(f"FLATPACK_BACKEND={self.backend!r} is not one of {BACKENDS}")
         if self.hedge_percentile is not None and not 0 < self.hedge_percentile < 100:
             raise ValueError(f"FLATPACK_HEDGE_PERCENTILE={self.hedge_percentile} must be in (0, 100)")
+        if self.bundle_s3_uri and not self.bundle_s3_uri.startswith("s3://"):
+            raise ValueError(f"FLATPACK_BUNDLE_S3_URI={self.bundle_s3_uri!r} is not an s3://bucket/prefix URI")
         if self.max_retries < 0 or self.invoke_timeout_ms <= 0 or self.payload_limit_bytes <= 0:
             raise ValueError("FLATPACK_MAX_RETRIES must be >= 0, FLATPACK_INVOKE_TIMEOUT_MS and "
                              "FLATPACK_PAYLOAD_LIMIT_BYTES > 0")
@@ -117,6 +130,12 @@ class FunctionConfig:
         kwargs: dict[str, Any] = {}
         for f in fields(cls):
             var = f"FLATPACK_{f.name.upper()}"
+            shared = _SHARED.get(var)
+            if shared is not None:  # also a CLI setting: read by its one reader, with its one behaviour
+                value = shared(env)
+                if value is not None:
+                    kwargs[f.name] = value
+                continue
             raw = env.get(var)
             if raw is None:
                 if f.name in ("bundle_dir", "deployment", "function"):
@@ -133,6 +152,12 @@ class FunctionConfig:
             out[f"FLATPACK_{f.name.upper()}"] = "" if v is None else str(v)
         return out
 
+
+# Variables a function shares with the CLI (the deployer passes the user's value on).
+_SHARED: dict[str, Callable[[Mapping[str, str]], str | None]] = {
+    settings.REDIS_URL: settings.redis_url,
+    settings.S3_BUCKET: settings.s3_bucket,
+}
 
 _INTS = {
     "payload_limit_bytes", "inline_max_bytes", "key_ttl_s", "invoke_timeout_ms", "max_retries",

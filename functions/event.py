@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 EventKind = Literal["infer", "part"]
+_EVENT_KINDS: tuple[EventKind, ...] = ("infer", "part")
 Wire = Literal["binary", "json"]
 
 _MAGIC = b"FPEV"
@@ -148,10 +149,10 @@ class Event:
             raise BadRequest(f"an event is a JSON object, got {type(d).__name__}")
         try:
             kind = str(d.get("kind", "infer"))
-            if kind not in ("infer", "part"):
+            if kind not in _EVENT_KINDS:
                 raise BadRequest(f"unknown event kind {kind!r}; expected 'infer' or 'part'")
             ev = cls(
-                kind=kind,  # type: ignore[arg-type]
+                kind=kind,
                 request_id=str(d["request_id"]),
                 deployment=str(d["deployment"]),
                 deadline_ms=int(d["deadline_ms"]),

@@ -22,6 +22,8 @@ import struct
 import sys
 import time
 
+from functions.settings import log_level
+
 __all__ = ["main"]
 
 READY = struct.Struct("<4sBQ")
@@ -55,7 +57,7 @@ def main() -> int:
     os.dup2(2, 1)
     in_fd = 0
     logging.basicConfig(
-        level=os.environ.get("FLATPACK_LOG_LEVEL", "WARNING"),
+        level=log_level(),
         format=f"%(levelname)s instance {os.getpid()} %(name)s: %(message)s",
     )
     t0 = time.perf_counter()

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from functions.backends import PartSessions
 from functions.config import FunctionConfig
 from functions.errors import BadRequest, FunctionError, PartError
 from functions.event import Event, Reply, TensorEntry
@@ -39,7 +40,6 @@ from functions.executor import execute_plan, region_slices
 from functions.invoker.policy import CallKey, PolicyInvoker
 from functions.plan import Part, Plan, Region, Stage, full_region
 from functions.procstat import peak_rss_mb
-from functions.session import SessionCache
 from functions.transport.base import TensorKey, scheme_of
 from functions.transport.channel import TensorChannel
 from functions.transport.factory import TransportSet
@@ -118,7 +118,7 @@ class Master:
         plan: Plan,
         bundle_dir: str | Path,
         config: FunctionConfig,
-        sessions: SessionCache,
+        sessions: PartSessions,
         transports: TransportSet,
         caller: PolicyInvoker,
         *,
@@ -137,7 +137,7 @@ class Master:
             fallback=config.fallback_transport,
             payload_limit_bytes=config.payload_limit_bytes,
             inline_max_bytes=config.inline_max_bytes,
-            compression=config.compression,  # type: ignore[arg-type]
+            compression=config.compression,
             wire=caller.invoker.wire,
         )
         self._fanout = ThreadPoolExecutor(max_workers=fanout_workers, thread_name_prefix="flatpack-fanout")

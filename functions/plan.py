@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 __all__ = [
+    "FAMILIES",
+    "JOIN_KINDS",
     "SCHEMA",
     "Family",
     "Function",
@@ -34,6 +36,7 @@ __all__ = [
     "TensorSpec",
     "full_region",
     "region_shape",
+    "split_family",
 ]
 
 SCHEMA = "flatpack.plan/1"
@@ -41,10 +44,19 @@ SCHEMA = "flatpack.plan/1"
 Region = tuple[tuple[int, int], ...]
 Family = Literal["none", "spatial", "channel", "reduction", "heads"]
 JoinKind = Literal["none", "place", "sum"]
+FAMILIES: tuple[Family, ...] = ("none", "spatial", "channel", "reduction", "heads")
+JOIN_KINDS: tuple[JoinKind, ...] = ("none", "place", "sum")
 
 
 class PlanError(ValueError):
     """A plan that is malformed or does not match its schema."""
+
+
+def split_family(name: str) -> Family:
+    """``name`` as a split family; PlanError naming the families if it is not one."""
+    if name not in FAMILIES:
+        raise PlanError(f"unknown split family {name!r}; expected one of {', '.join(FAMILIES)}")
+    return name
 
 
 def full_region(shape: tuple[int, ...]) -> Region:
@@ -148,10 +160,7 @@ class Split:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Split:
-        family = str(d["family"])
-        if family not in ("none", "spatial", "channel", "reduction", "heads"):
-            raise PlanError(f"unknown split family {family!r}")
-        return cls(family, tuple(int(g) for g in d["grid"]))  # type: ignore[arg-type]
+        return cls(split_family(str(d["family"])), tuple(int(g) for g in d["grid"]))
 
 
 @dataclass(frozen=True)
@@ -193,7 +202,7 @@ class Stage:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Stage:
         join = str(d.get("join", "none"))
-        if join not in ("none", "place", "sum"):
+        if join not in JOIN_KINDS:
             raise PlanError(f"unknown join {join!r} in stage {d.get('index')}")
         joined = d.get("joined")
         return cls(
@@ -203,7 +212,7 @@ class Stage:
             inputs=tuple(str(i) for i in d["inputs"]),
             outputs=tuple(TensorSpec.from_json(o) for o in d["outputs"]),
             parts=tuple(Part.from_json(p) for p in d["parts"]),
-            join=join,  # type: ignore[arg-type]
+            join=join,
             joined=None if joined is None else TensorSpec.from_json(joined),
             epilogue=d.get("epilogue"),
             codec=str(d.get("codec", "raw")),

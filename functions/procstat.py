@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["peak_rss_mb", "rss_mb"]
+__all__ = ["peak_rss_mb", "reset_peak_rss", "rss_mb"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -32,3 +32,14 @@ def rss_mb(pid: int | str = "self") -> float:
             return int(f.read().split()[1]) * _PAGE / 2**20
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's high-water mark (VmHWM) to its resident memory now (Linux 4.0+:
+    ``/proc/self/clear_refs``); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True

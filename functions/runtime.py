@@ -3,6 +3,13 @@
 A :class:`FunctionRuntime` is built once per instance (the cold start: plan, sessions of this
 function's parts, transports) and serves events one at a time: ``kind="part"`` goes to the worker role,
 ``kind="infer"`` to the master role. Errors never escape: they become a reply with a structured error.
+
+Memory: after each event the instance compares its peak resident memory with its function's memory size
+(``FLATPACK_MEMORY_MB``) and answers ``OutOfMemory`` when it went over, so a plan's memory violation is
+never silent, even where the platform does not enforce the size (serverless-offline, a bare process).
+Where the platform does enforce it (AWS Lambda, the local platform, OpenFaaS on Kubernetes) the instance
+is killed first and the platform reports the same error type. An instance that went over sets
+:attr:`FunctionRuntime.over_memory`: its handler replaces it, as a platform replaces a killed instance.
 """
 
 from __future__ import annotations
@@ -14,11 +21,12 @@ from typing import Any
 
 from functions.backends import make_session_cache
 from functions.config import FunctionConfig
-from functions.errors import BadRequest, FunctionError, InitError, PartError
+from functions.errors import BadRequest, FunctionError, InitError, OutOfMemory, PartError
 from functions.event import Event, Reply, Wire, decode_message
 from functions.invoker import InvokePolicy, Invoker, PolicyInvoker, make_invoker
 from functions.master import Master
 from functions.plan import Plan, PlanError
+from functions.procstat import peak_rss_mb
 from functions.transport.channel import TensorChannel
 from functions.transport.factory import TransportSet
 from functions.worker import Worker
@@ -55,6 +63,7 @@ class FunctionRuntime:
         self.transports = TransportSet.from_config(config)
         self.worker = Worker(self.plan, config.bundle_dir, config.function, self.sessions)
         self._invoker = invoker
+        self.over_memory = False  # went over its memory size: its handler should replace it
         self._master: Master | None = None
         self._channels: dict[Wire, TensorChannel] = {}
         if preload:
@@ -75,7 +84,7 @@ class FunctionRuntime:
                 fallback=c.fallback_transport,
                 payload_limit_bytes=c.payload_limit_bytes,
                 inline_max_bytes=c.inline_max_bytes,
-                compression=c.compression,  # type: ignore[arg-type]
+                compression=c.compression,
                 wire=wire,
             )
             self._channels[wire] = ch
@@ -98,6 +107,25 @@ class FunctionRuntime:
 
     def handle_event(self, event: Event, wire: Wire = "binary") -> Reply:
         """Run one event; a failure comes back as a reply with a structured error."""
+        return self._check_memory(self._run(event, wire))
+
+    def _check_memory(self, reply: Reply) -> Reply:
+        limit = self.config.memory_mb
+        peak = peak_rss_mb()
+        if not limit or peak <= limit:
+            return reply
+        self.over_memory = True
+        name = self.config.deployed_name(self.config.function)
+        # the words of the platform's own report (serving.platform.instance), with who measured it
+        err = OutOfMemory(
+            f"{name} ran out of memory: it used {peak:.0f} MB, its limit is {limit} MB (the function's own "
+            f"check: the platform did not stop it). Give the function more memory, or split its part further",
+            function=name,
+        )
+        log.warning("%s", err)
+        return Reply.failure(err, timings=reply.timings)
+
+    def _run(self, event: Event, wire: Wire) -> Reply:
         t0 = time.perf_counter()
         try:
             if event.deployment != self.config.deployment:

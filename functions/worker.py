@@ -14,11 +14,11 @@ import logging
 import time
 from pathlib import Path
 
+from functions.backends import PartSessions
 from functions.errors import BadRequest, FunctionError, InvokeTimeout, PartError
 from functions.event import Event, Reply, now_ms
 from functions.plan import Part, Plan, Stage
 from functions.procstat import peak_rss_mb
-from functions.session import SessionCache
 from functions.transport.base import TensorKey
 from functions.transport.channel import TensorChannel
 
@@ -43,7 +43,7 @@ class Worker:
     sessions: the instance's session cache (shared with the master role, if this function has it).
     """
 
-    def __init__(self, plan: Plan, bundle_dir: str | Path, function: str, sessions: SessionCache) -> None:
+    def __init__(self, plan: Plan, bundle_dir: str | Path, function: str, sessions: PartSessions) -> None:
         self.plan = plan
         self.bundle_dir = Path(bundle_dir)
         self.function = function

@@ -19,33 +19,23 @@ from pathlib import Path
 import onnx
 
 from functions.bundle import MANIFEST_SCHEMA, sha256_file
-from functions.plan import Function, ModelInfo, Part, Plan, Stage, TensorSpec
+from functions.compare import DEFAULT_TOLERANCE
+from functions.plan import JOIN_KINDS, Function, ModelInfo, Part, Plan, Stage, TensorSpec
 from partitioner.errors import ExportError, NotSplittable, SpecError
 from partitioner.graph import LayerGraph
+from partitioner.model_file import save_model
 from partitioner.parts import PartModel, StageCut, cut_stage
 from partitioner.spec import StageSpec, parse_stages
 
 __all__ = [
-    "DEFAULT_TOLERANCE", "Placement", "build_plan", "export_bundle", "save_model", "stage_record", "worker_name",
+    "DEFAULT_TOLERANCE", "Placement", "build_plan", "export_bundle", "stage_record", "worker_name",
     "write_stage_files",
 ]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TOLERANCE = 1e-4
-_EXTERNAL_DATA_ABOVE = 1_800_000_000
 # Placeholder memory sizing until a planner decides: runtime base + 1.5 x (weights + activations).
 _RUNTIME_BASE_MB = 160
-
-
-def save_model(model: onnx.ModelProto, path: Path) -> None:
-    """Save a model, switching to an external data file above protobuf's 2 GB limit."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if model.ByteSize() > _EXTERNAL_DATA_ABOVE:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=path.name + ".data", size_threshold=1024)
-    else:
-        onnx.save_model(model, str(path))
 
 
 @dataclass(frozen=True)
@@ -64,6 +54,9 @@ def worker_name(stage: int, part: int) -> str:
 def stage_record(cut: StageCut, index: int, placement: Placement = Placement()
                  ) -> tuple[Stage, dict[str, onnx.ModelProto]]:
     """The plan's Stage for a cut, with part k on the master or on worker function ``sNN-pKK``."""
+    join = cut.join
+    if join not in JOIN_KINDS:
+        raise ExportError(f"stage {index}: the cut's join {join!r} is not one of {', '.join(JOIN_KINDS)}")
     files: dict[str, onnx.ModelProto] = {}
     parts = []
     for k, pm in enumerate(cut.parts):
@@ -78,7 +71,7 @@ def stage_record(cut: StageCut, index: int, placement: Placement = Placement()
         epilogue = f"parts/s{index:02d}_epilogue.onnx"
         files[epilogue] = cut.epilogue
     stage = Stage(index, (cut.first, cut.last), cut.split, cut.inputs, cut.outputs, tuple(parts),
-                  cut.join, cut.joined, epilogue)  # type: ignore[arg-type]
+                  join, cut.joined, epilogue)
     return stage, files
 
 

@@ -319,7 +319,9 @@ class LayerGraph:
         if op in ("LSTM", "GRU", "RNN"):
             gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
             x = t[n.input[0]].shape  # [seq, batch, input]
-            hidden = int(_attr(n, "hidden_size", 0))
+            hidden = _attr(n, "hidden_size", 0)
+            if not isinstance(hidden, int):
+                raise ValueError(f"{op} node {n.name!r}: hidden_size is {hidden!r}, not an int")
             dirs = 2 if _attr(n, "direction", b"forward") in (b"bidirectional", "bidirectional") else 1
             return 2 * gates * hidden * (x[-1] + hidden) * x[0] * x[1] * dirs
         if op == "Gather":

@@ -1,7 +1,7 @@
 """The measuring process: ``python -m partitioner.measure_worker REQUEST_JSON`` or ``... --serve``.
 
-Started by :mod:`partitioner.profile` so that a model's run time, start-up and peak memory are those of
-a serverless function that holds just this model. It imports what a function imports (numpy and
+Started by :mod:`partitioner.profile.measure` so that a model's run time, start-up and peak memory are
+those of a serverless function that holds just this model. It imports what a function imports (numpy and
 onnxruntime; never onnx, torch or the partitioner) and talks to the parent through JSON lines on stdout
 (never pickle):
 

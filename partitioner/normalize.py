@@ -333,7 +333,9 @@ def _fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
                         opset_imports=opsets,
                     )
                     feeds = {n: x for n, x in zip(node.input, ins, strict=True) if n and x is not None}
-                    values = list(ReferenceEvaluator(sub).run(None, feeds))
+                    outs = ReferenceEvaluator(sub).run(None, feeds)
+                    # typed dict | list: a dict only for intermediate=True, which folding never asks for
+                    values = list(outs) if isinstance(outs, list) else None
                 except Exception as e:  # noqa: BLE001 - any failure just means "don't fold this node"
                     log.debug("not folding %s (%s): %s", node.name, node.op_type, e)
                     values = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functions.plan import Split
+from functions.plan import Family, Split, split_family
 from partitioner.errors import NotSplittable
 from partitioner.graph import LayerGraph
 from partitioner.parts import CutStage
@@ -10,16 +10,16 @@ from partitioner.parts import CutStage
 __all__ = ["group_families", "unit_families"]
 
 
-def group_families(lg: LayerGraph, first: int, last: int) -> list[str]:
+def group_families(lg: LayerGraph, first: int, last: int) -> list[Family]:
     """Families that cut units first..last two ways (the smallest real split of each family)."""
     cs = CutStage(lg, first, last)
-    out = []
+    out: list[Family] = []
     try:
         _, spatial = cs.axes()
     except NotSplittable:
         return out
     trials = [Split("spatial", (2, 1)), Split("spatial", (1, 2)) if len(spatial) > 1 else None, Split("channel", (2,))]
-    seen = set()
+    seen: set[Family] = set()
     for split in trials:
         if split is None or split.family in seen:
             continue
@@ -30,7 +30,7 @@ def group_families(lg: LayerGraph, first: int, last: int) -> list[str]:
         seen.add(split.family)
         out.append(split.family)
     try:
-        family = cs.family_of_reduction()
+        family = split_family(cs.family_of_reduction())
         cs.check(Split(family, (2,)))
         out.append(family)
     except NotSplittable:
@@ -38,5 +38,5 @@ def group_families(lg: LayerGraph, first: int, last: int) -> list[str]:
     return out
 
 
-def unit_families(lg: LayerGraph, index: int) -> list[str]:
+def unit_families(lg: LayerGraph, index: int) -> list[Family]:
     return group_families(lg, index, index)

@@ -23,7 +23,7 @@ from functions.plan import PartInput, Split, TensorSpec
 from partitioner.errors import NotSplittable
 from partitioner.graph import LayerGraph
 from partitioner.regions import Box, even_ranges, full, is_full, shape_of, union
-from partitioner.rules import _SKIP, Backward, NodeCtx, _copy, rule_for
+from partitioner.rules import _SKIP, Backward, EmitConst, NodeCtx, Rule, _copy, rule_for
 
 __all__ = ["CutStage", "PartCost", "PartModel", "StageCut", "cut_stage", "extract_model"]
 
@@ -338,7 +338,9 @@ def _sketch_cost(lg: LayerGraph, sk: _Sketch) -> PartCost:
     out = 0
     if target is not None:
         o = lg.nodes[target].output[0]
-        out = math.prod(shape_of(sk.need.get(o, sk.back[target].outputs[0]))) * lg.tensors[o].dtype.itemsize
+        box = sk.need[o] if o in sk.need else sk.back[target].outputs[0]
+        assert box is not None  # the stage's last node computes its output (the sketch starts from it)
+        out = math.prod(shape_of(box)) * lg.tensors[o].dtype.itemsize
     return PartCost(flops=flops, weight_bytes=weights, input_bytes=ins, output_bytes=out, activation_bytes=acts)
 
 
@@ -370,7 +372,7 @@ def _ctx(lg: LayerGraph, ni: int, opset: int) -> NodeCtx:
 
 
 def _sketch(lg: LayerGraph, nodes: Sequence[int], targets: dict[str, Box], opset: int,
-            override: dict[int, object] | None = None) -> _Sketch:
+            override: dict[int, Rule] | None = None) -> _Sketch:
     need: dict[str, Box] = dict(targets)
     back: dict[int, Backward] = {}
     for ni in reversed(nodes):
@@ -379,7 +381,7 @@ def _sketch(lg: LayerGraph, nodes: Sequence[int], targets: dict[str, Box], opset
         if all(b is None for b in outs):
             continue
         rule = (override or {}).get(ni) or rule_for(node)
-        bw = rule(_ctx(lg, ni, opset), outs)  # type: ignore[operator]
+        bw = rule(_ctx(lg, ni, opset), outs)
         for o, want, got in zip(node.output, outs, bw.outputs, strict=True):
             if want is not None and (got is None or union(got, want) != got):
                 raise AssertionError(f"rule for {node.op_type} computed {got} of {o}, less than asked {want}")
@@ -460,7 +462,7 @@ def _build(lg: LayerGraph, sk: _Sketch, targets: dict[str, Box], opset: int,
             if o and b is not None:
                 avail[o] = (name, b)
                 if o in lg.tensors:
-                    flops += int(lg.node_flops(node) * np.prod(shape_of(b)) / max(1, np.prod(lg.tensors[o].shape)))
+                    flops += int(lg.node_flops(node) * math.prod(shape_of(b)) / max(1, math.prod(lg.tensors[o].shape)))
     outputs = []
     (target, box), = targets.items()
     cur, have = avail[target]
@@ -530,7 +532,7 @@ def _bias_of(lg: LayerGraph, r: onnx.NodeProto) -> np.ndarray | None:
     return None
 
 
-def _reduction_rule(lg: LayerGraph, r: onnx.NodeProto, k: tuple[int, int]):  # type: ignore[no-untyped-def]
+def _reduction_rule(lg: LayerGraph, r: onnx.NodeProto, k: tuple[int, int]) -> Rule:
     """A rule for the reduction op: read range ``k`` of the reduction axis, produce a partial sum."""
 
     def rule(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
@@ -550,19 +552,21 @@ def _reduction_rule(lg: LayerGraph, r: onnx.NodeProto, k: tuple[int, int]):  # t
             a_box = (k, (0, a_shape[1])) if ta else ((0, a_shape[0]), k)
             b_box = ((0, b_shape[0]), k) if tb else (k, (0, b_shape[1]))
 
-            def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+            def rewrite(node: onnx.NodeProto, i: list[str], o: list[str], ib: Sequence[Box | None],
+                        ob: Sequence[Box | None], emit: EmitConst) -> list[onnx.NodeProto]:
                 return [_copy(node, i[:2], o, beta=None)]
 
-            return Backward([a_box, b_box] + [None] * (len(r.input) - 2), [out_box], rewrite)
+            return Backward([a_box, b_box] + [_SKIP] * (len(r.input) - 2), [out_box], rewrite)
         if op == "Conv":
             x_shape, w_shape = ctx.shape(0), ctx.shape(1)
             x_box = ((0, x_shape[0]), k, *full(x_shape[2:]))
             w_box = ((0, w_shape[0]), k, *full(w_shape[2:]))
 
-            def rewrite_conv(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+            def rewrite_conv(node: onnx.NodeProto, i: list[str], o: list[str], ib: Sequence[Box | None],
+                             ob: Sequence[Box | None], emit: EmitConst) -> list[onnx.NodeProto]:
                 return [_copy(node, i[:2], o)]
 
-            return Backward([x_box, w_box] + [None] * (len(r.input) - 2), [out_box], rewrite_conv)
+            return Backward([x_box, w_box] + [_SKIP] * (len(r.input) - 2), [out_box], rewrite_conv)
         raise NotSplittable(f"{op} {r.name!r} has no reduction rule")
 
     return rule

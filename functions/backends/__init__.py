@@ -7,17 +7,43 @@ a session cache with the same interface (``get``, ``input_names``, ``run``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from functions.backends.mxnet import MXNetSessionCache
     from functions.session import SessionCache
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "Backend", "backend_memory_mb", "check_backend", "make_session_cache"]
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_BACKEND",
+    "Backend",
+    "PartSessions",
+    "backend_memory_mb",
+    "check_backend",
+    "make_session_cache",
+]
 
 Backend = Literal["onnxruntime", "mxnet"]
 BACKENDS: tuple[str, ...] = ("onnxruntime", "mxnet")
 DEFAULT_BACKEND: Backend = "onnxruntime"
+
+
+class PartSessions(Protocol):
+    """What the worker and master roles run parts with: a backend's session cache, keyed by part file."""
+
+    def get(self, path: str | Path) -> object:
+        """The loaded part (created on first use)."""
+        ...
+
+    def input_names(self, path: str | Path) -> list[str]: ...
+
+    def run(self, path: str | Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def __len__(self) -> int: ...
 
 
 def check_backend(name: str) -> str:

@@ -1,4 +1,9 @@
-"""Invoking AWS Lambda functions with boto3 (``RequestResponse``), or anything speaking its REST shape."""
+"""Invoking AWS Lambda functions with boto3 (``RequestResponse``), or anything speaking its REST shape.
+
+A function named ``name:qualifier`` (what :meth:`functions.config.FunctionConfig.invoke_name` gives with
+``FLATPACK_INVOKE_QUALIFIER``) is invoked at that alias or version through the ``Qualifier`` parameter, so
+a redeploy that moves the alias never mixes versions inside one request.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,16 @@ from functions.errors import (
 from functions.invoker.base import Invoker, lambda_function_error
 
 __all__ = ["LambdaInvoker"]
+
+_OFFLINE_TIMEOUT = b"[504] - Lambda timeout."
+
+
+def _split_qualifier(function: str) -> tuple[str, str | None]:
+    """``name:qualifier`` -> (name, qualifier); a bare name or an ARN is left whole."""
+    if function.startswith("arn:"):
+        return function, None
+    name, sep, qualifier = function.partition(":")
+    return (name, qualifier) if sep and qualifier else (function, None)
 
 
 class LambdaInvoker(Invoker):
@@ -74,13 +89,17 @@ class LambdaInvoker(Invoker):
 
     def invoke(self, function: str, payload: bytes, *, timeout_s: float) -> bytes:
         exc = self._exc
+        name, qualifier = _split_qualifier(function)
+        kwargs = {"Qualifier": qualifier} if qualifier else {}
         try:
             resp = self._client(timeout_s).invoke(
-                FunctionName=function, InvocationType="RequestResponse", Payload=payload
+                FunctionName=name, InvocationType="RequestResponse", Payload=payload, **kwargs
             )
             body: bytes = resp["Payload"].read()
         except exc.ReadTimeoutError as e:
-            raise InvokeTimeout(f"no reply within {timeout_s:.3g} s", function=function) from e
+            # worded as the HTTP invokers word it, the caller naming where it waited: a timeout reads the
+            # same on every target
+            raise InvokeTimeout(f"no reply from function {name} within {timeout_s:.3g} s") from e
         except (exc.EndpointConnectionError, exc.ConnectionClosedError, exc.ConnectTimeoutError) as e:
             raise InvokeError(f"cannot reach Lambda ({self._endpoint or self._region}): {e}", function=function) from e
         except exc.ClientError as e:
@@ -99,6 +118,10 @@ class LambdaInvoker(Invoker):
         except exc.BotoCoreError as e:
             raise InvokeError(f"Lambda invoke failed: {e}", function=function) from e
         if resp.get("FunctionError"):
+            if _OFFLINE_TIMEOUT in body:
+                # serverless-offline's words for Lambda's "Task timed out after N seconds"
+                raise InvokeTimeout(f"{name}: the function's timeout passed ({_OFFLINE_TIMEOUT.decode()})",
+                                    function=function)
             raise lambda_function_error(function, body)
         return body
 

@@ -161,10 +161,11 @@ class PolicyInvoker:
                     f"no reply before the request's deadline after {launched} attempt(s){last}", function=function
                 )
             wait_s = deadline - now
-            hedge_due = hedge_after is not None and not hedged and launched < allowed and pending
-            if hedge_due:
+            hedge_due = False
+            if hedge_after is not None and not hedged and launched < allowed and pending:
+                hedge_due = True
                 first = min(a.started for a in pending.values())
-                wait_s = min(wait_s, max(0.0, first + hedge_after - now))  # type: ignore[operator]
+                wait_s = min(wait_s, max(0.0, first + hedge_after - now))
             done, _ = wait(list(pending), timeout=wait_s, return_when=FIRST_COMPLETED)
             if not done:
                 if hedge_due and time.time() < deadline:

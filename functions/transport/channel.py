@@ -80,20 +80,23 @@ class TensorChannel:
         encoded = {name: encode(np.asarray(a), self.compression) for name, a in tensors.items()}
         budget = self.payload_limit_bytes - _MESSAGE_OVERHEAD - _ENTRY_OVERHEAD * len(tensors) - reserved_bytes
         total = sum(self._wire_size(len(b)) for b in encoded.values())
-        by_ref: set[str] = set()
-        for name in sorted(encoded, key=lambda n: -len(encoded[n])):
-            if total <= budget:
-                break
-            if self.fallback is None:
+        fallback = self.fallback
+        if fallback is None:
+            if total > budget:
                 raise PayloadTooLarge(
                     f"tensors {sorted(encoded)} take {total} bytes, over the {self.payload_limit_bytes}-byte "
                     f"payload limit, and no fallback transport is set; set FLATPACK_FALLBACK_TRANSPORT "
                     f"(shm, redis or s3) or use a reference transport"
                 )
+            return [TensorEntry(name, data=encoded[name]) for name in tensors]
+        by_ref: set[str] = set()
+        for name in sorted(encoded, key=lambda n: -len(encoded[n])):
+            if total <= budget:
+                break
             by_ref.add(name)
             total -= self._wire_size(len(encoded[name]))
         return [
-            self._put(self.fallback, name, np.asarray(tensors[name]), key(name))  # type: ignore[arg-type]
+            self._put(fallback, name, np.asarray(tensors[name]), key(name))
             if name in by_ref
             else TensorEntry(name, data=encoded[name])
             for name in tensors

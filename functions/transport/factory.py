@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 
 import numpy as np
 
@@ -45,7 +46,7 @@ class TransportSet:
     @classmethod
     def from_config(cls, config: FunctionConfig) -> TransportSet:
         names = {n for n in (config.transport, config.fallback_transport) if n and n != "inline"}
-        return cls({n: (lambda n=n: open_transport(n, config)) for n in names})
+        return cls({n: partial(open_transport, n, config) for n in names})
 
     @classmethod
     def of(cls, *transports: Transport) -> TransportSet:

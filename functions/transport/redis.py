@@ -77,6 +77,10 @@ class RedisTransport(Transport):
             redis.exceptions.TimeoutError,
         )
         self._response_error = redis.exceptions.ResponseError
+        # what a SET or GET may raise, on either connection
+        self._command_errors: tuple[type[BaseException], ...] = (
+            *self._errors, self._response_error, ConnectionError, RespError
+        )
         self._client = redis.Redis.from_url(
             url,
             socket_connect_timeout=connect_timeout_s,
@@ -145,7 +149,7 @@ class RedisTransport(Transport):
                 self._resp(b"SET", name.encode(), value=(head, payload), tail=(b"EX", b"%d" % self._ttl))
             else:
                 self._client.set(name, b"".join((head, payload)), ex=self._ttl)
-        except (*self._errors, self._response_error, ConnectionError, RespError) as e:
+        except self._command_errors as e:
             raise self._fail(f"store tensor {key}", e) from e
         return self.ref(key)
 
@@ -163,16 +167,20 @@ class RedisTransport(Transport):
                     data = self._getdel_or_get(name)
             else:
                 data = self._getdel_or_get(name) if delete else self._client.get(name)
-        except (*self._errors, self._response_error, ConnectionError, RespError) as e:
+        except self._command_errors as e:
             raise self._fail(f"fetch tensor {ref}", e) from e
         if data is None:
             raise TransportError(f"tensor {ref} is not in Redis ({self._safe_url}, key {name}): expired or deleted")
+        if not isinstance(data, bytes | bytearray | memoryview):
+            # a bulk string is bytes (redis-py) or a memoryview (RESP); redis-py's types also allow str, which
+            # only a client made with decode_responses (never this one) returns
+            raise TransportError(f"Redis key {name} answered a {type(data).__name__}, not a flatpack tensor")
         try:
             return decode(data)
         except ValueError as e:
             raise TransportError(f"Redis key {name} does not hold a flatpack tensor: {e}") from e
 
-    def _getdel_or_get(self, name: str) -> bytes | None:
+    def _getdel_or_get(self, name: str) -> bytes | str | None:
         if self._getdel:
             try:
                 return self._client.getdel(name)

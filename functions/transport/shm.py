@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from functions.codec import Compression, decode, encode_parts
+from functions.codec import Buffer, Compression, decode, encode_parts
 from functions.errors import TransportError
 from functions.transport.base import TensorKey, Transport
 
@@ -252,7 +252,7 @@ class ShmTransport(Transport):
                 continue
         return None
 
-    def _write_recycled(self, fd: int, head: bytes, payload: object) -> None:
+    def _write_recycled(self, fd: int, head: bytes, payload: Buffer) -> None:
         """Write into a recycled file through a mapping this process keeps, so the write is a plain
         memcpy into pages that are already mapped (no page faults, no per-page kernel copy)."""
         st = os.fstat(fd)
@@ -270,7 +270,7 @@ class ShmTransport(Transport):
                     self._mapped -= len(old)
                     old.close()
         n = len(head)
-        body = memoryview(payload).cast("B")  # type: ignore[arg-type]
+        body = memoryview(payload).cast("B")
         mm[:n] = head
         if body.nbytes:
             np.copyto(np.frombuffer(mm, dtype=np.uint8, count=body.nbytes, offset=n), np.frombuffer(body, np.uint8))
@@ -335,7 +335,7 @@ def _mkdir_private(path: str) -> None:
         pass
 
 
-def _write_all(fd: int, bufs: list) -> None:
+def _write_all(fd: int, bufs: Iterable[Buffer]) -> None:
     views = [memoryview(b).cast("B") for b in bufs if memoryview(b).nbytes]
     while views:
         try:

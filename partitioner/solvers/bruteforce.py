@@ -15,6 +15,9 @@ from partitioner.solvers.dp import _budget, _hold_reserve, _metric
 
 __all__ = ["bruteforce"]
 
+# a stage from unit i: (j, its choice, latency, cost, master weights MB); the next stage starts at unit j
+_Edge = tuple[int, StageChoice, float, float, float]
+
 
 def bruteforce(space: SearchSpace, slo_ms: float, master_memories: list[int], *, time_limit_s: float = 600.0
                ) -> SolverResult:
@@ -32,11 +35,10 @@ def bruteforce(space: SearchSpace, slo_ms: float, master_memories: list[int], *,
             continue
         master_gb = master_mb / 1024.0
         # edges[i]: (j, choice, latency, cost, master weights) for stages starting at unit i
-        edges: list[list[tuple[int, StageChoice, float, float, float]]] = [[] for _ in range(n)]
+        edges: list[list[_Edge]] = [[] for _ in range(n)]
         for i in range(n):
             for j in range(i + 1, min(n, i + space.max_group) + 1):
-                for ch in space.choices(i, j - 1, master_mb):
-                    oc = pm.option(ch, master_mb)
+                for ch, oc in space.options(i, j - 1, master_mb):
                     if oc.master_hold_mb > budget + reserve or oc.master_weights_mb > budget:
                         continue
                     c = (master_gb * oc.latency_ms + oc.worker_gb_ms) / 1e3 * price + oc.invocations * fee
@@ -67,7 +69,9 @@ def bruteforce(space: SearchSpace, slo_ms: float, master_memories: list[int], *,
 class _Search:
     """Depth-first search over stage choices with latency and cost bounds (one master memory)."""
 
-    def __init__(self, edges, lat_lb, cost_lb, budget, slo_ms, n, t0, limit_s, best, nodes):  # type: ignore[no-untyped-def]
+    def __init__(self, edges: list[list[_Edge]], lat_lb: list[float], cost_lb: list[float], budget: float,
+                 slo_ms: float, n: int, t0: float, limit_s: float,
+                 best: tuple[float, list[StageChoice], int] | None, nodes: int) -> None:
         self.edges, self.lat_lb, self.cost_lb = edges, lat_lb, cost_lb
         self.budget, self.slo_ms, self.n = budget, slo_ms, n
         self.t0, self.limit_s = t0, limit_s

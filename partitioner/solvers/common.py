@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from functions.plan import Split
-from partitioner.perfmodel import PerfModel, PlanEstimate, StageChoice
+from partitioner.perfmodel import OptionCost, PerfModel, PlanEstimate, StageChoice
 
 __all__ = ["SPLITS", "Infeasible", "SearchSpace", "SolverResult"]
 
@@ -75,6 +75,10 @@ class SearchSpace:
 
     def choices(self, first: int, last: int, master_mb: int) -> list[StageChoice]:
         """Every admissible choice for units first..last whose workers fit their memory."""
+        return [ch for ch, _ in self.options(first, last, master_mb)]
+
+    def options(self, first: int, last: int, master_mb: int) -> list[tuple[StageChoice, OptionCost]]:
+        """:meth:`choices`, each with the performance model's figures for it."""
         out = []
         mems = self.worker_memories or [0]
         for split in self.splits_for(first, last):
@@ -90,7 +94,10 @@ class SearchSpace:
                         if mb != mems[0]:
                             continue  # worker memory is irrelevant when the master runs everything
                         ch = StageChoice(first, last, split, master_part, 0)
-                    out.append(ch)
+                        oc = self.pm.option(ch, master_mb)
+                        if oc is None:  # not reached: whether a choice has figures depends on its split
+                            continue
+                    out.append((ch, oc))
         return out
 
     def groups(self) -> list[tuple[int, int]]:

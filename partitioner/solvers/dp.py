@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from partitioner.perfmodel import StageChoice
+from partitioner.perfmodel import OptionCost, StageChoice
 from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult
 
 __all__ = ["latency_dp", "slo_dp"]
@@ -44,7 +44,7 @@ def _hold_reserve(space: SearchSpace) -> float:
     return max((u.input_bytes + u.output_bytes) for u in lg.units) / 2**20
 
 
-def _metric(space: SearchSpace, oc) -> float:  # type: ignore[no-untyped-def]
+def _metric(space: SearchSpace, oc: OptionCost) -> float:
     return oc.latency_q_ms if space.pm.q_mode else oc.latency_ms
 
 
@@ -67,8 +67,7 @@ def latency_dp(space: SearchSpace, master_mb: int, *, nb: int = 256) -> SolverRe
             for i in range(max(0, j - space.max_group), j):
                 if not np.isfinite(best[i]).any():
                     continue
-                for ch in space.choices(i, j - 1, master_mb):
-                    oc = space.pm.option(ch, master_mb)
+                for ch, oc in space.options(i, j - 1, master_mb):
                     if oc.master_hold_mb > budget + reserve:
                         continue
                     w = math.ceil(oc.master_weights_mb / step - 1e-9) if oc.master_weights_mb else 0
@@ -139,8 +138,7 @@ def slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl:
                 ci = cost[i]
                 if not np.isfinite(ci).any():
                     continue
-                for ch in space.choices(i, j - 1, master_mb):
-                    oc = pm.option(ch, master_mb)
+                for ch, oc in space.options(i, j - 1, master_mb):
                     if oc.master_hold_mb > budget + reserve:
                         continue
                     dl = math.ceil(_metric(space, oc) / delta - 1e-9)

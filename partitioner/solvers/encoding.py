@@ -113,10 +113,8 @@ class ChoiceTable:
         hit = self._fastest_group.get(key)
         if hit is None:
             hit = math.inf
-            for ch in self.space.choices(first, last, master_mb):
-                oc = self.space.pm.option(ch, master_mb)
-                if oc is not None:
-                    hit = min(hit, _metric(self.space, oc))
+            for _, oc in self.space.options(first, last, master_mb):
+                hit = min(hit, _metric(self.space, oc))
             self._fastest_group[key] = hit
         return hit
 

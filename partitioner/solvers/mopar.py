@@ -103,7 +103,7 @@ def hypad(pm: PerfModel, *, max_slice_units: int = 64) -> SolverResult:
         choices.append(base[0])
     choices = _meet_latency(pm, choices, limit)
     for k, ch in enumerate(choices):
-        lat = pm.option(ch, ch.worker_mb).latency_ms  # type: ignore[union-attr]
+        lat = _latency_ms(pm, ch)
         max_eta = max(1, int(ch.worker_mb / pm.platform.mb_per_vcpu))
         for split in SPLITS:
             if split.family == "none" or split.degree > max_eta:
@@ -154,25 +154,27 @@ def _meet_latency(pm: PerfModel, choices: list[StageChoice], limit: float) -> li
     grid = pm.platform.memory_grid()
     choices = list(choices)
 
-    def lat(ch: StageChoice) -> float:
-        oc = pm.option(ch, ch.worker_mb)
-        return oc.latency_ms if oc is not None else float("inf")
-
-    while sum(lat(c) for c in choices) > limit:
+    while sum(_latency_ms(pm, c) for c in choices) > limit:
         best = None
         for k, ch in enumerate(choices):
             bigger = [m for m in grid if m > ch.worker_mb]
             if not bigger:
                 continue
             up = StageChoice(ch.first, ch.last, ch.split, ch.master_part, bigger[0])
-            gain = lat(ch) - lat(up)
-            extra = max(1e-12, up.worker_mb * lat(up) - ch.worker_mb * lat(ch))
+            gain = _latency_ms(pm, ch) - _latency_ms(pm, up)
+            extra = max(1e-12, up.worker_mb * _latency_ms(pm, up) - ch.worker_mb * _latency_ms(pm, ch))
             if gain > 0 and (best is None or gain / extra > best[0]):
                 best = (gain / extra, k, up)
         if best is None:
             break
         choices[best[1]] = best[2]
     return choices
+
+
+def _latency_ms(pm: PerfModel, ch: StageChoice) -> float:
+    """A worker-run slice's latency at its own memory (inf if the model cannot cut it that way)."""
+    oc = pm.option(ch, ch.worker_mb)
+    return oc.latency_ms if oc is not None else float("inf")
 
 
 def _smallest_fit(pm: PerfModel, first: int, last: int) -> tuple[StageChoice, float] | None:

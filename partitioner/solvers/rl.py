@@ -52,7 +52,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -92,7 +92,7 @@ class _Best:
     episode: int
 
 
-class PlanEnv(gym.Env):  # type: ignore[misc]
+class PlanEnv(gym.Env):
     """One episode = one plan: pick the master's memory, then walk the chain one unit per step.
 
     Action ``[cut, parallel, level, placement, worker memory, master memory]`` (``MultiDiscrete``; see
@@ -255,7 +255,7 @@ class PlanEnv(gym.Env):  # type: ignore[misc]
         return self._obs(), float(reward), True, False, {}
 
 
-class _ProgressCallback(BaseCallback):  # type: ignore[misc]
+class _ProgressCallback(BaseCallback):
     def __init__(self, env: PlanEnv, total: int, progress: Progress, every: int) -> None:
         super().__init__()
         self.env_ref, self.total, self.report, self.every = env, total, progress, max(1, every)
@@ -269,7 +269,7 @@ class _ProgressCallback(BaseCallback):  # type: ignore[misc]
 
 
 @contextmanager
-def _isolated_rng(threads: int):  # type: ignore[no-untyped-def]
+def _isolated_rng(threads: int) -> Iterator[None]:
     """SB3 seeds the global RNGs; give the caller's back, and train on ``threads`` torch threads."""
     py, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
     old_threads = torch.get_num_threads()

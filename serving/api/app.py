@@ -1,26 +1,43 @@
 """The HTTP endpoint: Open Inference Protocol v2 routes over the data plane, built in a factory.
 
-Thin handlers: parse, call the data plane, encode. Errors map to status codes in one place
-(``serving.api.errors.STATUS``); a client's mistake is never a 500. Optional bearer-token auth
-(``FLATPACK_API_TOKEN``) guards everything but the liveness probe; request bodies above ``max_body_mb``
-are refused with 413 before they are read whole.
+Thin handlers: parse, call the data plane, encode — with the codec every target shares
+(:mod:`functions.inference_protocol`). Errors map to status codes in one place, the table the cloud
+handlers use too (:mod:`functions.http_errors`); a client's mistake is never a 500. Optional bearer-token
+auth (``FLATPACK_API_TOKEN``) guards everything but the liveness probe; request bodies above
+``max_body_mb`` are refused with 413 before they are read whole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.base import RequestResponseEndpoint
 
+from functions.errors import FunctionError
+from functions.http_errors import (
+    ApiError,
+    MethodNotAllowed,
+    RequestTooLarge,
+    RouteNotFound,
+    Unauthorized,
+    error_response,
+)
+from functions.inference_protocol import (
+    HEADER_LENGTH,
+    SERVER_VERSION,
+    decode_request,
+    encode_response,
+    server_metadata,
+)
+from functions.settings import api_token
 from serving.api.dataplane import DataPlane
-from serving.api.errors import STATUS, ApiError, Overloaded, PayloadTooLarge
-from serving.api.protocol import HEADER_LENGTH, decode_request, encode_response
 
 __all__ = ["DEFAULT_MAX_BODY_MB", "create_app"]
 
@@ -35,14 +52,16 @@ def _responses(**codes: str) -> dict[int | str, dict]:
     return {int(k.lstrip("_")): {"description": v, "content": _ERROR_BODY} for k, v in codes.items()}
 
 
-def _token_from_env() -> str | None:
-    return os.environ.get("FLATPACK_API_TOKEN") or None
+def _error(exc: BaseException) -> Response:
+    err = error_response(exc)
+    return Response(err.body, status_code=err.status, headers=dict(err.headers))
 
 
 def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float = DEFAULT_MAX_BODY_MB,
-               version: str = "0.1.0") -> FastAPI:
-    """An app serving ``plane``'s models. ``token``: required bearer token (default: $FLATPACK_API_TOKEN)."""
-    token = token if token is not None else _token_from_env()
+               version: str = SERVER_VERSION) -> FastAPI:
+    """An app serving ``plane``'s models. ``token``: required bearer token (default: $FLATPACK_API_TOKEN;
+    empty: none)."""
+    token = token if token is not None else api_token()
     limit = int(max_body_mb * 2**20)
 
     @asynccontextmanager
@@ -56,25 +75,31 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
     app.state.plane = plane
     auth = _responses(_401="missing or wrong bearer token") if token else {}
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        status = next((code for cls, code in STATUS.items() if isinstance(exc, cls)), 500)
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        if isinstance(exc, Overloaded):
-            headers = {"Retry-After": str(exc.retry_after_s)}
-        return JSONResponse({"error": str(exc)}, status_code=status, headers=headers)
+    async def known_error(request: Request, exc: Exception) -> Response:
+        # the endpoint's errors and the functions' (a throttled, timed-out or failed function), by the one
+        # table every target uses (the data plane logged the functions' failures)
+        return _error(exc)
+
+    app.add_exception_handler(ApiError, known_error)
+    app.add_exception_handler(FunctionError, known_error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def no_route(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            return _error(MethodNotAllowed.at(request.method, request.url.path))
+        if exc.status_code == 404:
+            return _error(RouteNotFound.at(request.method, request.url.path))
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.middleware("http")
-    async def guard(request: Request, call_next):  # type: ignore[no-untyped-def]
+    async def guard(request: Request, call_next: RequestResponseEndpoint) -> Response:
         if token and request.url.path not in ("/v2/health/live",):
             got = request.headers.get("authorization", "")
             if not (got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), token.encode())):
-                return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401,
-                                    headers={"WWW-Authenticate": "Bearer"})
+                return _error(Unauthorized.bearer())
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            return JSONResponse({"error": f"request body of {int(length)} bytes exceeds the {limit} byte limit"},
-                                status_code=413)
+            return _error(RequestTooLarge.over(limit, int(length)))
         return await call_next(request)
 
     @app.get("/v2/health/live", tags=["health"])
@@ -87,8 +112,8 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/v2", tags=["metadata"], responses=auth)
-    async def server_metadata() -> dict:
-        return {"name": "flatpack", "version": version, "extensions": ["binary_tensor_data"]}
+    async def server() -> dict:
+        return server_metadata(version)
 
     @app.get("/v2/models/{name}", tags=["metadata"], responses=_responses(_404="unknown model") | auth)
     async def model_metadata(name: str) -> dict:
@@ -119,8 +144,9 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
                     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
                 **{str(k): v for k, v in _responses(
                     _400="bad input (malformed, or not what the model takes)", _404="unknown model",
-                    _413="request too large", _502="the functions failed to answer",
-                    _503="not ready, or at its concurrency limit (then with Retry-After)").items()},
+                    _413="request too large", _502="the functions failed to answer (the body names the error)",
+                    _503="not ready, or at its concurrency limit (then with Retry-After)",
+                    _504="a function did not answer in time").items()},
                 **{str(k): v for k, v in auth.items()},
             },
         },
@@ -148,14 +174,14 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the {limit} byte limit")
+            raise RequestTooLarge.over(limit)
         chunks.append(chunk)
     return b"".join(chunks)
 
 
 def _add_schema(app: FastAPI) -> None:
     """Put the InferRequest schema into the OpenAPI document the infer route refers to."""
-    from serving.api.protocol import InferRequest
+    from serving.api.schema import InferRequest
 
     original = app.openapi
 
@@ -170,4 +196,4 @@ def _add_schema(app: FastAPI) -> None:
         app.openapi_schema = schema
         return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend its schema

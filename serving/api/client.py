@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.request
 
 import numpy as np
+
+from functions.inference_protocol import DATATYPES, HEADER_LENGTH, datatype_of
+from functions.settings import api_token
 
 __all__ = ["InferError", "infer_http"]
 
@@ -19,15 +21,13 @@ class InferError(RuntimeError):
 def infer_http(endpoint: str, model: str, inputs: dict[str, np.ndarray], *, timeout_s: float = 120.0,
                token: str | None = None) -> dict[str, np.ndarray]:
     """One OIP v2 infer request with binary tensors; raises InferError with the server's message."""
-    from serving.api.protocol import DATATYPES, HEADER_LENGTH, datatype_of
-
     header = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": datatype_of(v.dtype),
                           "parameters": {"binary_data_size": v.nbytes}} for k, v in inputs.items()],
               "parameters": {"binary_data_output": True}}
     head = json.dumps(header).encode()
     body = head + b"".join(np.ascontiguousarray(v).tobytes() for v in inputs.values())
     headers = {HEADER_LENGTH: str(len(head)), "Content-Type": "application/octet-stream"}
-    token = token or os.environ.get("FLATPACK_API_TOKEN")
+    token = token or api_token()
     if token:
         headers["Authorization"] = f"Bearer {token}"
     if not endpoint.startswith(("http://", "https://")):

@@ -10,21 +10,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from functions.bundle import Bundle
-from functions.errors import Throttled
+from functions.errors import FunctionError, Throttled
 from functions.executor import InProcessRunner
+from functions.http_errors import ApiError, ModelNotFound, NotReady, UpstreamError
+from functions.inference_protocol import check_inputs, check_outputs, model_metadata
 from functions.plan import Plan, TensorSpec
-from serving.api.errors import InvalidInput, ModelNotFound, NotReady, Overloaded, UpstreamError
-from serving.api.protocol import datatype_of
 
 __all__ = ["Backend", "DataPlane", "InProcessBackend", "ModelInfo"]
 
@@ -39,11 +39,7 @@ class ModelInfo:
     platform: str = "onnxruntime_onnx"
 
     def metadata(self) -> dict:
-        def spec(t: TensorSpec) -> dict:
-            return {"name": t.name, "datatype": datatype_of(t.dtype), "shape": list(t.shape)}
-
-        return {"name": self.name, "versions": ["1"], "platform": self.platform,
-                "inputs": [spec(t) for t in self.inputs], "outputs": [spec(t) for t in self.outputs]}
+        return model_metadata(self.name, self.inputs, self.outputs, platform=self.platform)
 
 
 class Backend(Protocol):
@@ -113,47 +109,34 @@ class DataPlane:
         try:
             return self._models[name]
         except KeyError:
-            raise ModelNotFound(f"model {name!r} is not served here; models: {self.names()}") from None
+            raise ModelNotFound.named(name, self.names()) from None
 
     def ready(self) -> bool:
         return bool(self._models) and all(b.ready() for b in self._models.values())
 
-    def check_inputs(self, info: ModelInfo, inputs: Mapping[str, np.ndarray]) -> None:
-        want = {t.name: t for t in info.inputs}
-        unknown = sorted(set(inputs) - set(want))
-        if unknown:
-            raise InvalidInput(f"unknown input(s) {unknown}; model {info.name!r} takes {sorted(want)}")
-        missing = sorted(set(want) - set(inputs))
-        if missing:
-            raise InvalidInput(f"missing input(s) {missing}")
-        for name, arr in inputs.items():
-            spec = want[name]
-            if arr.dtype != np.dtype(spec.dtype):
-                raise InvalidInput(f"input {name!r} has datatype {datatype_of(arr.dtype)}, "
-                                   f"the model takes {datatype_of(spec.dtype)}")
-            if tuple(arr.shape) != tuple(spec.shape):
-                raise InvalidInput(f"input {name!r} has shape {list(arr.shape)}, the model takes {list(spec.shape)}")
-
     def infer(self, name: str, inputs: Mapping[str, np.ndarray], outputs: tuple[str, ...] | None = None
               ) -> dict[str, np.ndarray]:
+        """The outputs of model ``name`` (only ``outputs``, in that order, when given).
+
+        Raises the endpoint's errors (:mod:`functions.http_errors`) and the functions' own
+        (:class:`functions.errors.FunctionError`: a timeout, a throttled or failed function); anything
+        else a backend raises becomes an :class:`UpstreamError`.
+        """
         backend = self.model(name)
-        self.check_inputs(backend.info, inputs)
-        if outputs is not None:
-            known = {t.name for t in backend.info.outputs}
-            bad = sorted(set(outputs) - known)
-            if bad:
-                raise InvalidInput(f"unknown output(s) {bad}; model {name!r} has {sorted(known)}")
+        check_inputs(name, backend.info.inputs, inputs)
+        check_outputs(name, backend.info.outputs, outputs)
         if not backend.ready():
             raise NotReady(f"model {name!r} is not ready yet")
         t0 = time.perf_counter()
         try:
             result = backend.infer(inputs)
-        except (InvalidInput, NotReady):
-            self._requests.labels(name, "error").inc()
-            raise
-        except Throttled as e:
+        except Throttled:
             self._requests.labels(name, "throttled").inc()
-            raise Overloaded(f"model {name!r} is at its concurrency limit; retry later ({e})") from e
+            raise
+        except (ApiError, FunctionError) as e:
+            self._requests.labels(name, "error").inc()
+            log.warning("inference of %s failed: %s", name, e)
+            raise
         except Exception as e:
             self._requests.labels(name, "error").inc()
             log.warning("inference of %s failed: %s", name, e)
@@ -175,7 +158,7 @@ class _MeterCollector:
     def __init__(self, models: Callable[[], Mapping[str, Backend]]) -> None:
         self._models = models
 
-    def collect(self):  # type: ignore[no-untyped-def]
+    def collect(self) -> Iterator[Metric]:
         fams = {
             "invocations": GaugeMetricFamily("flatpack_function_invocations", "Invocations per function",
                                              labels=["model", "function"]),

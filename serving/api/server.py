@@ -7,6 +7,7 @@ import threading
 import time
 
 import uvicorn
+from starlette.types import ASGIApp
 
 __all__ = ["AppServer", "bind_socket", "url_of"]
 
@@ -35,7 +36,7 @@ def url_of(sock: socket.socket) -> str:
 class AppServer:
     """``with AppServer(app) as s: urlopen(s.url + "/v2")`` — the app on a loopback port in a thread."""
 
-    def __init__(self, app: object, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
         self.sock = bind_socket(host, port)
         self.url = url_of(self.sock)
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,

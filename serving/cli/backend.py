@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 from rich.table import Table
 
-from serving.cli.console import console, err_console
+from serving.console import console, err_console
 
 __all__ = ["backend"]
 
@@ -55,29 +56,14 @@ def status_cmd(as_json: bool) -> None:
     console.print(t)
 
 
-def require_backend(backend: str, *, bundle: object = None, quiet: bool = False, local: bool = True) -> None:
-    """For a command about to run functions with ``backend``: refuse a bundle it cannot run (``bundle``:
-    its directory), and, for functions on this machine (``local``), create the backend's environment on
-    first use, saying so on stderr."""
-    if backend == "onnxruntime":
-        return
-    from serving.platform.runtimes import BackendEnvError, backend_env, ensure_backend_env
+def require_backend(backend: str, *, bundle: Path | None = None, quiet: bool = False, local: bool = True) -> None:
+    """:func:`serving.platform.runtimes.require_backend` for a command: progress on stderr, a problem as a
+    one-line ``ClickException``."""
+    from serving.platform.runtimes import BackendEnvError
+    from serving.platform.runtimes import require_backend as require
 
-    if bundle is not None:
-        from functions.backends.mxnet_onnx import bundle_problems
-
-        problems = bundle_problems(bundle)  # type: ignore[arg-type]
-        if problems:
-            raise click.ClickException(
-                f"the {backend} backend cannot run this bundle:\n  " + "\n  ".join(problems)
-                + "\nRun it with --backend onnxruntime (the default)"
-            )
-    env = backend_env(backend)
-    if env.ready or not local:
-        return
-    err_console.print(f"the {backend} backend runs in its own environment, which is not set up yet: creating it "
-                      f"now (once; `flatpack backend setup {backend}` does the same)")
     try:
-        ensure_backend_env(backend, progress=None if quiet else (lambda m: err_console.print(f"[dim]{m}[/]")))
+        require(backend, bundle=bundle, local=local, notice=err_console.print,
+                progress=None if quiet else (lambda m: err_console.print(f"[dim]{m}[/]")))
     except BackendEnvError as e:
         raise click.ClickException(str(e)) from e

@@ -13,7 +13,8 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from serving.cli.console import console, err_console
+from serving.cli.models import resolve_model
+from serving.console import console, err_console
 
 __all__ = ["compress_cmd"]
 
@@ -32,28 +33,6 @@ def _user_errors() -> Iterator[None]:
         yield
     except (CompressionError, ModelError, SpecError, ExportError, BundleError) as e:
         raise click.ClickException(str(e)) from e
-
-
-def _resolve_model(model: str) -> Any:
-    """A path to an ONNX file, or the name of a zoo model (built with its default options)."""
-    path = Path(model)
-    if path.is_file():
-        return path
-    if path.suffix == ".onnx" or "/" in model:
-        raise click.ClickException(f"{model}: no such file")
-    try:
-        import bench.zoo as zoo
-    except ImportError as e:
-        raise click.ClickException(f"{model}: no such file (and the model zoo needs torch: {e})") from e
-    try:
-        zoo.lookup(model)
-    except zoo.ZooError as e:
-        raise click.ClickException(f"{model} is neither a file nor a zoo model ({e})") from e
-    with err_console.status(f"building {model} from the zoo (pass a file from `flatpack zoo build` to skip this)"):
-        try:
-            return zoo.build(model)
-        except zoo.ZooError as e:
-            raise click.ClickException(str(e)) from e
 
 
 def _stride(value: str) -> int:
@@ -98,7 +77,7 @@ def compress_cmd(model: str, split_after: int, ratio: float, epochs: int, seed: 
 
     if not ratio > 1 or not math.isfinite(ratio):
         raise click.ClickException(f"--ratio must be a number above 1, got {ratio:g}")
-    source = _resolve_model(model)
+    source = resolve_model(model)
     with _user_errors():
         config = TrainConfig(epochs=epochs, seed=seed, stride=_stride(stride))
         lg, sha = load_model_graph(source)

@@ -10,15 +10,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import numpy as np
 from rich.table import Table
 
 from serving.api.client import InferError, infer_http
-from serving.cli.console import console, err_console
 from serving.cli.models import resolve_model
 from serving.cli.plan import plan_options, print_solution, request_from
+from serving.console import console, err_console
+
+if TYPE_CHECKING:  # the deployment state is imported when a command runs
+    from serving.deploy.state import DeploymentRecord
 
 __all__ = ["deploy_cmd", "invoke_cmd", "ls_cmd", "serve_cmd", "status_cmd", "undeploy_cmd"]
 
@@ -49,13 +53,13 @@ def _check_name(name: str) -> None:
     old.delete()
 
 
-def _start(record, detach: bool, keep_warm: float) -> None:  # type: ignore[no-untyped-def]
+def _start(record: DeploymentRecord, detach: bool, keep_warm: float) -> None:
     from serving.deploy.local import log_path, serve
 
     record.options["keep_warm_s"] = keep_warm
     record.save()
     if not detach:
-        def ready(r) -> None:  # type: ignore[no-untyped-def]
+        def ready(r: DeploymentRecord) -> None:
             _announce(r)
             err_console.print("serving in the foreground; Ctrl-C stops and removes everything")
 
@@ -88,7 +92,7 @@ def _start(record, detach: bool, keep_warm: float) -> None:  # type: ignore[no-u
     raise click.ClickException(f"deployment did not become ready in {_READY_TIMEOUT_S:.0f} s; see {log}")
 
 
-def _announce(r) -> None:  # type: ignore[no-untyped-def]
+def _announce(r: DeploymentRecord) -> None:
     p = r.predicted
     console.print(f"[green]ready[/]: [bold]{r.endpoint}/v2/models/{r.name}/infer[/] "
                   f"(Open Inference Protocol v2; warm-up {r.options.get('warm_up_ms', '?')} ms)")
@@ -201,12 +205,16 @@ def _compression(spec: str) -> str:
     raise click.BadParameter(f"{spec!r}: use none, lossless, zstd, lz4 or ae:R", param_hint="--compress")
 
 
-def _deploy_cloud(target: str, name: str, model: Path, bundle: Path, **kw) -> None:  # type: ignore[no-untyped-def]
+def _deploy_cloud(target: str, name: str, model: Path, bundle: Path, *, transport: str, mode: str, dry_run: bool,
+                  out_dir: str | None, region: str | None, endpoint_url: str | None, gateway: str | None,
+                  vendor: bool, backend: str) -> None:
     from serving.deploy.cloud import deploy_cloud
 
     try:
         with err_console.status(f"deploying to {target}") as st:
-            res = deploy_cloud(target, name, model, bundle, progress=lambda m: st.update(m), **kw)
+            res = deploy_cloud(target, name, model, bundle, transport=transport, mode=mode, dry_run=dry_run,
+                               out_dir=out_dir, region=region, endpoint_url=endpoint_url, gateway=gateway,
+                               vendor=vendor, progress=lambda m: st.update(m), backend=backend)
     except Exception as e:  # noqa: BLE001 - AWS, the gateway or rendering: the user gets the message, not a trace
         raise click.ClickException(f"{type(e).__name__}: {e}") from e
     for w in res.warnings:
@@ -339,7 +347,7 @@ def invoke_cmd(name: str, input_: str, output: str | None, as_json: bool) -> Non
         raise click.ClickException(str(e)) from e
     ms = (time.perf_counter() - t0) * 1e3
     if output:
-        np.savez(output, **outputs)
+        np.savez(output, **outputs)  # type: ignore[arg-type]  # numpy's stub: a ** dict might fill allow_pickle
     if as_json:
         click.echo(json.dumps({"latency_ms": ms, "outputs": {k: {"shape": list(v.shape), "dtype": v.dtype.name,
                                                                   "argmax": int(np.argmax(v))}
@@ -351,7 +359,7 @@ def invoke_cmd(name: str, input_: str, output: str | None, as_json: bool) -> Non
     console.print(f"{ms:.1f} ms")
 
 
-def _inputs(r, spec: str) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+def _inputs(r: DeploymentRecord, spec: str) -> dict[str, np.ndarray]:
     from functions.bundle import Bundle
     from partitioner.inputs import random_inputs
 

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -13,8 +14,12 @@ from rich.table import Table
 
 __all__ = ["export_cmd", "inspect_cmd", "verify_cmd"]
 
-from serving.cli.console import console as _console
-from serving.cli.console import err_console as _err
+from functions.compare import DEFAULT_TOLERANCE
+from serving.console import console as _console
+from serving.console import err_console as _err
+
+if TYPE_CHECKING:  # the partitioner is imported when a command runs
+    from partitioner.graph import LayerGraph
 
 input_shape_option = click.option(
     "--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
@@ -34,7 +39,7 @@ def _user_errors() -> Iterator[None]:
         raise click.ClickException(str(e)) from e
 
 
-def _load(model: str, input_shapes: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def _load(model: str, input_shapes: tuple[str, ...]) -> LayerGraph:
     from partitioner.graph import LayerGraph
     from partitioner.normalize import parse_input_shapes
 
@@ -90,7 +95,8 @@ def inspect_cmd(model: str, input_shapes: tuple[str, ...], as_json: bool) -> Non
                    "(families: none, spatial=GHxGW, channel=N, reduction=N, heads=N).")
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
 @input_shape_option
-@click.option("--tolerance", default=1e-4, show_default=True, help="Max relative error the parts may show.")
+@click.option("--tolerance", default=DEFAULT_TOLERANCE, show_default=True,
+              help="Max relative error the parts may show.")
 @click.option("--backend", type=click.Choice(["onnxruntime", "mxnet"]), default="onnxruntime", show_default=True,
               help="Write parts this backend imports (mxnet: opset 13, initializers as inputs; refuses ops it lacks).")
 def export_cmd(model: str, stages: str, out: str, input_shapes: tuple[str, ...], tolerance: float,
@@ -117,7 +123,7 @@ def export_cmd(model: str, stages: str, out: str, input_shapes: tuple[str, ...],
 @click.option("--all-options", is_flag=True, help="MODEL: check every admissible split option of every unit.")
 @input_shape_option
 @click.option("--seed", default=0, show_default=True)
-@click.option("--tolerance", default=1e-4, show_default=True)
+@click.option("--tolerance", default=DEFAULT_TOLERANCE, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
 def verify_cmd(target: str, all_options: bool, input_shapes: tuple[str, ...], seed: int, tolerance: float,
                as_json: bool) -> None:

@@ -1,4 +1,4 @@
-"""Resolving a MODEL argument: an ONNX file, or a zoo name built once into the cache."""
+"""Resolving a MODEL argument (an ONNX file, or a zoo name built once into the cache) and durations."""
 
 from __future__ import annotations
 
@@ -6,33 +6,28 @@ from pathlib import Path
 
 import click
 
-from serving.cli.console import err_console
+from serving.console import err_console
 
-__all__ = ["resolve_model", "parse_duration_ms"]
+__all__ = ["parse_duration_ms", "resolve_model"]
 
 
 def resolve_model(arg: str) -> Path:
     """``arg`` if it is a file; else a zoo model of that name (full size, default options), built once
-    and kept in the cache."""
+    and kept in the cache. A problem is a one-line ``ClickException``."""
+    from zoo.cache import model_file
+    from zoo.errors import ZooError
+
     path = Path(arg)
     if path.is_file():
         return path
-    if path.suffix == ".onnx" or "/" in arg:
-        raise click.ClickException(f"{arg}: no such file")
-    from partitioner.planner import cache_dir
-
     try:
-        from bench.zoo import ZooError, build_to_file
+        with err_console.status(f"building zoo model {arg} (once, then cached)"):
+            return model_file(arg)
+    except ZooError as e:
+        raise click.ClickException(str(e)) from e
     except ImportError as e:  # torch is an optional dependency
-        raise click.ClickException(f"{arg} is not a file, and the model zoo needs torch ({e})") from e
-    target = cache_dir() / "zoo" / f"{arg}.onnx"
-    if not target.is_file():
-        with err_console.status(f"building zoo model {arg} (once; cached in {target.parent})"):
-            try:
-                build_to_file(arg, target)
-            except ZooError as e:
-                raise click.ClickException(f"{arg} is neither a file nor a zoo model: {e}") from e
-    return target
+        raise click.ClickException(f"{arg} is not a file, and the model zoo needs torch ({e}); "
+                                   "install it with: pip install 'flatpack[zoo]'") from e
 
 
 def parse_duration_ms(text: str) -> float:

@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 from rich.table import Table
 
-from serving.cli.console import console, err_console
 from serving.cli.models import parse_duration_ms, resolve_model
+from serving.console import console, err_console
+
+if TYPE_CHECKING:  # the planner is imported when a command runs, not when the CLI starts
+    from partitioner.graph import LayerGraph
+    from partitioner.perfmodel import PerfModel
+    from partitioner.planner import PlanRequest
+    from partitioner.solvers.common import Infeasible, SolverResult
 
 __all__ = ["plan_cmd", "plan_options", "print_solution", "request_from"]
 
 
-def plan_options(f):  # type: ignore[no-untyped-def]
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def plan_options(f: _Command) -> _Command:
     """The planning options `plan` and `deploy` share."""
     opts = [
         click.option("--mode", type=click.Choice(["lo", "slo", "mopar"]), default="lo", show_default=True,
@@ -40,7 +51,7 @@ def plan_options(f):  # type: ignore[no-untyped-def]
 
 
 def request_from(mode: str, slo: str | None, percentile: float | None, solver: str, platform: str, memory: str,
-                 max_group: int, transport: str, profile_mode: str):  # type: ignore[no-untyped-def]
+                 max_group: int, transport: str, profile_mode: str) -> PlanRequest:
     from partitioner.planner import PlanRequest
 
     if percentile is not None and percentile >= 1:
@@ -53,7 +64,7 @@ def request_from(mode: str, slo: str | None, percentile: float | None, solver: s
         raise click.UsageError(str(e)) from e
 
 
-def print_solution(lg, result, request, source: str, pm) -> None:  # type: ignore[no-untyped-def]
+def print_solution(lg: LayerGraph, result: SolverResult, request: PlanRequest, source: str, pm: PerfModel) -> None:
     est = result.estimate
     table = Table(title=f"{lg.name}: {request.mode} plan on {request.platform} ({result.solver}, "
                         f"{result.seconds:.2f} s)")
@@ -82,7 +93,7 @@ def print_solution(lg, result, request, source: str, pm) -> None:  # type: ignor
         console.print(f"[dim]{note}[/]")
 
 
-def _solution_json(lg, result, request, source: str) -> dict:  # type: ignore[no-untyped-def]
+def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, source: str) -> dict[str, Any]:
     e = result.estimate
     return {
         "model": lg.name,
@@ -155,7 +166,7 @@ def plan_cmd(model: str, mode: str, slo: str | None, percentile: float | None, s
         print_solution(lg, result, request, source, pm)
     if out:
         plan = plan_for(lg, result, request, source=source)
-        plan.save(out)  # type: ignore[attr-defined]
+        plan.save(out)
         err_console.print(f"wrote {out}")
     if bundle:
         with err_console.status("exporting and verifying the bundle") as st:
@@ -168,7 +179,8 @@ def plan_cmd(model: str, mode: str, slo: str | None, percentile: float | None, s
         err_console.print(f"wrote {plot}")
 
 
-def _infeasible(lg, e, request, source: str, as_json: bool, pm) -> None:  # type: ignore[no-untyped-def]
+def _infeasible(lg: LayerGraph, e: Infeasible, request: PlanRequest, source: str, as_json: bool,
+                pm: PerfModel) -> NoReturn:
     fastest = e.fastest
     if as_json:
         data = {"error": str(e), "meets_slo": False}

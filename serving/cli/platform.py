@@ -13,17 +13,14 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from serving.cli.console import console
+from functions.settings import state_dir
+from serving.console import console
 
 __all__ = ["platform"]
 
 
-def _state_dir() -> Path:
-    return Path(os.environ.get("FLATPACK_STATE_DIR") or Path.home() / ".cache" / "flatpack")
-
-
 def _state_file() -> Path:
-    return _state_dir() / "platform.json"
+    return state_dir() / "platform.json"
 
 
 def _read_state() -> dict | None:
@@ -63,8 +60,8 @@ def start(host: str, port: int, profile: str, idle_timeout_s: float, wait_s: flo
     if state and _alive(int(state["pid"])):
         raise click.ClickException(f"a platform is already running at {state['url']} (pid {state['pid']}); "
                                    f"stop it with `flatpack platform stop`")
-    _state_dir().mkdir(parents=True, exist_ok=True)
-    log = _state_dir() / "platform.log"
+    state_dir().mkdir(parents=True, exist_ok=True)
+    log = state_dir() / "platform.log"
     url = f"http://{host}:{port}"
     with open(log, "ab") as out:
         proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module

@@ -20,9 +20,9 @@ def _threads_for(platform: str | None, memory: tuple[int, ...], threads: tuple[i
     by_memory: dict[int, int] = {}
     if memory:
         try:
-            from partitioner.platform import load_profile
+            from platforms import load_profile
         except ImportError as e:  # pragma: no cover - the module ships with flatpack
-            raise click.UsageError("--memory needs partitioner.platform (platform profiles); use --threads") from e
+            raise click.UsageError("--memory needs platforms (platform profiles); use --threads") from e
         try:
             prof = load_profile(platform or "local")
         except ValueError as e:
@@ -72,7 +72,7 @@ def profile_cmd(model: Path, platform: str | None, memory: tuple[int, ...], thre
     from partitioner.graph import LayerGraph
     from partitioner.normalize import parse_input_shapes
     from partitioner.profile import MeasureError, profile_graph
-    from serving.cli.console import console, err_console
+    from serving.console import console, err_console
 
     if budget_s is not None and budget_s < 0:
         raise click.BadParameter(f"{budget_s}: a budget is a number of seconds >= 0", param_hint="--budget")

@@ -9,7 +9,9 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from serving.cli.console import console, err_console
+from functions.compare import DEFAULT_TOLERANCE
+from functions.settings import redis_url
+from serving.console import console, err_console
 
 __all__ = ["run_cmd"]
 
@@ -26,9 +28,9 @@ __all__ = ["run_cmd"]
               help="Instances per function at most (default: --concurrency).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first request's input.")
 @click.option("--timeout-s", type=float, default=60.0, show_default=True, help="Deadline of one request.")
-@click.option("--tolerance", type=float, default=1e-4, show_default=True,
+@click.option("--tolerance", type=float, default=DEFAULT_TOLERANCE, show_default=True,
               help="Largest relative error counted as correct.")
-@click.option("--redis-url", envvar="FLATPACK_REDIS_URL", default="redis://127.0.0.1:6379/0", show_default=True,
+@click.option("--redis-url", default=redis_url, show_default="$FLATPACK_REDIS_URL or redis://127.0.0.1:6379/0",
               help="Redis for --transport redis.")
 @click.option("--s3-endpoint-url", default=None,
               help="S3 endpoint for --transport s3 (default: moto's server, started for the run).")
@@ -47,7 +49,7 @@ def run_cmd(bundle: Path, transport: str, n_requests: int, concurrency: int, max
     from functions.errors import FunctionError
 
     try:
-        from serving.platform.runner import run_bundle
+        from serving.runner import run_bundle
     except ImportError as e:
         raise click.ClickException(
             f"the local platform needs {e.name}: pip install 'flatpack[server]' (and [redis] / [aws] for those "

@@ -10,6 +10,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from serving.console import console
+
 if TYPE_CHECKING:
     from types import ModuleType
 
@@ -20,8 +22,10 @@ _BYTES_PER_MB = 1_000_000
 
 def _load_zoo() -> ModuleType:
     # Imported per command: torch takes seconds to import and is an optional dependency.
+    import zoo as zoo_module
+
     try:
-        import bench.zoo as zoo_module
+        zoo_module.build  # noqa: B018 - the first use imports torch
     except ImportError as exc:
         raise click.ClickException(
             f"the model zoo needs torch, onnxscript and scikit-learn ({exc}); "
@@ -48,7 +52,6 @@ def list_cmd() -> None:
     for entry in zoo_module.list_models():
         defaults = ", ".join(f"{k}={v}" for k, v in entry.defaults)
         table.add_row(entry.name, entry.family, entry.description, entry.default_input, defaults)
-    console = Console()
     console.print(table)
     console.print("Any wrn-34-K / wrn-50-K (K >= 1) and lstm-N (N layers) can be built, not only those listed.")
 
@@ -116,9 +119,9 @@ def build_cmd(
     zoo_module = _load_zoo()
     # Bound to the real stdout now: the exporters run with stdout redirected, and the spinner must not
     # follow it there.
-    console = Console(file=sys.stdout)
+    stdout = Console(file=sys.stdout)
     try:
-        with console.status(f"building {name} ({exporter} exporter)...", spinner="dots"):
+        with stdout.status(f"building {name} ({exporter} exporter)...", spinner="dots"):
             model = zoo_module.build(
                 name, width_div=width_div, input_size=input_size, layers=layers, hidden=hidden,
                 heads=heads, seq_len=seq_len, vocab=vocab, nodes=nodes, seed=seed, exporter=exporter,
@@ -135,4 +138,4 @@ def build_cmd(
     accuracy = metadata.get(zoo_module.ACCURACY_KEY)
     if accuracy is not None:
         line += f", test accuracy {float(accuracy):.4f}"
-    console.print(line + ")", markup=False, highlight=False, soft_wrap=True)
+    stdout.print(line + ")", markup=False, highlight=False, soft_wrap=True)

@@ -2,7 +2,8 @@
 
 :class:`LambdaDeployer` takes a :class:`serving.deploy.lambda_service.LambdaService` (the directory
 ``render_lambda_service`` wrote) and creates, in order: the bucket (when the deployment needs one and
-none was given) with the bundle files that do not fit a package, the master's and the workers' IAM roles
+none was given) with the bundle files that do not fit a package (:func:`upload_bundle_files`: the keys and
+files the Serverless Framework path's plugin uploads too), the master's and the workers' IAM roles
 with their inline policies (the same least-privilege statements the CloudFormation template has), one
 function per plan function (published as a version, with an alias ``live``), and a function URL on the
 master's alias. It waits until every function is Active and returns a :class:`LambdaDeployment`: the
@@ -20,14 +21,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from functions.bundle import sha256_file
 from serving.deploy.aws_iam import LAMBDA_TRUST_POLICY, bundle_prefix, concrete_arn, role_policy, tensor_prefix
-from serving.deploy.lambda_service import HANDLER, LambdaService, env_for_deploy
+from serving.deploy.lambda_service import ALIAS, HANDLER, LambdaService, env_for_deploy
 
-__all__ = ["ALIAS", "LambdaDeployer", "LambdaDeployment"]
+__all__ = ["ALIAS", "LambdaDeployer", "LambdaDeployment", "upload_bundle_files"]
 
 log = logging.getLogger(__name__)
 
-ALIAS = "live"
 # CreateFunction takes a zip of at most 50 MB inline; bigger packages go through the bucket (AWS Lambda quotas)
 _INLINE_ZIP_LIMIT = 50 * 2**20
 # a role is not assumable by Lambda for a few seconds after IAM creates it (eventual consistency)
@@ -142,13 +143,9 @@ class LambdaDeployer:
                     {"ID": "expire-tensors", "Status": "Enabled", "Filter": {"Prefix": "flatpack/"},
                      "Expiration": {"Days": 1}}]})
             if big:
-                files = {"plan.json", "manifest.json"} | {rel for f in service.functions if f.name in big
-                                                          for rel in f.files}
-                self._say(f"uploading {len(files)} bundle files to s3://{dep.bucket}/{bundle_prefix(dep.deployment)}/")
-                for rel in sorted(files):
-                    key = f"{bundle_prefix(dep.deployment)}/{rel}"
-                    s3.upload_file(str(service.bundle_dir / rel), dep.bucket, key)
-                    dep.uploaded.append(key)
+                self._say(f"uploading {len(service.s3_bundle_files)} bundle files to "
+                          f"s3://{dep.bucket}/{service.s3_bundle_prefix}/")
+                dep.uploaded += upload_bundle_files(s3, service, dep.bucket)
         roles = sorted({f.role for f in service.functions}, key=lambda r: r != "master")
         role_arns: dict[str, str] = {}
         for role in roles:
@@ -168,12 +165,9 @@ class LambdaDeployer:
         for f in service.functions:
             env = dict(env_for_deploy(f, bucket=dep.bucket, region=self.region))
             if f.name in big:
-                env["FLATPACK_BUNDLE_S3_URI"] = f"s3://{dep.bucket}/{bundle_prefix(dep.deployment)}"
-            if f.role == "master":
-                env["FLATPACK_MODEL_NAME"] = service.model
-                env["FLATPACK_INVOKE_QUALIFIER"] = ALIAS  # workers at their published version, not $LATEST
-                if opts.api_token:
-                    env["FLATPACK_API_TOKEN"] = opts.api_token
+                env["FLATPACK_BUNDLE_S3_URI"] = f"s3://{dep.bucket}/{service.s3_bundle_prefix}"
+            if f.role == "master" and opts.api_token:
+                env["FLATPACK_API_TOKEN"] = opts.api_token
             code: dict[str, Any]
             if len(zips[f.name]) > _INLINE_ZIP_LIMIT:
                 key = f"{bundle_prefix(dep.deployment)}/code/{f.name}.zip"
@@ -318,6 +312,18 @@ class LambdaDeployer:
             if self._code(e) not in ("NoSuchBucket", "404"):
                 raise
         return keys
+
+
+def upload_bundle_files(s3: Any, service: LambdaService, bucket: str) -> list[str]:
+    """Put ``service.s3_bundle_files`` under ``s3://bucket/<service.s3_bundle_prefix>/`` (each with its
+    sha256 as object metadata, which the Serverless Framework plugin compares too); returns the keys."""
+    keys = []
+    for rel in service.s3_bundle_files:
+        path = service.bundle_dir / rel
+        key = f"{service.s3_bundle_prefix}/{rel}"
+        s3.upload_file(str(path), bucket, key, ExtraArgs={"Metadata": {"sha256": sha256_file(path)}})
+        keys.append(key)
+    return keys
 
 
 def _json(doc: Any) -> str:

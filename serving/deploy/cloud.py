@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from functions import settings
 from serving.deploy.state import DeploymentRecord, state_dir
 
 __all__ = ["CloudResult", "deploy_cloud", "undeploy_cloud"]
@@ -43,14 +44,14 @@ def deploy_cloud(target: str, name: str, model: Path, bundle: Path, *, transport
     """
     say = progress or (lambda _m: None)
     out = Path(out_dir) if out_dir else state_dir() / target / name
-    redis_url = os.environ.get("FLATPACK_REDIS_URL") or None
+    redis_url = settings.configured_redis_url()
     if target == "lambda":
         from serving.deploy.lambda_service import LambdaOptions, render_lambda_service
 
         region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
         opts = LambdaOptions(region=region, transport=transport, redis_url=redis_url, endpoint_url=endpoint_url,
-                             bucket=os.environ.get("FLATPACK_S3_BUCKET") or None, vendor=vendor,
-                             strict_vendor=not dry_run, api_token=os.environ.get("FLATPACK_API_TOKEN") or None,
+                             bucket=settings.s3_bucket(), vendor=vendor,
+                             strict_vendor=not dry_run, api_token=settings.api_token(),
                              fallback_transport=(None if transport != "inline" else "redis" if redis_url else "s3"),
                              backend=backend)
         if backend != "onnxruntime" and not dry_run:
@@ -87,8 +88,8 @@ def deploy_cloud(target: str, name: str, model: Path, bundle: Path, *, transport
 
         gw = gateway or os.environ.get("OPENFAAS_URL") or "http://127.0.0.1:8080"
         ofopts = OpenFaaSOptions(gateway=gw, transport=transport, redis_url=redis_url,
-                                 image=os.environ.get("FLATPACK_OPENFAAS_IMAGE") or None,
-                                 function_gateway=os.environ.get("FLATPACK_OPENFAAS_FUNCTION_GATEWAY") or None,
+                                 image=settings.openfaas_image(),
+                                 function_gateway=settings.openfaas_function_gateway(),
                                  backend=backend)
         say(f"rendering the OpenFaaS stack in {out}")
         stack = render_openfaas_stack(bundle, out, deployment=name, options=ofopts)

@@ -7,11 +7,13 @@
       flatpack.yml            what is generated per model: provider settings, one function per plan
                               function (memory, timeout, environment, its parts), the master's HTTP API
                               routes (Open Inference Protocol v2), the IAM roles, the bucket when one is needed
-      flatpack_entry.py       the entry point (templates/flatpack_entry.py)
-      functions/              the function runtime, the same package the local platform runs
+      flatpack_entry.py       the entry shim (templates/flatpack_entry.py): vendor/ on sys.path, then
+                              functions.handlers.aws_lambda.handler
+      functions/              the function runtime and its handlers, the same package the local platform runs
       vendor/                 numpy + onnxruntime as manylinux x86_64 wheels for the Lambda runtime
       bundle/                 plan.json, manifest.json, parts/*.onnx
-      flatpack-service.json   what was rendered (read by the boto3 deployer and by `undeploy`)
+      flatpack-service.json   what was rendered (read by the boto3 deployer, `undeploy` and the upload plugin)
+      flatpack_bundle_upload.js   when parts go to S3: the plugin that uploads them during `serverless deploy`
       Dockerfile, requirements.txt   with ``backend="mxnet"`` only: the functions' container image
 
 Paths in ``flatpack.yml`` start with ``${self:custom.flatpack.prefix}`` (empty here), so the repository's
@@ -19,7 +21,18 @@ top-level ``serverless.yml`` can deploy the same functions from the repository r
 
 Each function is packaged on its own (``package.individually``) with only the parts it runs. When the
 code, dependencies and parts of a function would exceed Lambda's 250 MB unzipped limit, its parts stay
-out of the package: they are uploaded to the deployment's bucket and fetched to ``/tmp`` at cold start.
+out of the package: they are uploaded to the deployment's bucket under ``bundles/<deployment>/<bundle
+digest>/`` (:attr:`LambdaService.s3_bundle`; a new bundle never overwrites the files a running version
+fetches) and fetched to ``/tmp`` at cold start (``FLATPACK_BUNDLE_S3_URI``); the function's role may read
+exactly its deployment's bundle prefix. The boto3 deployer uploads them itself; with the Serverless
+Framework, the service's own plugin (``flatpack_bundle_upload.js``) uploads them during ``serverless
+deploy``: before the stack update when the bucket exists, else right after it creates the bucket.
+
+Versions: every deploy publishes each function as a version and points its alias ``live`` at it (the
+boto3 deployer through the API; the Serverless Framework through ``AWS::Lambda::Version`` resources named
+by a digest of what the function runs, and ``AWS::Lambda::Alias``). The master invokes its workers at
+``live`` (``FLATPACK_INVOKE_QUALIFIER``), and the HTTP API (or function URL) calls the master's ``live``,
+so a redeploy never mixes versions inside one request; the roles may invoke the qualified ARNs.
 
 With the MXNet backend (``LambdaOptions.backend="mxnet"``) MXNet 1.9 + numpy 1.23 + onnx alone exceed
 that limit, so every function runs one container image instead (``templates/lambda/Dockerfile``, built
@@ -29,6 +42,8 @@ goes to the bucket. The boto3 deployer does not build images: deploy such a serv
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import shutil
 from collections.abc import Mapping
@@ -37,10 +52,10 @@ from pathlib import Path
 from typing import Any
 
 import templates
-from functions.bundle import Bundle
+from functions.bundle import Bundle, sha256_file
 from functions.config import FunctionConfig
-from partitioner.platform import load_profile
-from serving.deploy.aws_iam import LAMBDA_TRUST_POLICY, bundle_prefix, cfn_arn, role_policy
+from platforms import load_profile
+from serving.deploy.aws_iam import LAMBDA_TRUST_POLICY, bundle_prefix, cfn_arn, role_policy, tensor_prefix
 from serving.deploy.render import (
     CloudFunction,
     cloud_functions,
@@ -54,6 +69,7 @@ from serving.deploy.render import (
 from serving.deploy.vendor import RUNTIMES, VendorError, vendor_dependencies
 
 __all__ = [
+    "ALIAS",
     "BUCKET_PLACEHOLDER",
     "HANDLER",
     "LAMBDA_UNZIPPED_LIMIT_BYTES",
@@ -69,12 +85,15 @@ log = logging.getLogger(__name__)
 #: Lambda's limit on a function's unzipped code (and layers): AWS Lambda quotas.
 LAMBDA_UNZIPPED_LIMIT_BYTES = 250 * 1024 * 1024
 HANDLER = "flatpack_entry.handler"
+#: the alias every deploy points at the version it published; the master invokes its workers there
+ALIAS = "live"
 #: stand-ins in a function's environment, replaced by each deploy path (CloudFormation or boto3)
 BUCKET_PLACEHOLDER = "@flatpack-bucket@"
 REGION_PLACEHOLDER = "@aws-region@"
 SERVICE_FILE = "flatpack-service.json"
+UPLOAD_PLUGIN = "flatpack_bundle_upload.js"
 _GENERATED = ("serverless.yml", "flatpack.yml", "flatpack_entry.py", "functions", "vendor", "bundle",
-              SERVICE_FILE, ".serverless", ".cfnlintrc", "Dockerfile", "requirements.txt")
+              SERVICE_FILE, ".serverless", ".cfnlintrc", "Dockerfile", "requirements.txt", UPLOAD_PLUGIN)
 _IMAGE = "flatpack"  # the provider.ecr image every function of an MXNet service runs
 # cfn-lint's configuration for the template `serverless package` writes (run `cfn-lint` in the directory)
 _CFNLINTRC = """\
@@ -88,6 +107,7 @@ ignore_checks:
 """
 _ROLE_IDS = {"master": "FlatpackMasterRole", "worker": "FlatpackWorkerRole"}
 _BUCKET_ID = "FlatpackBucket"
+_BUCKET_OUTPUT = "FlatpackBucketName"
 
 
 @dataclass(frozen=True)
@@ -100,6 +120,9 @@ class LambdaOptions:
     runtime: the Lambda Python runtime; ``python3.11`` is the newest the Serverless Framework v3 validates
         (see :mod:`serving.deploy.vendor` for the wheels each runtime gets).
     timeout_s: every function's timeout; the master's HTTP API integration allows at most 30 s.
+    invoke_timeout_s: how long the master waits for one invocation of a worker before it gives up on that
+        attempt (None: ``timeout_s``); shorter leaves time to retry within the master's own timeout.
+    max_retries: further invocations of a worker after a retryable failure (crash, timeout, throttling).
     transport: how tensors move between functions (``inline`` inside the invocation, Gillis's way;
         ``redis``; ``s3``). ``shm`` is refused: Lambda functions share no host.
     fallback_transport: where ``inline`` puts tensors over Lambda's 6 MB payload limit (``s3``,
@@ -125,6 +148,8 @@ class LambdaOptions:
     region: str = "us-east-1"
     runtime: str = "python3.11"
     timeout_s: int = 29
+    invoke_timeout_s: float | None = None
+    max_retries: int = 2
     transport: str = "inline"
     fallback_transport: str | None = "s3"
     bucket: str | None = None
@@ -155,6 +180,11 @@ class LambdaOptions:
             raise ValueError(f"timeout {self.timeout_s} s: Lambda allows 1..900 s")
         if self.http_api and self.timeout_s > 30:
             raise ValueError(f"timeout {self.timeout_s} s: an HTTP API waits at most 30 s for the master")
+        if self.invoke_timeout_s is not None and not 0 < self.invoke_timeout_s <= self.timeout_s:
+            raise ValueError(f"invoke timeout {self.invoke_timeout_s} s: give 0 < it <= the functions' timeout "
+                             f"({self.timeout_s} s)")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries {self.max_retries}: give 0 or more")
 
 
 @dataclass
@@ -193,6 +223,22 @@ class LambdaService:
         """Its functions run a container image (the MXNet backend) rather than zip packages."""
         return self.options.backend != "onnxruntime"
 
+    @property
+    def s3_bundle_prefix(self) -> str:
+        """Where in the bucket this bundle's files go: the deployment's bundle prefix, then the bundle's
+        digest (a redeploy of another bundle never overwrites what a running version fetches)."""
+        digest = sha256_file(self.bundle_dir / "manifest.json")[:12]
+        return f"{bundle_prefix(self.deployment)}/{digest}"
+
+    @property
+    def s3_bundle_files(self) -> tuple[str, ...]:
+        """The bundle files that go to the bucket: plan, manifest and the parts of every function whose
+        parts do not fit its package (none when every function fits)."""
+        big = [f for f in self.functions if self.parts_in_s3[f.name]]
+        if not big:
+            return ()
+        return tuple(sorted({"plan.json", "manifest.json"} | {rel for f in big for rel in f.files}))
+
     def save(self) -> Path:
         doc = {
             "deployment": self.deployment,
@@ -204,13 +250,19 @@ class LambdaService:
             "vendored": self.vendored,
             "vendor_error": self.vendor_error,
             "extra": self.extra,
+            # what the upload plugin (templates/lambda/flatpack_bundle_upload.js) reads
+            "s3_bundle": {
+                "bucket": self.options.bucket,
+                "bucket_output": _BUCKET_OUTPUT,
+                "prefix": self.s3_bundle_prefix,
+                "files": list(self.s3_bundle_files),
+                "remove_prefixes": [f"{bundle_prefix(self.deployment)}/", f"{tensor_prefix(self.deployment)}/"],
+            } if self.s3_bundle_files else None,
         }
         return write_json(self.root / SERVICE_FILE, doc)
 
     @classmethod
     def load(cls, root: str | Path) -> LambdaService:
-        import json
-
         root = Path(root)
         path = root / SERVICE_FILE
         if not path.is_file():
@@ -301,8 +353,11 @@ def render_lambda_service(bundle_dir: str | Path, out: str | Path, *, deployment
         invoker="lambda",
         invoke_url=opts.endpoint_url,
         function_prefix=f"{deployment}-",
-        invoke_timeout_ms=opts.timeout_s * 1000,
+        invoke_qualifier=ALIAS,
+        invoke_timeout_ms=int(1000 * (opts.invoke_timeout_s or opts.timeout_s)),
+        max_retries=opts.max_retries,
         backend=opts.backend,
+        model_name=model,
     )
     threads = {fn.memory_mb: _threads(fn.memory_mb) for fn in plan.functions}
     fns = cloud_functions(plan, deployment, base, threads=threads, drop=())
@@ -322,6 +377,8 @@ def render_lambda_service(bundle_dir: str | Path, out: str | Path, *, deployment
             raise ValueError(f"the function code and dependencies alone take {common / 2**20:.0f} MB, over "
                              f"Lambda's {opts.unzipped_limit_bytes / 2**20:.0f} MB unzipped limit")
     service = LambdaService(out, deployment, model, opts, fns, parts_in_s3, sizes, vendored, vendor_error)
+    if service.s3_bundle_files and not image:
+        shutil.copy2(templates.LAMBDA_BUNDLE_UPLOAD_PLUGIN, out / UPLOAD_PLUGIN)
     write_yaml(out / "flatpack.yml", _flatpack_yml(service, plan.master),
                header=f"Generated by flatpack for deployment {deployment} (model {plan.model.name}); do not edit:\n"
                       f"render again with `flatpack deploy MODEL --target lambda --dry-run -o DIR`.")
@@ -370,7 +427,6 @@ def _flatpack_yml(service: LambdaService, master: str) -> dict[str, Any]:
     envs = [dict(f.env) for f in service.functions]
     common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
     provider_env = {k: _env_value(v, bucket_ref=bucket_ref) for k, v in common.items()}
-    provider_env["FLATPACK_MODEL_NAME"] = service.model
     if opts.api_token:
         provider_env["FLATPACK_API_TOKEN"] = opts.api_token
     provider: dict[str, Any] = {
@@ -380,6 +436,8 @@ def _flatpack_yml(service: LambdaService, master: str) -> dict[str, Any]:
         "region": "${opt:region, '" + opts.region + "'}",
         "stage": "${opt:stage, 'dev'}",
         "logRetentionInDays": 14,
+        # each deploy publishes the versions this file declares (named by what they run), not the framework's
+        "versionFunctions": False,
         "environment": provider_env,
     }
     if opts.http_api:
@@ -389,7 +447,7 @@ def _flatpack_yml(service: LambdaService, master: str) -> dict[str, Any]:
         env = {k: _env_value(v, bucket_ref=bucket_ref) for k, v in f.env.items() if k not in common}
         patterns = [] if service.parts_in_s3[f.name] else [f"{pre}bundle/{rel}" for rel in f.files]
         if service.parts_in_s3[f.name]:
-            where = f"/{bundle_prefix(service.deployment)}"
+            where = f"/{service.s3_bundle_prefix}"
             env["FLATPACK_BUNDLE_S3_URI"] = (f"s3://{bucket_ref}{where}" if isinstance(bucket_ref, str)
                                              else {"Fn::Join": ["", ["s3://", bucket_ref, where]]})
         spec: dict[str, Any] = {
@@ -411,13 +469,34 @@ def _flatpack_yml(service: LambdaService, master: str) -> dict[str, Any]:
             need = sum((service.root / "bundle" / rel).stat().st_size for rel in f.files)
             spec["ephemeralStorageSize"] = min(10240, max(512, int(need * 1.2 / 2**20) + 64))
         if f.role == "master" and opts.http_api:
-            base = f"/v2/models/{service.model}"
-            spec["events"] = [{"httpApi": {"method": m, "path": p}} for m, p in (
-                ("POST", f"{base}/infer"), ("GET", base), ("GET", f"{base}/ready"),
-                ("GET", "/v2/health/live"), ("GET", "/v2/health/ready"))]
+            # every model name reaches the handler, which answers an unknown one as the local endpoint does
+            spec["events"] = [{"httpApi": {"method": m, "path": p}} for m, p in _HTTP_ROUTES]
         key = "master" if f.role == "master" else f.plan_name
         functions[_function_key(key)] = spec
     resources: dict[str, Any] = {}
+    extensions: dict[str, Any] = {}
+    code = _code_digest(service.root)
+    for key, spec in functions.items():
+        logical = _logical_id(key)
+        digest = hashlib.sha256((code + json.dumps(spec, sort_keys=True)).encode()).hexdigest()[:12]
+        version = f"{logical}FlatpackVersion{digest}"
+        resources[version] = {
+            "Type": "AWS::Lambda::Version",
+            # an older version stays while requests may still run on it; the alias moves on
+            "DeletionPolicy": "Retain",
+            "UpdateReplacePolicy": "Retain",
+            "Properties": {"FunctionName": {"Ref": f"{logical}LambdaFunction"},
+                           "Description": f"flatpack {service.deployment} ({digest})"},
+        }
+        resources[f"{logical}LiveAlias"] = {
+            "Type": "AWS::Lambda::Alias",
+            "Properties": {"FunctionName": {"Ref": f"{logical}LambdaFunction"}, "Name": ALIAS,
+                           "FunctionVersion": {"Fn::GetAtt": [version, "Version"]}},
+        }
+        if "events" in spec:  # the master's HTTP API calls its alias, as the function URL does (boto3 path)
+            alias = {"Ref": f"{logical}LiveAlias"}
+            extensions[f"HttpApiIntegration{logical}"] = {"Properties": {"IntegrationUri": alias}}
+            extensions[f"{logical}LambdaPermissionHttpApi"] = {"Properties": {"FunctionName": alias}}
     roles = sorted({f.role for f in service.functions}, key=lambda r: r != "master")
     for role in roles:
         resources[_ROLE_IDS[role]] = {
@@ -449,7 +528,7 @@ def _flatpack_yml(service: LambdaService, master: str) -> dict[str, Any]:
                                                       "Prefix": "flatpack/", "ExpirationInDays": 1}]},
             },
         }
-        outputs["FlatpackBucketName"] = {"Description": "bucket of this deployment's tensors and bundle files",
+        outputs[_BUCKET_OUTPUT] = {"Description": "bucket of this deployment's tensors and bundle files",
                                          "Value": {"Ref": _BUCKET_ID}}
     package = {
         "individually": True,
@@ -458,15 +537,46 @@ def _flatpack_yml(service: LambdaService, master: str) -> dict[str, Any]:
     }
     if service.image:
         provider["ecr"] = {"images": {_IMAGE: {"path": f"./{pre}", "platform": "linux/amd64"}}}
+    plugins = list(opts.plugins)
+    if (service.root / UPLOAD_PLUGIN).is_file():
+        plugins.append(f"./{pre}{UPLOAD_PLUGIN.removesuffix('.js')}")
     doc: dict[str, Any] = {
         "service": f"flatpack-{service.deployment}",
-        "plugins": list(opts.plugins),
+        "plugins": plugins,
         "provider": provider,
         "package": package,
         "functions": functions,
-        "resources": {"Resources": resources, **({"Outputs": outputs} if outputs else {})},
+        "resources": {"Resources": resources, **({"Outputs": outputs} if outputs else {}),
+                      **({"extensions": extensions} if extensions else {})},
     }
     return doc
+
+
+#: the master's HTTP API routes: the Open Inference Protocol v2 (functions.handlers.routes)
+_HTTP_ROUTES = (("POST", "/v2/models/{name}/infer"), ("GET", "/v2/models/{name}"), ("GET", "/v2/models/{name}/ready"),
+                ("GET", "/v2/health/live"), ("GET", "/v2/health/ready"), ("GET", "/v2"))
+
+
+def _logical_id(key: str) -> str:
+    """The CloudFormation logical id prefix the Serverless Framework gives function ``key``
+    (``naming.getNormalizedFunctionName``: ``worker1`` -> ``Worker1``)."""
+    name = key.replace("-", "Dash").replace("_", "Underscore")
+    return name[:1].upper() + name[1:]
+
+
+def _code_digest(root: Path) -> str:
+    """A digest of what every function of the service runs: the entry shim, the function runtime, the
+    vendored wheels (their RECORDs list each file's hash), the plan and manifest (which lists each part's
+    sha256) and, for an image, its Dockerfile and requirements."""
+    files = [root / "flatpack_entry.py", root / "bundle" / "plan.json", root / "bundle" / "manifest.json",
+             root / "Dockerfile", root / "requirements.txt"]
+    files += sorted(p for p in (root / "functions").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    files += sorted((root / "vendor").glob("*.dist-info/RECORD"))
+    h = hashlib.sha256()
+    for p in files:
+        if p.is_file():
+            h.update(f"{p.relative_to(root)}\0{sha256_file(p)}\n".encode())
+    return h.hexdigest()
 
 
 def _function_key(name: str) -> str:

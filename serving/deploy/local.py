@@ -16,15 +16,22 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from functions.bundle import Bundle
+from functions.settings import api_token
 from serving.api.app import create_app
 from serving.api.client import infer_http
 from serving.api.dataplane import DataPlane, ModelInfo
 from serving.api.server import AppServer
 from serving.deploy.state import DeploymentRecord, state_dir
+
+if TYPE_CHECKING:  # the platform and the planner are imported where they are used
+    from partitioner.planner import PlanRequest
+    from partitioner.solvers.common import SolverResult
+    from serving.platform.deploy import Deployment
 
 __all__ = ["PlatformBackend", "prepare", "serve"]
 
@@ -34,8 +41,8 @@ log = logging.getLogger(__name__)
 class PlatformBackend:
     """A model served by its deployment's master function on a platform."""
 
-    def __init__(self, deployment, platform_url: str, *, name: str, timeout_s: float = 60.0,  # type: ignore[no-untyped-def]
-                 meter: Callable[[], Mapping] | None = None) -> None:
+    def __init__(self, deployment: Deployment, platform_url: str, *, name: str, timeout_s: float = 60.0,
+                 meter: Callable[[], Mapping[str, Any]] | None = None) -> None:
         from serving.platform.master_client import MasterClient
 
         plan = deployment.plan
@@ -68,7 +75,8 @@ class PlatformBackend:
         self._client.close()
 
 
-def prepare(model: Path, request, name: str, *, progress: Callable[[str], None] | None = None):  # type: ignore[no-untyped-def]
+def prepare(model: Path, request: PlanRequest, name: str, *, progress: Callable[[str], None] | None = None
+            ) -> tuple[Path, SolverResult, str]:
     """Plan ``model`` as ``request`` says and export a verified bundle for deployment ``name``.
 
     Returns (bundle path, solver result, where the unit times came from).
@@ -117,8 +125,7 @@ def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep
         plane.add(backend)
         server = AppServer(create_app(plane), record.host, record.port).start()
         # one request through the whole path (HTTP, protocol, master), so the first user request is warm
-        token = os.environ.get("FLATPACK_API_TOKEN")
-        infer_http(server.url, record.name, random_inputs(bundle.source, 1), token=token)
+        infer_http(server.url, record.name, random_inputs(bundle.source, 1), token=api_token())
         record.endpoint = server.url
         record.platform_url = platform.url
         record.deployment_id = dep.id

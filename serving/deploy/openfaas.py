@@ -5,7 +5,7 @@
     out/
       stack.yml                 one function per plan function (faas-cli stack file, version 1.0)
       template/flatpack/        the function template (templates/openfaas/flatpack): of-watchdog + index.py
-      function/                 the handler folder: functions/ (the runtime), flatpack_entry.py, bundle/
+      function/                 the handler folder: functions/ (the runtime and its OpenFaaS server), bundle/
       kubernetes/               shm transport only: an OpenFaaS Profile whose pod affinity co-locates the
                                 slices, and per function a Deployment patch mounting the node's tmpfs
                                 directory they share (MOPAR's same-host transport)
@@ -42,7 +42,7 @@ from urllib.parse import quote, urlsplit
 import templates
 from functions.bundle import Bundle
 from functions.config import FunctionConfig
-from partitioner.platform import load_profile
+from platforms import load_profile
 from serving.deploy.render import (
     CloudFunction,
     cloud_functions,
@@ -205,7 +205,6 @@ def render_openfaas_stack(bundle_dir: str | Path, out: str | Path, *, deployment
     handler_dir = out / "function"
     handler_dir.mkdir()
     copy_runtime(handler_dir)
-    shutil.copy2(templates.ENTRY, handler_dir / "flatpack_entry.py")
     copy_bundle(bundle, handler_dir / "bundle")
     shm_dir = Path(SHM_ROOT) / f"flatpack-{deployment}"
     base = FunctionConfig(
@@ -225,7 +224,7 @@ def render_openfaas_stack(bundle_dir: str | Path, out: str | Path, *, deployment
     )
     threads = {fn.memory_mb: max(1, round(min(profile.max_vcpu or 8, fn.memory_mb / profile.mb_per_vcpu)))
                for fn in plan.functions}
-    fns = cloud_functions(plan, deployment, base, threads=threads, drop=("bundle_dir",))
+    fns = cloud_functions(plan, deployment, base, threads=threads, drop=())
     image = opts.image or f"flatpack-{deployment}:{bundle.manifest.get('source', {}).get('sha256', 'latest')[:12]}"
     stack = OpenFaaSStack(out, deployment, model_name or deployment, opts, fns, image)
     write_yaml(out / "stack.yml", _stack_yml(stack), header=(

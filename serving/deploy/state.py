@@ -15,13 +15,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from functions.settings import state_dir
+
 __all__ = ["DeploymentRecord", "NAME_RE", "state_dir"]
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
-
-
-def state_dir() -> Path:
-    return Path(os.environ.get("FLATPACK_STATE_DIR") or Path.home() / ".local" / "state" / "flatpack")
 
 
 @dataclass

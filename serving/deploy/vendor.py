@@ -24,6 +24,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from functions.settings import cache_dir
+
 __all__ = ["RUNTIMES", "VendorError", "WheelTarget", "vendor_dependencies"]
 
 log = logging.getLogger(__name__)
@@ -56,8 +58,7 @@ _PRUNE_UNDER = ("numpy", "onnxruntime")
 
 
 def _cache_root() -> Path:
-    raw = os.environ.get("FLATPACK_CACHE_DIR")
-    return (Path(raw) if raw and raw.strip() else Path.home() / ".cache" / "flatpack") / "lambda-vendor"
+    return cache_dir() / "lambda-vendor"
 
 
 def _prune(root: Path) -> None:

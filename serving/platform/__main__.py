@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
+from functions.settings import log_level
 from serving.platform.config import PlatformConfig
 from serving.platform.server import serve
 
@@ -17,7 +17,7 @@ def main() -> None:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--idle-timeout-s", type=float, default=None)
     args = ap.parse_args()
-    logging.basicConfig(level=os.environ.get("FLATPACK_LOG_LEVEL", "WARNING"),
+    logging.basicConfig(level=log_level(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(PlatformConfig.from_env(host=args.host, port=args.port, profile=args.profile,
                                   idle_timeout_s=args.idle_timeout_s))

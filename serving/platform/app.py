@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request, Response
 
-from partitioner.platform import PlatformProfile
+from platforms import PlatformProfile
 from serving.platform.config import PlatformConfig
 from serving.platform.errors import FunctionFailed, PlatformError
 from serving.platform.service import PlatformService

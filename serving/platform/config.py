@@ -7,6 +7,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 __all__ = ["PlatformConfig"]
 
@@ -45,14 +46,17 @@ class PlatformConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> PlatformConfig:
-        """Defaults, then ``FLATPACK_PLATFORM_<FIELD>`` variables, then ``overrides`` (None ones skipped)."""
+        """Defaults, then ``FLATPACK_PLATFORM_<FIELD>`` variables (an empty one is unset, as for every
+        ``FLATPACK_*`` setting), then ``overrides`` (None ones skipped)."""
         env = os.environ if environ is None else environ
         cfg = cls()
-        values: dict[str, object] = {}
+        # field name -> a value of that field's type (converted below, overrides as given): no annotation
+        # can say that per key, as for FunctionConfig.from_env's kwargs
+        values: dict[str, Any] = {}
         for f in fields(cls):
             var = f"FLATPACK_PLATFORM_{f.name.upper()}"
-            raw = env.get(var)
-            if raw is None:
+            raw = (env.get(var) or "").strip()
+            if not raw:
                 continue
             current = getattr(cfg, f.name)
             try:
@@ -69,4 +73,4 @@ class PlatformConfig:
             except ValueError as e:
                 raise ValueError(f"{var}={raw!r} is not a valid {type(current).__name__}") from e
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return replace(cfg, **values)  # type: ignore[arg-type]
+        return replace(cfg, **values)

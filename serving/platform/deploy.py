@@ -12,6 +12,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from functions.config import FunctionConfig
 from functions.plan import Plan
@@ -19,9 +20,37 @@ from functions.transport.factory import open_transport
 from serving.platform.client import PlatformClient
 from serving.platform.spec import FunctionSpec
 
-__all__ = ["Deployment", "deploy_bundle", "new_deployment_id"]
+if TYPE_CHECKING:
+    from functions.codec import Compression
+
+__all__ = ["ConfigOverrides", "Deployment", "deploy_bundle", "new_deployment_id"]
 
 log = logging.getLogger(__name__)
+
+
+class ConfigOverrides(TypedDict, total=False):
+    """The :class:`FunctionConfig` fields a caller of :func:`deploy_bundle` may set (it sets the others:
+    bundle, deployment, function names, transport, invoker, backend; memory comes from the plan or its
+    ``memory_mb`` argument)."""
+
+    fallback_transport: str | None
+    payload_limit_bytes: int
+    inline_max_bytes: int
+    compression: Compression
+    key_ttl_s: int
+    redis_url: str
+    shm_dir: Path
+    s3_bucket: str
+    s3_endpoint_url: str | None
+    aws_region: str
+    invoke_qualifier: str
+    invoke_timeout_ms: int
+    max_retries: int
+    hedge_percentile: float | None
+    hedge_min_samples: int
+    intra_op_threads: int
+    model_name: str
+    bundle_s3_uri: str
 
 
 def new_deployment_id(prefix: str = "d") -> str:
@@ -87,7 +116,7 @@ def deploy_bundle(
     queue_timeout_s: float | None = None,
     memory_mb: dict[str, int] | None = None,
     backend: str = "onnxruntime",
-    **config: object,
+    **config: Unpack[ConfigOverrides],
 ) -> Deployment:
     """Register every function of the bundle's plan on the platform behind ``client``.
 
@@ -109,7 +138,7 @@ def deploy_bundle(
         invoke_url=health.get("url") or client.url,
         function_prefix=f"{dep}-",
         backend=backend,
-        **config,  # type: ignore[arg-type]
+        **config,
     )
     d = Deployment(client, bundle_dir, plan, base)
     try:
@@ -158,7 +187,7 @@ def _memory_for(plan: Plan, bundle_dir: Path, function: str, plan_mb: int, backe
     size = sum((bundle_dir / f).stat().st_size for f in files if (bundle_dir / f).is_file())
     mb = backend_memory_mb(backend, plan_mb, size)
     if profile:
-        from partitioner.platform import load_profile
+        from platforms import load_profile
 
         mem = load_profile(profile).memory
         if mb > mem.max_mb:

@@ -11,12 +11,33 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Literal, TypedDict, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from partitioner.platform import PlatformProfile
+from platforms import PlatformProfile
 
-__all__ = ["FunctionUsage", "Meter"]
+__all__ = ["FunctionUsage", "Meter", "UsageJSON"]
+
+
+class UsageJSON(TypedDict):
+    """One function's usage as :meth:`Meter.snapshot` reports it."""
+
+    memory_mb: int
+    invocations: int
+    errors: int
+    errors_by_type: dict[str, int]
+    cold_starts: int
+    duration_ms: float
+    billed_ms: float
+    billed_gb_s: float
+    init_ms: float
+    max_rss_mb: float
+    cost_usd: float
+
+
+_Totalled = Literal["invocations", "errors", "cold_starts", "billed_ms", "billed_gb_s", "cost_usd"]
+_TOTALLED: tuple[_Totalled, ...] = get_args(_Totalled)
 
 
 @dataclass
@@ -31,7 +52,7 @@ class FunctionUsage:
     init_ms: float = 0.0
     max_rss_mb: float = 0.0
 
-    def to_json(self, profile: PlatformProfile) -> dict[str, object]:
+    def to_json(self, profile: PlatformProfile) -> UsageJSON:
         return {
             "memory_mb": self.memory_mb,
             "invocations": self.invocations,
@@ -108,8 +129,8 @@ class Meter:
             functions = {name: u.to_json(self.profile) for name, u in sorted(self._usage.items())}
         total: dict[str, float] = defaultdict(float)
         for f in functions.values():
-            for k in ("invocations", "errors", "cold_starts", "billed_ms", "billed_gb_s", "cost_usd"):
-                total[k] += f[k]  # type: ignore[operator]
+            for k in _TOTALLED:
+                total[k] += f[k]
         return {"profile": self.profile.name, "functions": functions, "total": dict(total)}
 
     def prometheus_text(self) -> bytes:

@@ -20,12 +20,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import functions
 from functions.backends import DEFAULT_BACKEND, check_backend
+from functions.settings import cache_dir
 
 __all__ = [
     "BackendEnv",
@@ -33,12 +34,21 @@ __all__ = [
     "backend_env",
     "backend_python",
     "ensure_backend_env",
+    "project_pythonpath",
+    "require_backend",
     "requirements_file",
 ]
 
 log = logging.getLogger(__name__)
 
 _PROJECT_ROOT = Path(functions.__file__).resolve().parent.parent
+
+
+def project_pythonpath(environ: Mapping[str, str] | None = None) -> str:
+    """``PYTHONPATH`` for a child process of flatpack's (a function instance, the platform, a benchmark's
+    helper): this checkout first, then what the environment had, so the child runs this code."""
+    have = (os.environ if environ is None else environ).get("PYTHONPATH", "")
+    return os.pathsep.join(p for p in (str(_PROJECT_ROOT), have) if p)
 _MARKER = ".flatpack-complete"
 # what a ready environment must import (with the project on PYTHONPATH)
 _SMOKE = {"mxnet": "import mxnet, onnx, numpy, functions.backends.mxnet; print(mxnet.__version__, numpy.__version__)"}
@@ -60,10 +70,7 @@ def _requirements(backend: str) -> list[str]:
 
 
 def _cache_root() -> Path:
-    raw = os.environ.get("FLATPACK_CACHE_DIR")
-    if raw is not None and not raw.strip():
-        raise ValueError("FLATPACK_CACHE_DIR is set but empty; unset it or give a directory")
-    return (Path(raw) if raw else Path.home() / ".cache" / "flatpack") / "backends"
+    return cache_dir() / "backends"
 
 
 @dataclass(frozen=True)
@@ -194,3 +201,32 @@ def _run(cmd: list[str], timeout_s: float, what: str, *, progress: Callable[[str
             f"PIP_INDEX_URL, a proxy) the first time the environment is made"
         )
     return "\n".join(lines)
+
+
+def require_backend(backend: str, *, bundle: str | Path | None = None, local: bool = True,
+                    notice: Callable[[str], None] | None = None,
+                    progress: Callable[[str], None] | None = None) -> None:
+    """Before running functions with ``backend``: refuse a bundle it cannot run (``bundle``: its directory)
+    and, for functions on this machine (``local``), create the backend's environment on first use.
+    ``notice`` is told once when that creation starts; ``progress`` gets its steps.
+
+    Raises:
+        BackendEnvError: the bundle has parts the backend cannot run (each named), or the environment
+            could not be created.
+    """
+    if backend == DEFAULT_BACKEND:
+        return
+    if bundle is not None:
+        from functions.backends.mxnet_onnx import bundle_problems
+
+        problems = bundle_problems(bundle)
+        if problems:
+            raise BackendEnvError(f"the {backend} backend cannot run this bundle:\n  " + "\n  ".join(problems)
+                                  + "\nRun it with --backend onnxruntime (the default)")
+    env = backend_env(backend)
+    if env.ready or not local:
+        return
+    if notice is not None:
+        notice(f"the {backend} backend runs in its own environment, which is not set up yet: creating it now "
+               f"(once; `flatpack backend setup {backend}` does the same)")
+    ensure_backend_env(backend, progress=progress)

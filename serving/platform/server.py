@@ -10,7 +10,7 @@ import time
 
 import uvicorn
 
-from partitioner.platform import PlatformProfile
+from platforms import PlatformProfile
 from serving.api.server import bind_socket, url_of
 from serving.platform.app import create_app
 from serving.platform.client import PlatformClient
@@ -26,12 +26,14 @@ _bind = bind_socket
 _url = url_of
 
 
-def _server(config: PlatformConfig, profile: PlatformProfile | None, sock: socket.socket) -> uvicorn.Server:
+def _server(config: PlatformConfig, profile: PlatformProfile | None, sock: socket.socket
+            ) -> tuple[uvicorn.Server, PlatformService]:
     app = create_app(config, profile)
-    app.state.service.url = _url(sock)
+    service: PlatformService = app.state.service
+    service.url = _url(sock)
     ucfg = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=75,
                           timeout_graceful_shutdown=5, access_log=False)
-    return uvicorn.Server(ucfg)
+    return uvicorn.Server(ucfg), service
 
 
 class LocalPlatform:
@@ -45,12 +47,12 @@ class LocalPlatform:
         self.config = config or PlatformConfig(port=0)
         self._sock = _bind(self.config.host, self.config.port)
         self.url = _url(self._sock)
-        self._server = _server(self.config, profile, self._sock)
+        self._server, self._service = _server(self.config, profile, self._sock)
         self._thread: threading.Thread | None = None
 
     @property
     def service(self) -> PlatformService:
-        return self._server.config.app.state.service  # type: ignore[no-any-return]
+        return self._service
 
     @property
     def client(self) -> PlatformClient:
@@ -88,6 +90,6 @@ class LocalPlatform:
 def serve(config: PlatformConfig, profile: PlatformProfile | None = None) -> None:
     """Run the platform in the foreground until SIGINT / SIGTERM (instances are stopped on the way out)."""
     sock = _bind(config.host, config.port)
-    server = _server(config, profile, sock)
+    server, _ = _server(config, profile, sock)
     log.warning("flatpack local platform listening on %s (profile %s)", _url(sock), config.profile)
     server.run(sockets=[sock])

@@ -10,22 +10,22 @@ import asyncio
 import contextlib
 import logging
 import os
-from pathlib import Path
 
-import functions
-from partitioner.platform import PlatformProfile, load_profile
+from functions import settings
+from functions.settings import log_level
+from platforms import PlatformProfile, load_profile
 from serving.platform.config import PlatformConfig
 from serving.platform.errors import NoSuchFunction, RequestTooLarge, ResponseTooLarge
 from serving.platform.instance import InstanceReply, instance_argv
 from serving.platform.meter import Meter
 from serving.platform.pool import FunctionPool
+from serving.platform.runtimes import project_pythonpath
 from serving.platform.spec import FunctionSpec
 
 __all__ = ["PlatformService"]
 
 log = logging.getLogger(__name__)
 
-_PROJECT_ROOT = str(Path(functions.__file__).resolve().parent.parent)
 
 
 class PlatformService:
@@ -63,7 +63,7 @@ class PlatformService:
         threads = self.profile.threads(spec.memory_mb)
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLATPACK_")}
         env.update({
-            "PYTHONPATH": os.pathsep.join(p for p in (_PROJECT_ROOT, os.environ.get("PYTHONPATH", "")) if p),
+            "PYTHONPATH": project_pythonpath(),
             "OMP_NUM_THREADS": str(threads),
             "FLATPACK_MEMORY_MB": str(spec.memory_mb),
             "FLATPACK_INTRA_OP_THREADS": str(threads),
@@ -74,8 +74,9 @@ class PlatformService:
             env["FLATPACK_INVOKE_URL"] = self.url
         if spec.bundle_dir:
             env["FLATPACK_BUNDLE_DIR"] = spec.bundle_dir
-        if "FLATPACK_LOG_LEVEL" in os.environ:
-            env["FLATPACK_LOG_LEVEL"] = os.environ["FLATPACK_LOG_LEVEL"]
+        level = log_level(default="")
+        if level:  # the instances log as their platform does
+            env[settings.LOG_LEVEL] = str(level)
         env.update(spec.env)  # the deployer's explicit settings win
         return env
 

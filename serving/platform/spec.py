@@ -12,6 +12,7 @@ __all__ = ["FunctionSpec", "check_name"]
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,140}")
 
 Handler = Literal["master", "worker"]
+_HANDLERS: tuple[Handler, ...] = ("master", "worker")
 
 
 def check_name(name: str) -> str:
@@ -53,8 +54,7 @@ class FunctionSpec:
             raise ValueError(f"function {self.name}: backend must be 'onnxruntime' or 'mxnet', got {self.backend!r}")
         if self.memory_mb <= 0:
             raise ValueError(f"function {self.name}: memory_mb must be positive, got {self.memory_mb}")
-        if self.handler not in ("master", "worker"):
-            raise ValueError(f"function {self.name}: handler must be 'master' or 'worker', got {self.handler!r}")
+        _handler(self.name, self.handler)
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"function {self.name}: concurrency must be at least 1")
         if self.timeout_s is not None and not self.timeout_s > 0:
@@ -78,11 +78,12 @@ class FunctionSpec:
     @classmethod
     def from_json(cls, d: Mapping[str, Any], *, name: str | None = None) -> FunctionSpec:
         try:
+            name = str(name or d["name"])
             return cls(
-                name=str(name or d["name"]),
+                name=name,
                 memory_mb=int(d["memory_mb"]),
                 bundle_dir=None if d.get("bundle_dir") is None else str(d["bundle_dir"]),
-                handler=str(d.get("handler", "worker")),  # type: ignore[arg-type]
+                handler=_handler(name, str(d.get("handler", "worker"))),
                 env={str(k): str(v) for k, v in (d.get("env") or {}).items()},
                 concurrency=None if d.get("concurrency") is None else int(d["concurrency"]),
                 timeout_s=None if d.get("timeout_s") is None else float(d["timeout_s"]),
@@ -93,3 +94,9 @@ class FunctionSpec:
             raise ValueError(f"function spec is missing {e}") from e
         except (TypeError, AttributeError) as e:
             raise ValueError(f"malformed function spec: {e}") from e
+
+
+def _handler(function: str, value: object) -> Handler:
+    if value not in _HANDLERS:
+        raise ValueError(f"function {function}: handler must be 'master' or 'worker', got {value!r}")
+    return value

@@ -1,0 +1,49 @@
+"""`flatpack bench ...`: the benchmarks' command group, plugged into the `flatpack` CLI.
+
+flatpack's command line knows nothing of this package: ``pyproject.toml`` registers this group
+under the ``flatpack.commands`` entry-point group, which the CLI lists and loads on demand. Each benchmark
+is a thin click command in its own module of :mod:`bench.commands`, imported only when it runs; the
+benchmark itself is a library in one of bench's subpackages (see :mod:`bench`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from serving.lazy_commands import LazyGroup
+
+__all__ = ["bench", "resolve_model"]
+
+# benchmark name -> "module:attribute" (a click command)
+_BENCHMARKS: dict[str, str] = {
+    "transport": "bench.commands.transport:transport_cmd",
+    "autoencoder": "bench.commands.autoencoder:autoencoder_cmd",
+    "solvers": "bench.commands.solvers:solvers_cmd",
+    "endpoint": "bench.commands.endpoint:endpoint_cmd",
+    "perfmodel": "bench.commands.perfmodel:perfmodel_cmd",
+    "predictors": "bench.commands.predictors:predictors_cmd",
+    "load": "bench.commands.load:load_cmd",
+    "suite": "bench.commands.suite:suite_cmd",
+    "sim": "bench.commands.sim:sim_cmd",
+    "backends": "bench.commands.backends:backends_cmd",
+    "chaos": "bench.commands.chaos:chaos_cmd",
+    "soak": "bench.commands.soak:soak_cmd",
+}
+
+
+@click.group(cls=LazyGroup, lazy=_BENCHMARKS)
+def bench() -> None:
+    """Benchmarks: each prints its figure and the ratio to its baseline, measured in one run."""
+
+
+def resolve_model(arg: str) -> Path:
+    """A benchmark's MODEL argument: an ONNX file, or a zoo model built once into the cache."""
+    from zoo.cache import model_file
+    from zoo.errors import ZooError
+
+    try:
+        return model_file(arg)
+    except (ZooError, ImportError) as e:
+        raise click.ClickException(str(e)) from e

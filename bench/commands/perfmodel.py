@@ -1,0 +1,49 @@
+"""``flatpack bench perfmodel``: the performance model vs live runs (:mod:`bench.components.perfmodel`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from bench.commands.output import echo_json, save_json
+from bench.components.perfmodel import PerfModelResult, run_perfmodel
+
+__all__ = ["perfmodel_cmd"]
+
+
+def _print(result: PerfModelResult) -> None:
+    from rich.table import Table
+
+    from serving.console import console
+
+    table = Table(title="performance model vs local platform (median of warm requests)")
+    for col in ("model", "plan", "transport", "parts", "predicted ms", "measured ms", "error", "GB-s pred",
+                "GB-s meas", "error"):
+        table.add_column(col)
+    for r in result.plans:
+        table.add_row(r.model, r.plan, r.transport, str(r.parts), f"{r.predicted_ms:.1f}", f"{r.measured_ms:.1f}",
+                      f"{r.latency_error:.1%}", f"{r.predicted_gb_s:.5f}", f"{r.measured_gb_s:.5f}",
+                      f"{r.cost_error:.1%}" if r.cost_error is not None else "-")
+    console.print(table)
+    cost = f"{result.mean_cost_error:.1%}" if result.mean_cost_error is not None else "-"
+    console.print(f"mean latency error {result.mean_latency_error:.1%}, mean cost error {cost}, memory "
+                  f"under-predicted by at most {result.max_memory_under_prediction:.1%}; invoke round trip median "
+                  f"{result.invoke_median_ms:.2f} ms")
+
+
+@click.command("perfmodel")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--requests", "n", default=30, show_default=True, help="Timed requests per plan.")
+@click.option("--quick", is_flag=True, help="Fewer models.")
+def perfmodel_cmd(as_json: bool, n: int, quick: bool) -> None:
+    """Predicted vs measured latency and billed cost of plans on the local platform."""
+    from serving.console import err_console
+
+    result = run_perfmodel(n=n, quick=quick, say=lambda m: err_console.print(f"[dim]{m}[/]"))
+    doc = result.to_json()
+    save_json(Path("bench/results/perfmodel.json"), doc, default=None)
+    if as_json:
+        echo_json(doc, default=None)
+        return
+    _print(result)

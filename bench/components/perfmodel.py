@@ -1,0 +1,328 @@
+"""The performance model's predictions against live runs on the local platform (``flatpack bench perfmodel``).
+
+1. Invoke latency of this machine's local platform: round trips of a trivial function, fitted as an
+   exponentially modified Gaussian (scipy.stats.exponnorm), as Gillis modelled Lambda's.
+2. For several plans of several zoo models (families, fan-outs, transports): deploy the bundle, warm it
+   up, run requests one at a time (warm-up excluded) with a no-op round trip before each, then predict
+   latency and billed GB-s with the model - unit times from the cached profile scaled to whole-model
+   runs (in this process, one thread, as a 1769 MB function) taken between the plan's requests, invoke
+   latency and the platform's billed overhead from the no-op round trips - and compare the median
+   latency and the billed GB-s per request read from the platform's meter. Platform facts are measured
+   in the same run, as the planner would measure them on the platform it deploys to; nothing is fitted
+   to the plan's own latencies.
+Errors are absolute percentage errors, as fractions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bench.harness.noop import noop_bundle
+from zoo import BuildKwargs
+
+if TYPE_CHECKING:  # the partitioner is imported when a run starts
+    from partitioner.perfmodel import PerfModel, StageChoice
+
+__all__ = ["CASES", "PerfModelResult", "PlanCheck", "fit_invoke_latency", "run_perfmodel"]
+
+# (zoo name, build options, [(label, stage spec or planner mode, transport)])
+CASES: list[tuple[str, BuildKwargs, list[tuple[str, str, str]]]] = [
+    ("vgg11", {"width_div": 2, "input_size": 64}, [
+        ("single", "0-:none", "shm"),
+        ("lo-2way", "lo", "shm"),
+        ("spatial-2x1", "0-3:spatial=2x1,4-:none", "shm"),
+        ("spatial-2x1-redis", "0-3:spatial=2x1,4-:none", "redis"),
+    ]),
+    ("resnet18", {"width_div": 2, "input_size": 64}, [
+        ("single", "0-:none", "shm"),
+        ("spatial-2x1", "0-1:spatial=2x1,2-:none", "shm"),
+    ]),
+    ("bert", {"layers": 2, "hidden": 256, "heads": 4, "seq_len": 64}, [
+        ("single", "0-:none", "shm"),
+        ("heads-2", "0:none,1:heads=2,2-:none", "shm"),
+    ]),
+    ("mobilenet", {"width_div": 1, "input_size": 96}, [
+        ("single", "0-:none", "shm"),
+    ]),
+]
+MEMORY_MB = 1769  # one vCPU per function on the local profile
+
+
+def fit_invoke_latency(samples_ms: list[float]) -> tuple[float, float, float]:
+    """(mu, sigma, tau) of an ex-Gaussian fitted to round-trip times in ms."""
+    from scipy import stats
+
+    k, loc, scale = stats.exponnorm.fit(np.asarray(samples_ms))
+    return float(loc), float(scale), float(k * scale)
+
+
+class _NoopProbe:
+    """A deployed trivial master (one Relu node): its round trips are the platform's invoke latency, and
+    the meter's duration of one is what the platform bills beyond the work itself. Probed between a
+    plan's requests, so prediction and measurement see the same machine load."""
+
+    def __init__(self, local: Any, tmp: Path) -> None:
+        from serving.platform.deploy import deploy_bundle
+        from serving.platform.master_client import MasterClient
+
+        bundle = noop_bundle(tmp / "noop", master_mb=MEMORY_MB)
+        self.local = local
+        self.dep = deploy_bundle(local.client, bundle, transport="inline")
+        self.client = MasterClient(self.dep, local.url, timeout_s=30)
+        self.x = {"x": np.ones((1, 4), np.float32)}
+        self.samples: list[float] = []
+        for _ in range(20):
+            self.client.infer(self.x)
+        self._mark = _durations(local, self.dep)
+
+    def __call__(self) -> None:
+        t = time.perf_counter()
+        self.client.infer(self.x)
+        self.samples.append((time.perf_counter() - t) * 1e3)
+
+    def take(self) -> tuple[list[float], float]:
+        """Round trips since the last take, and the mean metered duration of those invocations."""
+        now = _durations(self.local, self.dep)
+        billed = (now[0] - self._mark[0]) / max(1, now[1] - self._mark[1])
+        out, self.samples, self._mark = self.samples, [], now
+        return out, billed
+
+    def close(self) -> None:
+        self.client.close()
+        self.dep.remove()
+
+
+@dataclass(frozen=True)
+class PlanCheck:
+    """One plan of one model: the model's latency and billed GB-s per request against the measured median
+    and meter, its per-function memory against the platform's peaks, and the platform facts it was
+    predicted with (invoke latency and billed overhead probed between its requests)."""
+
+    model: str
+    plan: str
+    transport: str
+    stages: int
+    parts: int
+    predicted_ms: float
+    measured_ms: float
+    predicted_gb_s: float
+    measured_gb_s: float
+    predicted_memory_mb: Mapping[str, float]
+    measured_memory_mb: Mapping[str, float]
+    invoke_ms: tuple[float, float, float]  # the ex-Gaussian's (mu, sigma, tau)
+    noop_billed_ms: float
+    compute_source: str
+
+    @property
+    def latency_error(self) -> float:
+        return abs(self.predicted_ms - self.measured_ms) / self.measured_ms
+
+    @property
+    def cost_error(self) -> float | None:
+        return abs(self.predicted_gb_s - self.measured_gb_s) / self.measured_gb_s if self.measured_gb_s > 0 else None
+
+    @property
+    def memory_under_prediction(self) -> float:
+        """The largest fraction of a function's measured peak the model did not predict (0: none under)."""
+        return max([(m - self.predicted_memory_mb[k]) / m for k, m in self.measured_memory_mb.items() if m] + [0.0])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "plan": self.plan, "transport": self.transport, "stages": self.stages,
+            "parts": self.parts, "predicted_ms": round(self.predicted_ms, 3), "measured_ms": round(self.measured_ms, 3),
+            "latency_error": self.latency_error, "predicted_gb_s": self.predicted_gb_s,
+            "measured_gb_s": self.measured_gb_s, "cost_error": self.cost_error,
+            "predicted_memory_mb": {k: round(v, 1) for k, v in self.predicted_memory_mb.items()},
+            "measured_memory_mb": {k: round(v, 1) for k, v in self.measured_memory_mb.items()},
+            "memory_under_prediction": self.memory_under_prediction,
+            "invoke_ms": dict(zip(("mu", "sigma", "tau"), (round(x, 3) for x in self.invoke_ms), strict=True)),
+            "noop_billed_ms": round(self.noop_billed_ms, 3), "compute_source": self.compute_source,
+        }
+
+
+@dataclass(frozen=True)
+class PerfModelResult:
+    """Every plan checked, and the invoke round trips of the whole run (an ex-Gaussian fitted to them)."""
+
+    plans: tuple[PlanCheck, ...]
+    invoke_samples_ms: tuple[float, ...]
+
+    @property
+    def mean_latency_error(self) -> float:
+        return float(np.mean([r.latency_error for r in self.plans]))
+
+    @property
+    def mean_cost_error(self) -> float | None:
+        costs = [r.cost_error for r in self.plans if r.cost_error is not None]
+        return float(np.mean(costs)) if costs else None
+
+    @property
+    def max_memory_under_prediction(self) -> float:
+        return max(r.memory_under_prediction for r in self.plans)
+
+    @property
+    def invoke_median_ms(self) -> float:
+        return statistics.median(self.invoke_samples_ms)
+
+    def to_json(self) -> dict[str, Any]:
+        samples = list(self.invoke_samples_ms)
+        return {
+            "machine": {"cores": os.cpu_count(), "load_average": os.getloadavg()},
+            "invoke_latency_ms": dict(zip(("mu", "sigma", "tau"), fit_invoke_latency(samples), strict=True),
+                                      samples=len(samples), median=self.invoke_median_ms),
+            "mean_latency_error": self.mean_latency_error,
+            "mean_cost_error": self.mean_cost_error,
+            "max_memory_under_prediction": self.max_memory_under_prediction,
+            "plans": [r.to_json() for r in self.plans],
+        }
+
+
+def run_perfmodel(*, n: int = 30, quick: bool = False, say: Callable[[str], None] | None = None) -> PerfModelResult:
+    """Every plan of :data:`CASES` (the first two models with ``quick``) deployed and timed ``n`` times, and
+    predicted with the platform facts probed between its requests (see the module docstring)."""
+    from functions.bundle import Bundle
+    from functions.session import make_session
+    from partitioner.export import Placement, export_bundle
+    from partitioner.graph import LayerGraph
+    from partitioner.inputs import random_inputs
+    from partitioner.model_file import save_model
+    from partitioner.perfmodel import PerfModel, PlatformFacts, StageChoice
+    from partitioner.planner import PlanRequest, compute_model, export_solution, scale_to_whole, solve
+    from partitioner.spec import parse_stages
+    from platforms import load_profile
+    from serving.platform.config import PlatformConfig
+    from serving.platform.deploy import deploy_bundle
+    from serving.platform.master_client import MasterClient
+    from serving.platform.server import LocalPlatform
+    from zoo import build_to_file
+
+    say = say or (lambda _m: None)
+    cases = CASES[:2] if quick else CASES
+    rows: list[PlanCheck] = []
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flatpack-perf-")))
+        local = stack.enter_context(LocalPlatform(PlatformConfig.from_env(port=0)))
+        probe = _NoopProbe(local, tmp)
+        stack.callback(probe.close)
+        base_facts = PlatformFacts.from_profile(load_profile("local"))
+        for _ in range(50):
+            probe()
+        first, noop_ms = probe.take()
+        facts = _facts(base_facts, first, noop_ms)
+        all_samples = list(first)
+        for model, opts, plans in cases:
+            path = build_to_file(model, tmp / f"{model}.onnx", **opts)
+            lg = LayerGraph.load(path)
+            save_model(lg.model, tmp / f"{model}-normalized.onnx")
+            calib = make_session(tmp / f"{model}-normalized.onnx", intra_op_threads=1)  # as a 1769 MB function
+            feeds = random_inputs(lg.model, 0)
+            calib.run(None, feeds)
+            for label, spec, transport in plans:
+                # unit times from the (cached) profile, scaled to whole-model timings taken now (two threads)
+                # and between the plan's requests (one thread), so prediction and runs see the same machine
+                cm, source = compute_model(lg, "measure", fresh=True)
+                out = tmp / f"{model}-{label}"
+                if spec == "lo":
+                    req = PlanRequest(mode="lo", platform="local", memory=MEMORY_MB, max_group=4, transport=transport)
+                    result = solve(lg, req, pm=PerfModel(lg, facts, cm, transport=transport))
+                    choices = list(result.choices)
+                    export_solution(lg, result, req, out)
+                else:
+                    stages = parse_stages(spec, len(lg.units))
+                    choices = [StageChoice(a, b, s, True, MEMORY_MB) for a, b, s in stages]
+                    export_bundle(lg, stages, out, placements=[Placement(True, MEMORY_MB)] * len(stages),
+                                  master_mb=MEMORY_MB)
+                say(f"{model} {label}: deploying {len(choices)} stage(s)")
+                dep = deploy_bundle(local.client, out, transport=transport)
+                client = MasterClient(dep, local.url, timeout_s=60)
+                b = Bundle.load(out)
+                x = random_inputs(b.source, 0)
+                try:
+                    for _ in range(5):
+                        client.infer(x)
+                    probe.take()
+                    before = _billed(local, dep)
+                    lat, whole = [], []
+                    for _ in range(n):
+                        probe()
+                        t = time.perf_counter()
+                        calib.run(None, feeds)
+                        whole.append((time.perf_counter() - t) * 1e3)
+                        t = time.perf_counter()
+                        client.infer(x)
+                        lat.append((time.perf_counter() - t) * 1e3)
+                    after = _billed(local, dep)
+                    rss = _peak_rss(local, dep)
+                finally:
+                    client.close()
+                    dep.remove()
+                # the model's platform facts for this plan: invoke latency and billed overhead probed
+                # between its requests
+                samples, noop_ms = probe.take()
+                all_samples += samples
+                facts = _facts(base_facts, samples, noop_ms)
+                # and the one-thread unit times scaled to whole-model runs taken between its requests
+                cm, source = scale_to_whole(cm, {1: statistics.median(whole)})
+                pm = PerfModel(lg, facts, cm, transport=transport)
+                est = pm.estimate(choices, MEMORY_MB)
+                predicted_gb_s = (est.cost_usd - (1 + _worker_invocations(pm, choices, MEMORY_MB))
+                                  * facts.price_request) / facts.price_gb_s
+                rows.append(PlanCheck(
+                    model, label, transport, len(choices), sum(c.split.degree for c in choices), est.latency_ms,
+                    statistics.median(lat), predicted_gb_s, (after - before) / n, dict(est.memory_mb),
+                    {k: rss[k] for k in est.memory_mb if k in rss},
+                    (facts.invoke.mu, facts.invoke.sigma, facts.invoke.tau), noop_ms, source))
+    return PerfModelResult(tuple(rows), tuple(all_samples))
+
+
+def _worker_invocations(pm: PerfModel, choices: Sequence[StageChoice], master_mb: int) -> int:
+    """The worker invocations of one request under ``choices`` (all admissible: ``pm.estimate`` checked)."""
+    total = 0
+    for i, c in enumerate(choices):
+        oc = pm.option(c, master_mb)
+        if oc is None:
+            raise ValueError(f"stage {i} ({c}) is not admissible")
+        total += oc.invocations
+    return total
+
+
+def _facts(base: Any, samples: list[float], noop_ms: float) -> Any:
+    from partitioner.perfmodel import ExGauss
+
+    mu, sigma, tau = fit_invoke_latency(samples)
+    return dataclasses.replace(base, invoke=ExGauss(mu, sigma, tau), billed_overhead_ms=noop_ms)
+
+
+def _durations(local: Any, dep: Any) -> tuple[float, int]:
+    """Metered duration (ms) and invocations so far of a deployment's functions."""
+    rows = local.client.meter()["functions"]
+    mine = [v for k, v in rows.items() if k in dep.names.values()]
+    return sum(v["duration_ms"] for v in mine), sum(v["invocations"] for v in mine)
+
+
+def _peak_rss(local: Any, dep: Any) -> dict[str, float]:
+    """Peak resident memory (MB) the platform saw, keyed as the model's estimate keys it: ``master`` and,
+    per stage with workers, ``sNN-workers`` (the largest of that stage's worker functions)."""
+    rows = local.client.meter()["functions"]
+    out: dict[str, float] = {}
+    for plan_fn, platform_fn in dep.names.items():
+        rss = float(rows.get(platform_fn, {}).get("max_rss_mb", 0.0))
+        key = "master" if plan_fn == dep.plan.master else f"s{int(plan_fn[1:3])}-workers"
+        out[key] = max(out.get(key, 0.0), rss)
+    return out
+
+
+def _billed(local: Any, dep: Any) -> float:
+    rows = local.client.meter()["functions"]
+    return sum(v["billed_gb_s"] for k, v in rows.items() if k in dep.names.values())

@@ -1,0 +1,133 @@
+"""Turning flatpack plans and platform profiles into the simulator's inputs.
+
+A stage's work comes from the performance model (:mod:`partitioner.perfmodel`): each part's compute time
+at its function's CPU share (``ComputeModel.part_time``), the transfers of its input regions and output
+(``PlatformFacts.transfer_ms``), and the master's join (a memcpy of the joined tensor). Contention for a
+shared machine's cores is *not* folded in here (the perf model's ``slow`` factor): the simulator's
+processor-sharing CPU produces it. On the local platform a function runs ``threads(memory)`` onnxruntime
+threads at full speed; in the cloud a function below one vCPU gets a share of one, which stretches its
+time (as the perf model says).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.harness.provenance import usable_cores
+from bench.sim.simulator import TIME_SLICE_MS, ExGaussDraw, SimPlan, SimPlatform, SimStage, SimWorker
+from partitioner.perfmodel import PerfModel, StageChoice
+
+__all__ = ["choices_from_bundle", "sim_plan", "sim_plan_for_choices", "sim_plan_from_bundle", "sim_platform"]
+
+
+def sim_platform(profile: Any, *, cores: float | None = None, background: float = 0.0,
+                 idle_timeout_s: float = 300.0, cold_start_ms: float = 1000.0, concurrency: int | None = None,
+                 invoke: ExGaussDraw | None = None, client_invoke: ExGaussDraw | None = None,
+                 time_slice_ms: float = TIME_SLICE_MS) -> SimPlatform:
+    """The simulator's platform for a :class:`platforms.PlatformProfile`. A profile whose vCPU
+    cap is this machine's cores (the local one) shares ``cores`` (default: this machine's) between every
+    function, scheduled in time slices of ``time_slice_ms`` (0: processor sharing); the others give each
+    function its own CPU."""
+    shared = profile.max_vcpu is None
+    lat = profile.invoke_latency
+    return SimPlatform(
+        name=profile.name,
+        cores=(cores or float(usable_cores())) if shared else None,
+        background=background,
+        invoke=invoke or ExGaussDraw(lat.mu_ms, lat.sigma_ms, lat.tau_ms),
+        client_invoke=client_invoke,
+        granularity_ms=float(profile.billing_granularity_ms),
+        price_gb_s=profile.price_per_gb_s,
+        price_request=profile.price_per_request,
+        concurrency=concurrency or profile.max_concurrency,
+        idle_timeout_ms=idle_timeout_s * 1e3,
+        cold_start_ms=cold_start_ms,
+        time_slice_ms=(time_slice_ms or None) if shared else None,
+    )
+
+
+def _threads_and_vcpu(pm: PerfModel, memory_mb: int, shared: bool) -> tuple[int, float]:
+    v = pm.platform.vcpu(memory_mb)
+    if shared:
+        threads = max(1, min(int(pm.platform.max_vcpu), round(v)))
+        return threads, float(threads)
+    return max(1, round(v)), v
+
+
+def sim_plan(pm: PerfModel, stages: Sequence[tuple[StageChoice, Sequence[str]]], functions: dict[str, int], *,
+             master: str = "master", shared_cores: bool = True, name: str = "plan") -> SimPlan:
+    """A SimPlan from stage choices and, per stage, the function that runs each part (in part order).
+
+    ``functions``: memory MB per function name.
+    """
+    c, p = pm.compute, pm.platform
+    tv = {f: _threads_and_vcpu(pm, mb, shared_cores) for f, mb in functions.items()}
+    out: list[SimStage] = []
+    used: dict[str, float] = {}
+    for ch, owners in stages:
+        costs = pm.part_costs(ch.first, ch.last, ch.split)
+        if costs is None:
+            raise ValueError(f"units {ch.first}-{ch.last} do not admit {ch.split}")
+        if len(costs) != len(owners):
+            raise ValueError(f"stage {ch}: {len(costs)} parts but {len(owners)} owners")
+        master_ms = put = get = 0.0
+        workers = []
+        for cost, fn in zip(costs, owners, strict=True):
+            t = c.part_time(ch.first, ch.last, cost.flops, tv[fn][1])
+            if fn == master:
+                master_ms += t
+            else:
+                work = p.transfer_ms(cost.input_bytes) + t + p.transfer_ms(cost.output_bytes)
+                workers.append(SimWorker(fn, work))
+                put += p.transfer_ms(cost.input_bytes)
+                get += p.transfer_ms(cost.output_bytes)
+                used[fn] = max(used.get(fn, 0.0), c.memory_mb(cost))
+        join = sum(x.output_bytes for x in costs) / (p.memcpy_gb_s * 1e9) * 1e3 if workers else 0.0
+        out.append(SimStage(master_ms, put, get + join, tuple(workers)))
+    master_mb = functions[master]
+    choices = [ch for ch, _ in stages]
+    used[master] = pm.master_need_mb(choices, master_mb)
+    return SimPlan(name, master, {f: (mb, tv[f][0]) for f, mb in functions.items()}, tuple(out), used)
+
+
+def sim_plan_for_choices(pm: PerfModel, choices: Sequence[StageChoice], master_mb: int, *, shared_cores: bool,
+                         name: str = "plan") -> SimPlan:
+    """A solver's choices as the exporter would name their functions (``sNN-pKK`` for workers)."""
+    from partitioner.export import worker_name
+
+    functions: dict[str, int] = {"master": master_mb}
+    stages = []
+    for i, ch in enumerate(choices):
+        costs = pm.part_costs(ch.first, ch.last, ch.split) or []
+        owners = []
+        for k in range(len(costs)):
+            if k == 0 and ch.master_part:
+                owners.append("master")
+            else:
+                w = worker_name(i, k)
+                functions[w] = ch.worker_mb or master_mb
+                owners.append(w)
+        stages.append((ch, owners))
+    return sim_plan(pm, stages, functions, shared_cores=shared_cores, name=name)
+
+
+def choices_from_bundle(bundle_dir: str | Path) -> tuple[list[tuple[StageChoice, list[str]]], dict[str, int], str]:
+    """The stage choices, part owners, function memories and master of a bundle's plan.json."""
+    from functions.plan import Plan
+
+    plan = Plan.load(Path(bundle_dir) / "plan.json")
+    fns = {f.name: f.memory_mb for f in plan.functions}
+    stages = []
+    for st in plan.stages:
+        owners = [p.function for p in st.parts]
+        on_master = any(o == plan.master for o in owners)
+        worker_mb = next((fns[o] for o in owners if o != plan.master), 0)
+        stages.append((StageChoice(st.units[0], st.units[1], st.split, on_master, worker_mb), owners))
+    return stages, fns, plan.master
+
+
+def sim_plan_from_bundle(pm: PerfModel, bundle_dir: str | Path, *, shared_cores: bool = True) -> SimPlan:
+    stages, fns, master = choices_from_bundle(bundle_dir)
+    return sim_plan(pm, stages, fns, master=master, shared_cores=shared_cores, name=Path(bundle_dir).name)

@@ -1,0 +1,107 @@
+"""What the suite's plans are made with: the platform's invoke path measured now, the perf model on it,
+and Gillis's latency-optimal plan within this machine's cores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.harness.provenance import usable_cores
+from bench.load.generators import alternate
+from bench.load.inputs import InputPool
+from bench.sim.simulator import ExGaussDraw
+from bench.suite.comparison import bad
+from bench.suite.config import MEMORY_MB, ModelSpec, label, model_path
+from bench.suite.deployments import deployments
+
+__all__ = ["InvokeFacts", "invoke_facts", "lo_plan", "load_model", "perfmodel"]
+
+
+@dataclass(frozen=True)
+class InvokeFacts:
+    """What one fork costs on the platform now: the p50 of a no-op run by the master (``direct_p50_ms``),
+    the extra p50 and mean when a worker runs it, the ex-Gaussian fitted to the extra (``fit``), and the
+    failed requests. ``invoke``: the perf model's invoke latency made of the fit."""
+
+    direct_p50_ms: float
+    fork_p50_ms: float
+    fork_mean_ms: float
+    fit: ExGaussDraw
+    errors: int
+    invoke: Any
+
+    def to_json(self) -> dict[str, Any]:
+        return {"direct_p50_ms": self.direct_p50_ms, "fork_p50_ms": self.fork_p50_ms,
+                "fork_mean_ms": self.fork_mean_ms, "fit": {"mu": self.fit.mu, "sigma": self.fit.sigma,
+                                                           "tau": self.fit.tau}, "errors": self.errors}
+
+
+def invoke_facts(pp: Any, work: Path, n: int = 60) -> InvokeFacts:
+    """What one fork costs on the platform now, as the perf model's invoke ex-Gaussian (Gillis measured
+    communication the same way): a no-op part run by a worker, timed through the master, minus the same
+    no-op run by the master itself."""
+    from bench.harness.noop import noop_bundle
+    from bench.sim.calibration import fit_exgauss
+    from partitioner.export import Placement, export_bundle
+    from partitioner.perfmodel import ExGauss
+
+    direct = noop_bundle(work / "noop")
+    forked = export_bundle(direct.parent / "noop.onnx", "0-:none", work / "noop-fork",
+                           placements=[Placement(False, MEMORY_MB)], master_mb=MEMORY_MB)
+    pool = InputPool.from_bundle(direct, 2)
+    with deployments(pp) as st:
+        targets = {"direct": st.deploy(direct, "noop"), "forked": st.deploy(forked, "noopfork")}
+        alternate(targets, pool, rounds=5)
+        samples = alternate(targets, pool, rounds=n)
+    base = float(np.median([x.latency_ms for x in samples["direct"] if x.ok]))
+    extra = [x.latency_ms - base for x in samples["forked"] if x.ok]
+    fit = fit_exgauss([max(0.0, e) for e in extra])
+    return InvokeFacts(base, float(np.median(extra)), float(np.mean(extra)), fit,
+                       bad(samples["direct"]) + bad(samples["forked"]),
+                       ExGauss(max(fit.mu, 0.0), max(fit.sigma, 0.05), max(fit.tau, 0.05)))
+
+
+def perfmodel(lg: Any, invoke: Any, *, platform: str = "local", transport: str = "shm") -> tuple[Any, str]:
+    """The perf model of ``lg`` on ``platform`` with measured unit times, and ``invoke`` (if given) as its
+    invoke latency; and where its compute times came from."""
+    from partitioner.perfmodel import PerfModel
+    from partitioner.planner import PlanRequest, make_perfmodel
+
+    pm, _, source = make_perfmodel(lg, PlanRequest(platform=platform, transport=transport, profile="measure"))
+    if invoke is not None:
+        pm = PerfModel(lg, replace(pm.platform, invoke=invoke), pm.compute, transport=transport)
+    return pm, source
+
+
+def load_model(spec: ModelSpec, invoke: Any) -> tuple[str, Any, Any, str]:
+    """The model of ``spec``: its label, layer graph, perf model (:func:`perfmodel`, with ``invoke``) and
+    where the perf model's compute times came from."""
+    from partitioner.graph import LayerGraph
+
+    lg = LayerGraph.load(model_path(spec))
+    pm, source = perfmodel(lg, invoke)
+    return label(spec), lg, pm, source
+
+
+def lo_plan(pm: Any, max_group: int) -> Any:
+    """Gillis's latency-optimal DP with every function at MEMORY_MB and splits of at most as many parts as
+    this machine has cores (more parts than cores only queue for them); adjacent master-only stages merged."""
+    from partitioner.perfmodel import StageChoice
+    from partitioner.solvers.common import SPLITS, SearchSpace, SolverResult
+    from partitioner.solvers.dp import latency_dp
+
+    space = SearchSpace(pm, max_group=max_group, splits=[s for s in SPLITS if s.degree <= usable_cores()],
+                        worker_memories=[MEMORY_MB])
+    r = latency_dp(space, MEMORY_MB)
+    merged: list[Any] = []
+    for ch in r.choices:
+        prev = merged[-1] if merged else None
+        if (prev is not None and prev.split.family == "none" and ch.split.family == "none" and prev.master_part
+                and ch.master_part):
+            merged[-1] = StageChoice(prev.first, ch.last, prev.split, True, 0)
+        else:
+            merged.append(ch)
+    return SolverResult(tuple(merged), r.master_mb, pm.estimate(merged, r.master_mb), r.solver, r.seconds)

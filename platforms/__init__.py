@@ -1,0 +1,10 @@
+"""Platform profiles: the facts about a serverless platform (AWS Lambda, OpenFaaS, the local platform)
+that plans, the local platform and the deployers need, as data files with one loader.
+
+Both the offline side (the partitioner's performance model) and the online side (the local platform's
+meter, the deployers) read them, so they live apart from both and import nothing of flatpack's.
+"""
+
+from platforms.profile import PROFILE_DIR, InvokeLatency, MemoryRange, PlatformProfile, load_profile, profile_names
+
+__all__ = ["PROFILE_DIR", "InvokeLatency", "MemoryRange", "PlatformProfile", "load_profile", "profile_names"]

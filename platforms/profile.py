@@ -1,0 +1,148 @@
+"""Platform profiles: the facts about a serverless platform that plans and the local platform need.
+
+Profiles are data (``platforms/<name>.yaml``, beside this module), not code: memory options, CPU per MB,
+prices, billing granularity, payload limits, the invoke-latency distribution, bandwidth, concurrency.
+Each YAML also has a ``sources`` mapping saying where each number came from. Load one with
+:func:`load_profile` by name or path.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["PROFILE_DIR", "InvokeLatency", "MemoryRange", "PlatformProfile", "load_profile", "profile_names"]
+
+PROFILE_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class MemoryRange:
+    """Memory sizes a function may have: ``min_mb`` to ``max_mb`` in steps of ``step_mb``."""
+
+    min_mb: int
+    max_mb: int
+    step_mb: int = 1
+
+    def check(self, memory_mb: int) -> None:
+        if not self.min_mb <= memory_mb <= self.max_mb or (memory_mb - self.min_mb) % self.step_mb:
+            raise ValueError(
+                f"memory {memory_mb} MB is not offered: choose {self.min_mb}..{self.max_mb} MB in steps of "
+                f"{self.step_mb} MB"
+            )
+
+    def options(self) -> range:
+        return range(self.min_mb, self.max_mb + 1, self.step_mb)
+
+
+@dataclass(frozen=True)
+class InvokeLatency:
+    """Invoke round-trip latency as an exponentially modified Gaussian (Gillis, section 4): a normal
+    (``mu_ms``, ``sigma_ms``) plus an exponential tail with mean ``tau_ms``."""
+
+    mu_ms: float
+    sigma_ms: float
+    tau_ms: float
+
+    @property
+    def mean_ms(self) -> float:
+        return self.mu_ms + self.tau_ms
+
+
+@dataclass(frozen=True)
+class PlatformProfile:
+    """One platform's facts.
+
+    ``mb_per_vcpu``: memory that buys one vCPU (CPU is proportional to memory); ``max_vcpu`` caps it
+    (None: this machine's cores). Prices in USD. ``billing_granularity_ms``: durations are rounded up to
+    a multiple of it. ``payload_limit_bytes``: synchronous invoke request/response limit.
+    """
+
+    name: str
+    memory: MemoryRange
+    mb_per_vcpu: float
+    max_vcpu: float | None
+    price_per_gb_s: float
+    price_per_request: float
+    billing_granularity_ms: int
+    payload_limit_bytes: int
+    async_payload_limit_bytes: int
+    timeout_max_s: float
+    invoke_latency: InvokeLatency
+    bandwidth_mb_s: float
+    max_concurrency: int
+    shared_memory: bool
+    sources: Mapping[str, str] = field(default_factory=dict)
+    billed_overhead_ms: float = 0.0  # billed per invocation beyond the handler's own work (hand-off, decoding)
+
+    def vcpus(self, memory_mb: float) -> float:
+        """vCPUs a function of ``memory_mb`` gets (capped by the profile, or by this machine's cores)."""
+        cap = self.max_vcpu if self.max_vcpu is not None else float(os.cpu_count() or 1)
+        return min(cap, memory_mb / self.mb_per_vcpu)
+
+    def threads(self, memory_mb: float) -> int:
+        """onnxruntime intra-op threads for that share: max(1, round(vCPUs)), at most this machine's cores."""
+        return max(1, min(os.cpu_count() or 1, round(self.vcpus(memory_mb))))
+
+    def billed_ms(self, duration_ms: float) -> float:
+        g = self.billing_granularity_ms
+        return math.ceil(max(duration_ms, 0.0) / g) * g if duration_ms > 0 else float(g)
+
+    def billed_gb_s(self, memory_mb: float, duration_ms: float) -> float:
+        """GB-seconds billed for one invocation: memory in GB x duration rounded up to the granularity."""
+        return memory_mb / 1024 * self.billed_ms(duration_ms) / 1000
+
+    def cost(self, memory_mb: float, duration_ms: float, requests: int = 1) -> float:
+        return self.billed_gb_s(memory_mb, duration_ms) * self.price_per_gb_s + requests * self.price_per_request
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, origin: str = "profile") -> PlatformProfile:
+        try:
+            mem = d["memory_mb"]
+            lat = d["invoke_latency_ms"]
+            return cls(
+                name=str(d["name"]),
+                memory=MemoryRange(int(mem["min"]), int(mem["max"]), int(mem.get("step", 1))),
+                mb_per_vcpu=float(d["mb_per_vcpu"]),
+                max_vcpu=None if d.get("max_vcpu") is None else float(d["max_vcpu"]),
+                price_per_gb_s=float(d["price_per_gb_s"]),
+                price_per_request=float(d["price_per_request"]),
+                billing_granularity_ms=int(d["billing_granularity_ms"]),
+                payload_limit_bytes=int(d["payload_limit_bytes"]),
+                async_payload_limit_bytes=int(d.get("async_payload_limit_bytes", d["payload_limit_bytes"])),
+                timeout_max_s=float(d["timeout_max_s"]),
+                invoke_latency=InvokeLatency(float(lat["mu"]), float(lat["sigma"]), float(lat["tau"])),
+                bandwidth_mb_s=float(d["bandwidth_mb_s"]),
+                max_concurrency=int(d["max_concurrency"]),
+                shared_memory=bool(d["shared_memory"]),
+                sources={str(k): str(v) for k, v in (d.get("sources") or {}).items()},
+                billed_overhead_ms=float(d.get("billed_overhead_ms", 0.0)),
+            )
+        except KeyError as e:
+            raise ValueError(f"{origin}: missing field {e}") from e
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{origin}: {e}") from e
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str | Path) -> PlatformProfile:
+    """A profile by name (``aws-lambda``, ``openfaas``, ``local``) or from a YAML file path."""
+    p = Path(name_or_path)
+    if p.suffix not in (".yaml", ".yml"):
+        p = PROFILE_DIR / f"{name_or_path}.yaml"
+    if not p.is_file():
+        raise ValueError(f"no platform profile {str(name_or_path)!r}; known: {profile_names()} (or give a .yaml path)")
+    with open(p) as f:
+        data = yaml.safe_load(f)
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{p}: a platform profile is a YAML mapping")
+    return PlatformProfile.from_dict(data, origin=str(p))

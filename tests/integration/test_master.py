@@ -1,0 +1,382 @@
+"""The master: fork-join over real function processes and every transport, retries, hedging, deadlines,
+clean-up; plus the invocation policy on its own with fake invokers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from functions.codec import encode
+from functions.config import FunctionConfig
+from functions.errors import (
+    FunctionError,
+    InstanceCrashed,
+    InvokeTimeout,
+    OutOfMemory,
+    PartError,
+    TransportError,
+    error_from_json,
+)
+from functions.event import Event, Reply, TensorEntry, now_ms
+from functions.invoker.base import Invoker
+from functions.invoker.policy import CallKey, InvokePolicy, PolicyInvoker
+from functions.plan import Plan
+from functions.runtime import FunctionRuntime
+from functions.transport.base import TensorKey
+from functions.transport.shm import ShmTransport
+
+pytest.importorskip("fastapi", reason="the master tests run on the local platform (flatpack[server])")
+
+from functions.compare import rel_err  # noqa: E402
+from serving.platform import LocalPlatform  # noqa: E402
+from serving.platform.deploy import Deployment, deploy_bundle  # noqa: E402
+from serving.platform.master_client import MasterClient  # noqa: E402
+
+BUNDLES = ["conv_channel", "conv_channel_master", "matmul_sum", "chain"]
+
+
+def _inputs(bundle: Path, seed: int) -> dict[str, np.ndarray]:
+    plan = Plan.load(bundle / "plan.json")
+    rng = np.random.default_rng(seed)
+    return {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in plan.model.inputs}
+
+
+@pytest.fixture
+def deploy(platform: LocalPlatform, request: pytest.FixtureRequest) -> Iterator:
+    made: list[Deployment] = []
+
+    def _deploy(bundle: Path, transport: str, **kw: object) -> Deployment:
+        if transport == "redis":
+            kw.setdefault("redis_url", request.getfixturevalue("redis_url"))
+        if transport == "s3":
+            kw["s3_endpoint_url"] = request.getfixturevalue("s3_endpoint")
+        d = deploy_bundle(platform.client, bundle, transport=transport, shm_dir=platform.config.shm_dir, **kw)
+        made.append(d)
+        return d
+
+    yield _deploy
+    for d in made:
+        d.remove()
+
+
+def _check(d: Deployment, client: MasterClient, bundle: Path, reference, seed: int) -> None:
+    x = _inputs(bundle, seed)
+    got = client.infer(x)
+    want = reference(bundle, x)
+    for name, w in want.items():
+        assert rel_err(got[name], w) <= 1e-5, (name, seed)
+
+
+@pytest.mark.parametrize("transport", ["inline", "shm", "redis", "s3"])
+def test_split_bundles_equal_the_unsplit_model(platform: LocalPlatform, bundles, reference, deploy,
+                                               transport: str) -> None:
+    for name in BUNDLES:
+        bundle = getattr(bundles, name)
+        d = deploy(bundle, transport)
+        client = MasterClient(d, platform.url, timeout_s=60)
+        for seed in range(1 if transport == "s3" else 2):  # moto's S3 is slow; one request shows it
+            _check(d, client, bundle, reference, seed)
+        client.close()
+        assert sum(d.leftovers().values()) == 0, (name, transport)
+        assert not list((platform.config.shm_dir / d.id).glob("[!.]*")), "request files left in shared memory"
+
+
+def test_inline_switches_to_a_reference_transport_above_the_payload_limit(platform: LocalPlatform, bundles,
+                                                                          reference, deploy) -> None:
+    # a 3000-byte limit leaves room for no tensor of this bundle: all of them go through shared memory
+    d = deploy(bundles.conv_channel, "inline", payload_limit_bytes=3000)
+    client = MasterClient(d, platform.url, timeout_s=60)
+    x = _inputs(bundles.conv_channel, 3)
+    entries = client.channel.send(x, lambda n: TensorKey(d.id, "q-big", f"in.{n}"))
+    ev = Event("infer", "q-big", d.id, now_ms() + 30_000, tuple(entries))
+    reply = Reply.decode(client.invoker.invoke(d.master, ev.encode(), timeout_s=30))
+    assert reply.error is None and reply.outputs[0].ref is not None and reply.outputs[0].ref.startswith("shm:")
+    got = client.channel.receive(reply.outputs, delete=True)
+    assert rel_err(got["y"], reference(bundles.conv_channel, x)["y"]) <= 1e-5
+    client.channel.transports.delete(e.ref for e in entries if e.ref)
+    client.close()
+    assert sum(d.leftovers().values()) == 0
+
+
+def test_vertical_slices_pass_tensors_worker_to_worker(platform: LocalPlatform, bundles, deploy) -> None:
+    """chain: stage 0 on worker-1, stage 1 on worker-2, stage 2 split across both reading regions. Over
+    shared memory the master never fetches the intermediate tensors: only the final tiles."""
+    d = deploy(bundles.chain, "shm")
+    client = MasterClient(d, platform.url, timeout_s=60)
+    x = _inputs(bundles.chain, 0)
+    entries = client.channel.send(x, lambda n: TensorKey(d.id, "q-vert", f"in.{n}"))
+    ev = Event("infer", "q-vert", d.id, now_ms() + 30_000, tuple(entries))
+    reply = Reply.decode(client.invoker.invoke(d.master, ev.encode(), timeout_s=30))
+    assert reply.error is None
+    y_bytes = int(np.prod(Plan.load(bundles.chain / "plan.json").model.outputs[0].shape)) * 4
+    assert reply.timings["fetched_bytes"] == y_bytes  # the tiles of y, nothing else
+    assert reply.timings["invocations"] == 4
+    client.channel.receive(reply.outputs, delete=True)
+    client.channel.transports.delete(e.ref for e in entries if e.ref)
+    client.close()
+    assert sum(d.leftovers().values()) == 0
+
+
+@pytest.mark.parametrize("transport", ["shm", "redis"])
+def test_32_concurrent_requests_get_their_own_outputs(platform: LocalPlatform, bundles, reference, deploy,
+                                                      transport: str) -> None:
+    bundle = bundles.chain
+    d = deploy(bundle, transport, concurrency=4)
+    client = MasterClient(d, platform.url, timeout_s=60)
+    xs = [_inputs(bundle, 100 + i) for i in range(32)]
+    with ThreadPoolExecutor(32) as pool:
+        outs = list(pool.map(client.infer, xs))
+    for x, got in zip(xs, outs, strict=True):
+        assert rel_err(got["y"], reference(bundle, x)["y"]) <= 1e-5
+    assert len({o["y"].tobytes() for o in outs}) == 32
+    client.close()
+    assert sum(d.leftovers().values()) == 0
+
+
+def _wait_busy(platform: LocalPlatform, name: str, timeout_s: float = 30) -> int:
+    t_end = time.monotonic() + timeout_s
+    while time.monotonic() < t_end:
+        for inst in platform.client.function(name)["instances"]:
+            if inst["busy"] and inst["pid"]:
+                return int(inst["pid"])
+        time.sleep(0.005)
+    raise AssertionError(f"no busy instance of {name}")
+
+
+def test_a_killed_worker_is_retried_and_the_request_succeeds(platform: LocalPlatform, bundles, reference,
+                                                             deploy) -> None:
+    bundle = bundles.slow
+    d = deploy(bundle, "shm")
+    client = MasterClient(d, platform.url, timeout_s=60)
+    x = {"x": np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)}
+    result: dict[str, object] = {}
+    t = threading.Thread(target=lambda: result.update(out=client.infer(x)))
+    t.start()
+    os.kill(_wait_busy(platform, d.names["worker-1"]), signal.SIGKILL)
+    t.join(120)
+    got = result["out"]["y"]  # type: ignore[index]
+    assert rel_err(got, reference(bundle, x)["y"]) <= 1e-4
+    u = platform.client.meter()["functions"][d.names["worker-1"]]
+    # cold starts: the first instance, the retry's, and the dead one's background replacement (unless the
+    # replacement was up before the retry asked for an instance)
+    assert u["errors_by_type"] == {"Crashed": 1} and u["invocations"] == 2 and u["cold_starts"] in (2, 3)
+    client.close()
+    assert sum(d.leftovers().values()) == 0
+
+
+def test_out_of_memory_reaches_the_master_and_is_not_retried(platform: LocalPlatform, bundles, deploy) -> None:
+    d = deploy(bundles.hog(64 * 2**20, worker_memory_mb=192), "shm")
+    client = MasterClient(d, platform.url, timeout_s=60)
+    with pytest.raises(OutOfMemory, match="worker-1 ran out of memory"):
+        client.infer({"x": np.ones(1, np.float32)})
+    assert platform.client.meter()["functions"][d.names["worker-1"]]["invocations"] == 1
+    client.close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_redis_is_a_clear_error_not_a_hang(platform: LocalPlatform, bundles, deploy) -> None:
+    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    d = deploy(bundles.conv_channel, "inline", redis_url=url)  # inline client; the functions use Redis
+    for name in d.names.values():  # redeploy the functions on Redis
+        spec = platform.client.function(name)
+        spec["env"]["FLATPACK_TRANSPORT"] = "redis"
+        from serving.platform.spec import FunctionSpec
+
+        platform.client.register(FunctionSpec.from_json(spec))
+    client = MasterClient(d, platform.url, timeout_s=60)
+    t0 = time.monotonic()
+    with pytest.raises(TransportError, match=f"Redis at {url} is unreachable"):
+        client.infer(_inputs(bundles.conv_channel, 0))
+    assert time.monotonic() - t0 < 20
+    client.close()
+
+
+def test_a_deadline_ends_in_a_timeout_not_a_hang(platform: LocalPlatform, bundles, deploy) -> None:
+    # "slower" is 128 chained 512 x 512 MatMuls (34 GFLOP): far past a 50 ms deadline even on a fast CI host,
+    # where "slow" (6 GFLOP) once finished inside 0.3 s.
+    d = deploy(bundles.slower, "shm")
+    client = MasterClient(d, platform.url, timeout_s=0.05)
+    t0 = time.monotonic()
+    with pytest.raises(InvokeTimeout):
+        client.infer({"x": np.ones((512, 512), np.float32)})
+    assert time.monotonic() - t0 < 15
+    client.close()
+
+
+# -- the master in-process, over a direct invoker (no platform) --------------------------------------------
+
+
+class DirectInvoker(Invoker):
+    """Hands payloads straight to runtimes in this process."""
+
+    def __init__(self) -> None:
+        self.runtimes: dict[str, FunctionRuntime] = {}
+
+    def invoke(self, function: str, payload: bytes, *, timeout_s: float) -> bytes:
+        return self.runtimes[function].handle(payload)[0]
+
+
+@pytest.mark.parametrize("name", BUNDLES)
+def test_master_in_process(bundles, reference, shm_root: Path, name: str) -> None:
+    bundle = getattr(bundles, name)
+    plan = Plan.load(bundle / "plan.json")
+    inv = DirectInvoker()
+    for f in plan.functions:
+        cfg = FunctionConfig(bundle_dir=bundle, deployment="inproc", function=f.name, transport="shm",
+                             function_prefix="inproc-", shm_dir=shm_root)
+        inv.runtimes[f"inproc-{f.name}"] = FunctionRuntime(cfg, invoker=inv)
+    master = inv.runtimes["inproc-master"]
+    x = _inputs(bundle, 7)
+    ev = Event("infer", "q1", "inproc", now_ms() + 30_000, tuple(TensorEntry(k, data=encode(v)) for k, v in x.items()))
+    reply = Reply.decode(master.handle(ev.encode())[0])
+    assert reply.error is None, reply.error
+    got = master.channel("binary").receive(reply.outputs, delete=True)
+    for k, w in reference(bundle, x).items():
+        assert rel_err(got[k], w) <= 1e-5
+    assert ShmTransport(shm_root).count("inproc") == 0
+    # a wrong deployment and a part sent to the wrong function are structured errors
+    bad = Reply.decode(master.handle(Event("infer", "q2", "other", now_ms() + 1000).encode())[0])
+    assert bad.error is not None and bad.error["type"] == "BadRequest"
+    for rt in inv.runtimes.values():
+        rt.close()
+
+
+# -- the policy on its own ---------------------------------------------------------------------------------
+
+
+class ScriptedInvoker(Invoker):
+    """Each call takes the next (delay_s, outcome) from a script; outcome is an exception or a reply."""
+
+    def __init__(self, script: list[tuple[float, object]]) -> None:
+        self.script = list(script)
+        self.calls: list[int] = []
+        self._lock = threading.Lock()
+
+    def invoke(self, function: str, payload: bytes, *, timeout_s: float) -> bytes:
+        with self._lock:
+            n = len(self.calls)
+            self.calls.append(int(payload))
+            delay, outcome = self.script[min(n, len(self.script) - 1)]
+        time.sleep(min(delay, timeout_s))
+        if delay > timeout_s:
+            raise InvokeTimeout("scripted timeout", function=function)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return Reply(timings={"attempt": float(int(payload))}).encode()
+
+
+def _call(inv: Invoker, policy: InvokePolicy, *, deadline_s: float = 10, key: CallKey | None = None,
+          discard=None) -> Reply:
+    return PolicyInvoker(inv, policy).call("f", lambda a: str(a).encode(), deadline=time.time() + deadline_s, key=key,
+                                           discard=discard)
+
+
+def test_retries_are_bounded() -> None:
+    inv = ScriptedInvoker([(0, InstanceCrashed("boom"))])
+    with pytest.raises(InstanceCrashed, match="gave up after 3 attempts"):
+        _call(inv, InvokePolicy(max_retries=2, backoff_s=0))
+    assert inv.calls == [0, 1, 2]
+
+
+def test_a_retry_succeeds() -> None:
+    inv = ScriptedInvoker([(0, InstanceCrashed("boom")), (0, None)])
+    assert _call(inv, InvokePolicy(max_retries=2, backoff_s=0)).timings["attempt"] == 1
+
+
+@pytest.mark.parametrize("err", [PartError("bad input"), OutOfMemory("too big")])
+def test_deterministic_failures_are_not_retried(err: FunctionError) -> None:
+    inv = ScriptedInvoker([(0, err)])
+    with pytest.raises(type(err)):
+        _call(inv, InvokePolicy(max_retries=3, backoff_s=0))
+    assert inv.calls == [0]
+
+
+def test_structured_errors_in_replies_are_raised() -> None:
+    class ErrorReply(Invoker):
+        def invoke(self, function: str, payload: bytes, *, timeout_s: float) -> bytes:
+            return Reply(error={"type": "PartError", "message": "onnxruntime said no"}).encode()
+
+    with pytest.raises(PartError, match="onnxruntime said no"):
+        _call(ErrorReply(), InvokePolicy())
+    assert isinstance(error_from_json({"type": "Nonsense", "message": "m"}), FunctionError)
+
+
+def test_timeouts_are_retried_within_the_deadline() -> None:
+    inv = ScriptedInvoker([(5.0, None), (0, None)])
+    t0 = time.monotonic()
+    assert _call(inv, InvokePolicy(timeout_s=0.1, backoff_s=0)).timings["attempt"] == 1
+    assert time.monotonic() - t0 < 2
+
+
+def test_the_deadline_bounds_everything() -> None:
+    inv = ScriptedInvoker([(30.0, None)])
+    t0 = time.monotonic()
+    with pytest.raises(InvokeTimeout):
+        _call(inv, InvokePolicy(timeout_s=60, max_retries=5), deadline_s=0.3)
+    assert time.monotonic() - t0 < 1.5
+
+
+def test_hedging_re_invokes_a_straggler_and_discards_the_loser() -> None:
+    key = CallKey("f", 0, 0)
+    policy = InvokePolicy(hedge_percentile=90, hedge_min_samples=5, backoff_s=0)
+    pinv = PolicyInvoker(ScriptedInvoker([(0.01, None)]), policy)
+    for _ in range(5):  # learn the part's usual duration (~10 ms)
+        pinv.call("f", lambda a: str(a).encode(), deadline=time.time() + 5, key=key)
+    slow_then_fast = ScriptedInvoker([(1.0, None), (0.01, None)])
+    pinv.invoker = slow_then_fast
+    discarded: list[Reply] = []
+    t0 = time.monotonic()
+    reply = pinv.call("f", lambda a: str(a).encode(), deadline=time.time() + 5, key=key, discard=discarded.append)
+    assert reply.timings["attempt"] == 1 and time.monotonic() - t0 < 0.5  # the hedge won
+    time.sleep(1.2)
+    assert [r.timings["attempt"] for r in discarded] == [0]  # the straggler's reply was handed back
+
+
+# -- the handlers for each target ---------------------------------------------------------------------------
+
+
+def test_lambda_and_openfaas_handlers(bundles, reference, monkeypatch: pytest.MonkeyPatch) -> None:
+    import functions.handlers.aws_lambda as lam
+    import functions.handlers.openfaas as faas
+    from functions.codec import decode
+
+    bundle = bundles.tiny
+    cfg = FunctionConfig(bundle_dir=bundle, deployment="h", function="worker-1", transport="inline")
+    for k, v in cfg.to_env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(lam, "_runtime", None)
+    monkeypatch.setattr(faas, "_runtime", None)
+    x = {"x": np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)}
+    want = reference(bundle, x)["y"]
+    ev = Event("part", "q", "h", now_ms() + 10_000, (TensorEntry("x", data=encode(x["x"])),), stage=0, part=0)
+
+    class Context:
+        def get_remaining_time_in_millis(self) -> int:
+            return 5000
+
+    doc = lam.handler(ev.to_json_doc(), Context())  # the Lambda runtime hands over parsed JSON
+    assert "error" not in doc
+    np.testing.assert_array_equal(decode(Reply.from_doc(doc).outputs[0].data), want)  # type: ignore[arg-type]
+
+    class Req:
+        body = ev.encode("binary")
+
+    res = faas.handle(Req(), None)
+    assert res["statusCode"] == 200
+    np.testing.assert_array_equal(decode(Reply.decode(res["body"]).outputs[0].data), want)  # type: ignore[arg-type]
+    bad = faas.handle(type("R", (), {"body": b"garbage"})(), None)
+    assert bad["statusCode"] == 500 and Reply.decode(bad["body"]).error["type"] == "BadRequest"  # type: ignore[index]

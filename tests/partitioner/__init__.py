@@ -1,0 +1,1 @@
+"""Unit tests of the partitioner package, one file per module."""

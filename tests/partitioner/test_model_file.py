@@ -1,0 +1,82 @@
+"""partitioner.model_file.save_model: external data above the threshold, and the caller's model untouched."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+import partitioner.model_file as model_file
+from partitioner.export import export_bundle
+from partitioner.graph import LayerGraph
+from partitioner.model_file import save_model
+from tests.onnx_builders import mlp
+
+X = np.linspace(-1, 1, 12, dtype=np.float32).reshape(1, 12)
+
+
+def _run(model: onnx.ModelProto | str) -> np.ndarray:
+    src = model if isinstance(model, str) else model.SerializeToString()
+    sess = ort.InferenceSession(src, providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: X})[0]
+
+
+def _weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t).copy() for t in model.graph.initializer}
+
+
+def _in_memory(model: onnx.ModelProto) -> bool:
+    """Every initializer holds its own bytes (none refers to a file)."""
+    return all(t.data_location == onnx.TensorProto.DEFAULT and not t.external_data for t in model.graph.initializer)
+
+
+def test_small_model_is_one_self_contained_file(tmp_path: Path) -> None:
+    model = mlp(d_in=12, hidden=64, d_out=6)
+    path = save_model(model, tmp_path / "a" / "m.onnx")
+    assert path.is_file() and not path.with_name("m.onnx.data").exists()
+    np.testing.assert_array_equal(_run(str(path)), _run(model))
+
+
+def test_large_model_goes_to_external_data_and_the_callers_model_keeps_its_weights(tmp_path: Path) -> None:
+    model = mlp(d_in=12, hidden=64, d_out=6)
+    before, want, proto = _weights(model), _run(model), model.SerializeToString()
+    path = save_model(model, tmp_path / "m.onnx", threshold_bytes=1000)
+    data = path.with_name("m.onnx.data")
+    assert data.stat().st_size >= 12 * 64 * 4  # the 12x64 weight went to the side file
+    loaded = onnx.load(str(path), load_external_data=False)
+    assert not _in_memory(loaded)  # the file on disk refers to its data file
+    np.testing.assert_array_equal(_run(str(path)), want)
+    # the caller's proto is exactly what it was: its weights in memory, no reference to the file
+    assert _in_memory(model) and model.SerializeToString() == proto
+    shutil.rmtree(tmp_path)  # the file may go away; the model must not care
+    assert {k: v.tobytes() for k, v in _weights(model).items()} == {k: v.tobytes() for k, v in before.items()}
+    np.testing.assert_array_equal(_run(model), want)
+
+
+def test_a_save_that_fails_leaves_the_callers_model_as_it_was(tmp_path: Path) -> None:
+    model = mlp(d_in=12, hidden=64, d_out=6)
+    proto = model.SerializeToString()
+    target = tmp_path / "m.onnx"
+    target.mkdir()  # the model file cannot be written (a directory is in the way) after the data file was
+    with pytest.raises(OSError):
+        save_model(model, target, threshold_bytes=1000)
+    assert _in_memory(model) and model.SerializeToString() == proto
+
+
+def test_exporting_a_big_graph_keeps_the_loaded_graphs_weights(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bug this module exists for: export wrote source.onnx with external data and left the loaded
+    LayerGraph's weights pointing at a file inside a bundle that may be deleted."""
+    monkeypatch.setattr(model_file, "EXTERNAL_DATA_THRESHOLD_BYTES", 1000)
+    lg = LayerGraph.load(mlp(d_in=12, hidden=64, d_out=6))
+    want = _run(lg.model)
+    export_bundle(lg, "0-:none", tmp_path / "bundle")
+    assert (tmp_path / "bundle" / "source.onnx.data").is_file()
+    shutil.rmtree(tmp_path / "bundle")
+    assert _in_memory(lg.model)
+    np.testing.assert_array_equal(_run(lg.model), want)

@@ -1,0 +1,102 @@
+"""The performance model's calibration: whole-model scaling of profiled units, expected billing, memory.
+
+Real measurements (a profile in a private cache, whole-model timings with a function's session options)
+on a three-conv model; the arithmetic checks are exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from functions.plan import Split
+from partitioner.graph import LayerGraph
+from partitioner.perfmodel import FUNCTION_RUNTIME_MB, ComputeModel, PerfModel, PlatformFacts, StageChoice
+from partitioner.planner import _calibrate, compute_model
+from partitioner.profile import profile_graph
+from platforms import load_profile
+from tests.onnx_builders import conv_stack
+
+MB = 2**20
+
+
+@pytest.fixture(scope="module")
+def convs(tmp_path_factory: pytest.TempPathFactory) -> LayerGraph:
+    layers = [{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": c} for c in (16, 32, 16)]
+    return LayerGraph.load(conv_stack(layers, cin=3, h=32, w=32))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+def test_profiled_units_add_up_to_the_whole_model(convs: LayerGraph, cache: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(cache))
+    profile_graph(convs)
+    cm, source = compute_model(convs, "auto")
+    assert source.startswith("measured profile, scaled to the whole model's time"), source
+    for t in (1, 2):
+        whole = _calibrate(convs, t)  # the cached figure the scaling used
+        total = sum(u[t] for u in cm.unit_ms)
+        ratio = whole / sum(u[t] for u in ComputeModel.from_profile(
+            profile_graph(convs), convs).unit_ms)
+        if 0.5 < ratio < 3.0:  # inside the clip, the sum is the whole model's time exactly
+            assert total == pytest.approx(whole, rel=1e-9)
+    # the split between units is the profile's: scaling keeps their proportions
+    raw = ComputeModel.from_profile(profile_graph(convs), convs)
+    shares = [u[1] / sum(v[1] for v in cm.unit_ms) for u in cm.unit_ms]
+    raw_shares = [u[1] / sum(v[1] for v in raw.unit_ms) for u in raw.unit_ms]
+    assert shares == pytest.approx(raw_shares, rel=1e-9)
+
+
+def test_fresh_calibration_measures_again(convs: LayerGraph, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(cache))
+    first = _calibrate(convs, 1)
+    assert _calibrate(convs, 1) == first  # cached
+    again = _calibrate(convs, 1, fresh=True)
+    assert again > 0 and _calibrate(convs, 1) == again  # replaced the cached figure
+
+
+def test_expected_billing_adds_half_a_step_at_fine_granularity() -> None:
+    facts = PlatformFacts.from_profile(load_profile("aws-lambda"))
+    assert facts.granularity_ms == 1
+    assert facts.billed_ms(4.2) == pytest.approx(4.7)  # E[ceil(X)] for X spread over several 1 ms steps
+    assert facts.billed_ms(0.1) == 1.0  # never below one step
+    coarse = replace(facts, granularity_ms=100.0)
+    assert coarse.billed_ms(130.0) == 200.0  # jitter far below a step: the step above
+
+
+def test_master_is_billed_for_its_own_handling(convs: LayerGraph) -> None:
+    facts = PlatformFacts.from_profile(load_profile("local"))
+    assert facts.billed_overhead_ms == load_profile("local").billed_overhead_ms > 0
+    cm = ComputeModel.from_flops(convs)
+    quiet = PerfModel(convs, replace(facts, billed_overhead_ms=0.0), cm, transport="shm")
+    busy = PerfModel(convs, replace(facts, billed_overhead_ms=2.0), cm, transport="shm")
+    plan = [StageChoice(0, len(convs.units) - 1, Split(), True, 0)]
+    a, b = quiet.estimate(plan, 1769), busy.estimate(plan, 1769)
+    assert a.latency_ms == b.latency_ms  # billing overhead is not latency
+    assert (b.cost_usd - a.cost_usd) == pytest.approx(2.0 * 1769 / 1024 / 1e3 * facts.price_gb_s)
+
+
+def test_memory_charges_the_largest_transient_of_a_parts_units(convs: LayerGraph, cache: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(cache))
+    gp = profile_graph(convs)
+    cm = ComputeModel.from_profile(gp, convs)
+    assert cm.base_mb == pytest.approx(gp.base_mb + FUNCTION_RUNTIME_MB)
+    assert len(cm.unit_transient_mb) == len(convs.units) and min(cm.unit_transient_mb) >= 0
+    pm = PerfModel(convs, PlatformFacts.from_profile(load_profile("local")), cm, transport="shm")
+    costs = pm.part_costs(0, 2, Split())
+    assert costs is not None
+    plain = cm.memory_mb(costs[0])
+    with_units = cm.memory_mb(costs[0], 0, 2, sum(u.weight_bytes for u in convs.units))
+    assert with_units == pytest.approx(plain + max(cm.unit_transient_mb))
+    # a transient never makes a unit's estimate fall below what its profile measured
+    for i, u in enumerate(gp.units):
+        c = pm.part_costs(i, i, Split())
+        assert c is not None
+        assert cm.memory_mb(c[0], i, i, convs.units[i].weight_bytes) + 1e-6 >= u.peak_rss_mb + FUNCTION_RUNTIME_MB - 0.5

@@ -1,0 +1,167 @@
+"""Planners: known optima by hand, DP = brute force, infeasible SLOs, memory limits, export of plans."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from functions.bundle import Bundle
+from functions.plan import Plan, Split
+from partitioner.graph import LayerGraph
+from partitioner.perfmodel import ComputeModel, ExGauss, PerfModel, PlatformFacts, StageChoice
+from partitioner.planner import PlanRequest, export_solution, plan_for, solve
+from partitioner.solvers.bruteforce import bruteforce
+from partitioner.solvers.common import Infeasible, SearchSpace
+from partitioner.solvers.dp import latency_dp, slo_dp
+from partitioner.solvers.mopar import hypad
+from partitioner.verify import verify_bundle
+from platforms import load_profile
+from tests.onnx_builders import conv_stack
+
+CNN = [{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 16},
+       {"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 16},
+       {"op": "MaxPool", "k": (2, 2), "s": (2, 2)},
+       {"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 32},
+       {"op": "Conv", "k": (1, 1), "cout": 8}]
+
+
+@pytest.fixture(scope="module")
+def lg() -> LayerGraph:
+    return LayerGraph.load(conv_stack(CNN, cin=3, h=32, w=32))
+
+
+def _facts(**kw: object) -> PlatformFacts:
+    base = PlatformFacts.from_profile(load_profile("aws-lambda"))
+    return dataclasses.replace(base, **kw)
+
+
+def _compute(lg: LayerGraph, ms_per_unit: float = 100.0, serial: float = 0.0) -> ComputeModel:
+    """Every unit takes ``ms_per_unit`` on one vCPU, scaling perfectly (serial=0) beyond."""
+    return ComputeModel(tuple({1: ms_per_unit, 2: ms_per_unit * (serial + (1 - serial) / 2)} for _ in lg.units),
+                        tuple(u.flops for u in lg.units))
+
+
+def test_free_invocations_make_the_fastest_plan_split_everything(lg: LayerGraph) -> None:
+    facts = _facts(invoke=ExGauss(0.0, 1e-6, 1e-6), transfer_latency_ms=0.0, bandwidth_mb_s=1e9, max_vcpu=1.0)
+    pm = PerfModel(lg, facts, _compute(lg))
+    r = latency_dp(SearchSpace(pm, max_group=1), 1769)
+    assert all(c.split.degree >= 4 for c in r.choices)  # more parts is always faster when forking is free
+    single = pm.estimate([StageChoice(0, len(lg.units) - 1, Split())], 1769)
+    assert r.estimate.latency_ms < single.latency_ms / 3
+
+
+def test_expensive_invocations_keep_everything_on_the_master(lg: LayerGraph) -> None:
+    facts = _facts(invoke=ExGauss(10_000.0, 1.0, 1.0))
+    pm = PerfModel(lg, facts, _compute(lg))
+    r = latency_dp(SearchSpace(pm), 1769)
+    assert [c.split.family for c in r.choices] == ["none"] * len(r.choices)
+    assert all(c.master_part for c in r.choices)
+
+
+def test_slo_picks_the_cheapest_plan_meeting_it_and_infeasible_names_the_fastest(lg: LayerGraph) -> None:
+    pm = PerfModel(lg, _facts(), _compute(lg))
+    mems = [1769, 3538]
+    space = SearchSpace(pm, worker_memories=mems, max_group=2)
+    loose = slo_dp(space, 10_000, mems)
+    assert loose.estimate.latency_ms <= 10_000
+    tight = slo_dp(space, 300, mems)
+    assert tight.estimate.latency_ms <= 300 and tight.estimate.cost_usd >= loose.estimate.cost_usd
+    with pytest.raises(Infeasible):
+        slo_dp(space, 1.0, mems)
+    with pytest.raises(Infeasible, match="fastest plan takes") as e:
+        solve(lg, PlanRequest(mode="slo", slo_ms=1.0, memory=1769, profile="flops"), pm=pm)
+    assert e.value.fastest is not None and e.value.fastest.estimate.latency_ms > 1.0
+
+
+@settings(max_examples=12, deadline=None)
+@given(mu=st.floats(0.5, 60), tau=st.floats(0.1, 20), price=st.floats(1e-6, 1e-4), unit=st.floats(5, 400),
+       slo_scale=st.floats(0.3, 1.5), serial=st.floats(0.0, 0.6))
+def test_dp_equals_brute_force(lg: LayerGraph, mu: float, tau: float, price: float, unit: float, slo_scale: float,
+                               serial: float) -> None:
+    pm = PerfModel(lg, _facts(invoke=ExGauss(mu, 1.0, tau), price_gb_s=price), _compute(lg, unit, serial))
+    mems = [1024, 1769, 3538]
+    space = SearchSpace(pm, worker_memories=mems, max_group=2)
+    slo = slo_scale * pm.estimate([StageChoice(0, len(lg.units) - 1, Split())], 1769).latency_ms
+    try:
+        exact = slo_dp(space, slo, mems, nl=4000)
+    except Infeasible:
+        with pytest.raises(Infeasible):
+            bruteforce(space, slo * (1 - 1e-3), mems)
+        return
+    brute = bruteforce(space, slo, mems)
+    assert exact.estimate.latency_ms <= slo + 1e-6
+    # the DP can only lose plans within (stages x delta) of the SLO: its cost is within a hair of optimal
+    assert exact.estimate.cost_usd <= brute.estimate.cost_usd * 1.02
+    assert brute.estimate.cost_usd <= exact.estimate.cost_usd * (1 + 1e-9)
+
+
+def test_master_memory_limits_what_the_master_holds(lg: LayerGraph) -> None:
+    pm = PerfModel(lg, _facts(), _compute(lg))
+    big = latency_dp(SearchSpace(pm), 10240)
+    assert big.estimate.memory_mb["master"] <= 10240
+    need = pm.compute.base_mb + 1  # too little for any weights: every part must go to workers
+    tiny = dataclasses.replace(pm.compute, base_mb=100.0)
+    pm_tiny = PerfModel(lg, _facts(), tiny)
+    r = latency_dp(SearchSpace(pm_tiny), 160)
+    assert r.estimate.memory_mb["master"] <= 160
+    assert need > 0
+
+
+def test_a_model_too_big_for_one_function_still_gets_a_plan(lg: LayerGraph) -> None:
+    heavy = dataclasses.replace(_compute(lg), weight_factor=100_000.0)  # pretend weights are 1e5x bigger
+    pm = PerfModel(lg, _facts(memory_max_mb=2048), heavy)
+    whole = pm.compute.memory_mb(pm.part_costs(0, len(lg.units) - 1, Split())[0])
+    assert whole > 2048
+    r = hypad(pm)
+    assert not r.estimate.warnings
+    assert any(c.split.degree > 1 for c in r.choices)
+
+
+def test_mopar_pays_for_slices_only_where_they_save_more_than_their_invocations(lg: LayerGraph) -> None:
+    """HyPAD's vertical cost counts each slice's request fee and billed hand-off, and the master runs the first
+    slice itself: where fees dominate (cheap GB-s) the plan is the unsplit model; where memory-time dominates
+    a slice of its own pays, and the plan is never costlier than the same slices behind an idle master."""
+    heavy_last = dataclasses.replace(_compute(lg), weight_factor=2.0)
+    fees = PerfModel(lg, _facts(price_gb_s=1e-9, price_request=1e-3), heavy_last)
+    r = hypad(fees)
+    assert len(r.choices) == 1 and r.choices[0].master_part and r.choices[0].split.family == "none"
+    gb_s = PerfModel(lg, _facts(price_request=0.0), _compute(lg, 2000.0))
+    r = hypad(gb_s)
+    assert r.choices[0].master_part  # the master is not left idle while a slice of its own runs
+    idle = [dataclasses.replace(r.choices[0], master_part=False,
+                                worker_mb=gb_s.platform.round_memory(r.estimate.memory_mb["master"])), *r.choices[1:]]
+    need = gb_s.platform.round_memory(gb_s.master_need_mb(idle, gb_s.platform.memory_min_mb))
+    assert r.estimate.cost_usd <= gb_s.estimate(idle, need).cost_usd + 1e-15
+
+
+@pytest.mark.parametrize("mode", ["lo", "slo", "mopar"])
+def test_every_mode_plans_exports_and_verifies(lg: LayerGraph, mode: str, tmp_path: Path) -> None:
+    request = PlanRequest(mode=mode, slo_ms=5000.0 if mode == "slo" else None, profile="flops", platform="local")
+    result = solve(lg, request)
+    plan = plan_for(lg, result, request)
+    assert isinstance(plan, Plan)
+    again = Plan.from_json(plan.to_json())
+    assert again == plan
+    out = export_solution(lg, result, request, tmp_path / "b")
+    b = Bundle.load(out)
+    assert b.plan.mode == mode and b.plan.predicted["latency_ms"] > 0
+    report = verify_bundle(out)
+    assert report.ok and report.max_rel_err <= 1e-4
+
+
+def test_perf_model_evaluates_10k_plans_per_second(lg: LayerGraph) -> None:
+    import time
+
+    pm = PerfModel(lg, _facts(), _compute(lg))
+    choices = [StageChoice(u, u, Split("spatial", (2, 2))) for u in range(len(lg.units))]
+    pm.estimate(choices, 1769)
+    t = time.perf_counter()
+    for _ in range(2000):
+        pm.estimate(choices, 1769)
+    rate = 2000 / (time.perf_counter() - t)
+    assert np.isfinite(rate)  # the figure itself is reported by `flatpack bench solvers`

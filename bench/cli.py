@@ -30,6 +30,7 @@ _BENCHMARKS: dict[str, str] = {
     "backends": "bench.commands.backends:backends_cmd",
     "chaos": "bench.commands.chaos:chaos_cmd",
     "soak": "bench.commands.soak:soak_cmd",
+    "cpushare": "bench.commands.cpushare:cpushare_cmd",
 }
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 __all__ = [
     "API_TOKEN",
     "CACHE_DIR",
+    "CPU_SHARE",
     "DEFAULT_REDIS_URL",
     "LOG_LEVEL",
     "OPENFAAS_FUNCTION_GATEWAY",
@@ -31,6 +32,7 @@ __all__ = [
     "api_token",
     "cache_dir",
     "configured_redis_url",
+    "cpu_share",
     "log_level",
     "openfaas_function_gateway",
     "openfaas_image",
@@ -47,6 +49,7 @@ LOG_LEVEL = "FLATPACK_LOG_LEVEL"
 S3_BUCKET = "FLATPACK_S3_BUCKET"
 OPENFAAS_IMAGE = "FLATPACK_OPENFAAS_IMAGE"
 OPENFAAS_FUNCTION_GATEWAY = "FLATPACK_OPENFAAS_FUNCTION_GATEWAY"
+CPU_SHARE = "FLATPACK_CPU_SHARE"  # set by the local platform on an instance whose CPU share is dilated
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 _LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
@@ -127,3 +130,17 @@ def log_level(default: str | int = "WARNING", env: Mapping[str, str] | None = No
     if level not in _LEVELS:
         raise ValueError(f"{LOG_LEVEL}={raw!r} is not a logging level; use one of {', '.join(_LEVELS)}")
     return level
+
+
+def cpu_share(env: Mapping[str, str] | None = None) -> float | None:
+    """The share of a core a local-platform instance emulates by dilation (None: not dilated)."""
+    raw = _get(CPU_SHARE, env)
+    if raw is None:
+        return None
+    try:
+        share = float(raw)
+    except ValueError:
+        share = -1.0
+    if not share > 0:
+        raise ValueError(f"{CPU_SHARE}={raw!r}: give a positive share of a core (e.g. 0.29)")
+    return share

@@ -125,11 +125,9 @@ class PlatformFacts:
     billed_overhead_ms: float = 0.0  # billed per invocation beyond the work the model times
 
     def vcpu(self, memory_mb: float) -> float:
-        """The CPU a function of ``memory_mb`` computes with. On a host whose cores every function shares
-        (the local platform) that is the whole threads the platform gives it (``PlatformProfile.threads``:
-        at least one, nothing throttles a thread to a fraction of a core); elsewhere the platform's share."""
-        if self.cores:
-            return float(max(1, min(self.cores, round(memory_mb / self.mb_per_vcpu))))
+        """The CPU a function of ``memory_mb`` computes with: the platform's share, ``memory_mb /
+        mb_per_vcpu`` up to ``max_vcpu``. The local platform enforces the same share per instance (a cgroup
+        quota, or dilation: ``serving.platform.cpu``), so one model holds for both."""
         return min(self.max_vcpu, memory_mb / self.mb_per_vcpu)
 
     def round_memory(self, need_mb: float) -> int:
@@ -411,7 +409,9 @@ class PerfModel:
         n = len(theirs)
         # CPU contention on a shared machine: the parts running at once share its cores
         if p.cores:
-            demand = (math.ceil(v_master) if mine else 0) + n * max(1, math.ceil(v_worker))
+            # each part is entitled to its share; only when the shares add up to more than this machine's
+            # cores do they slow each other down (the scale model no longer holds: the platform reports it)
+            demand = (v_master if mine else 0.0) + n * v_worker
             slow = max(1.0, demand / p.cores)
         else:
             slow = 1.0

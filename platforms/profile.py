@@ -87,8 +87,9 @@ class PlatformProfile:
         return min(cap, memory_mb / self.mb_per_vcpu)
 
     def threads(self, memory_mb: float) -> int:
-        """onnxruntime intra-op threads for that share: max(1, round(vCPUs)), at most this machine's cores."""
-        return max(1, min(os.cpu_count() or 1, round(self.vcpus(memory_mb))))
+        """onnxruntime intra-op threads for that share: ceil(vCPUs) (a 0.29 vCPU function runs one thread,
+        a 1.7 vCPU one two, as Lambda shows it two CPUs), at most this machine's cores."""
+        return max(1, min(os.cpu_count() or 1, math.ceil(self.vcpus(memory_mb) - 1e-9)))
 
     def billed_ms(self, duration_ms: float) -> float:
         g = self.billing_granularity_ms

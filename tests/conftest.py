@@ -29,6 +29,11 @@ from functions.plan import Function, ModelInfo, Part, PartInput, Plan, Split, St
 #: the checkout the tests run from (the tests live in tests/<package>/)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
+# Local platforms that tests start indirectly (`flatpack deploy` in a subprocess, benchmark harnesses) give
+# instances whole cores: the tests are about behaviour, and a 128 MB function's emulated 0.07 vCPU would make
+# every cold start take seconds. tests/integration/test_cpu_share.py exercises each CPU-share mechanism.
+os.environ.setdefault("FLATPACK_PLATFORM_CPU_LIMIT", "off")
+
 # --------------------------------------------------------------------------------------------------------
 # Hand-built bundles (no partitioner needed): tiny ONNX models and plans written inline.
 # --------------------------------------------------------------------------------------------------------
@@ -393,6 +398,9 @@ def platform(shm_root: Path) -> Iterator[object]:
     pytest.importorskip("fastapi", reason="the platform tests need flatpack[server]")
     from serving.platform import LocalPlatform, PlatformConfig
 
+    # whole cores (cpu_limit off): these tests are about behaviour, not speed, and a 128 MB function's
+    # emulated 0.07 vCPU would make each cold start take seconds; tests/integration/test_cpu_share.py
+    # exercises every mechanism
     with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, memory_poll_ms=5, idle_timeout_s=120,
-                                      init_timeout_s=60)) as p:
+                                      init_timeout_s=60, cpu_limit="off")) as p:
         yield p

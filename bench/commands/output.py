@@ -28,7 +28,13 @@ def echo_json(doc: Mapping[str, Any], *, indent: int | None = 1, default: Callab
 def emit(doc: Mapping[str, Any], *, out: Path | None, as_json: bool, indent: int | None = None,
          default: Callable[[Any], Any] | None = None) -> bool:
     """``doc`` saved at ``out`` (when given) and, with ``as_json``, printed; whether it was printed (if not,
-    the command prints its table)."""
+    the command prints its table). Every document says how the local platform gives functions their CPU share
+    (``cpu_limit``: the mechanism it uses on this machine, unless the benchmark already recorded the one it
+    ran with)."""
+    if "cpu_limit" not in doc:
+        from serving.platform.cpu import detect
+
+        doc = {**doc, "cpu_limit": detect()}
     if out is not None:
         save_json(out, doc, default=default)
     if as_json:

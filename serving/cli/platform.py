@@ -51,8 +51,13 @@ def platform() -> None:
 @click.option("--profile", default="local", show_default=True, help="Platform profile (name or YAML path).")
 @click.option("--idle-timeout-s", type=float, default=300.0, show_default=True,
               help="Reap instances idle this long (the next request is a cold start).")
+@click.option("--cpu-limit", type=click.Choice(["auto", "cgroup", "cgroup-v2", "cgroup-v1", "dilation", "off"]),
+              default="auto", show_default=True,
+              help="How an instance gets the CPU its memory buys (M MB -> M/1769 of a core on the Lambda-like "
+                   "profile): cgroups where they can be written (auto: v2, else v1), else dilation; off = "
+                   "whole cores (plans will not match).")
 @click.option("--wait-s", type=float, default=30.0, show_default=True, help="How long to wait for it to answer.")
-def start(host: str, port: int, profile: str, idle_timeout_s: float, wait_s: float) -> None:
+def start(host: str, port: int, profile: str, idle_timeout_s: float, cpu_limit: str, wait_s: float) -> None:
     """Start the platform in the background; prints its URL."""
     from serving.platform.client import PlatformClient, PlatformUnavailable
 
@@ -66,7 +71,7 @@ def start(host: str, port: int, profile: str, idle_timeout_s: float, wait_s: flo
     with open(log, "ab") as out:
         proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
             [sys.executable, "-m", "serving.platform", "--host", host, "--port", str(port), "--profile", profile,
-             "--idle-timeout-s", str(idle_timeout_s)],
+             "--idle-timeout-s", str(idle_timeout_s), "--cpu-limit", cpu_limit],
             stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True,
         )
     client = PlatformClient(url, timeout_s=2)
@@ -130,18 +135,24 @@ def status(url: str | None, as_json: bool) -> None:
     except PlatformUnavailable as e:
         raise click.ClickException(f"{e}; start one with `flatpack platform start`") from e
     if as_json:
-        click.echo(json.dumps({"url": url, "health": health, "functions": functions, "meter": meter}))
+        click.echo(json.dumps({"url": url, "cpu_limit": health.get("cpu_limit"), "cpu": health.get("cpu"),
+                               "health": health, "functions": functions, "meter": meter}))
         return
     console.print(f"local platform at {url} (profile {health.get('profile')}), {len(functions)} function(s)")
+    cpu = health.get("cpu") or {}
+    console.print(f"CPU: {health.get('cpu_limit')} ({cpu.get('mb_per_vcpu', '?')} MB per vCPU, {cpu.get('cores', '?')} "
+                  f"cores; {cpu.get('oversubscribed_invocations', 0)} of {cpu.get('invocations', 0)} invocations "
+                  f"started while busy shares exceeded the cores)")
     t = Table()
-    for c in ("function", "memory_mb", "threads", "instances", "busy", "invocations", "cold_starts", "errors",
+    for c in ("function", "memory_mb", "vcpu", "threads", "instances", "busy", "invocations", "cold_starts", "errors",
               "billed_gb_s"):
         t.add_column(c, justify="left" if c == "function" else "right")
     usage = meter.get("functions", {})
     for f in functions:
         u = usage.get(f["name"], {})
         inst = f.get("instances", [])
-        t.add_row(f["name"], str(f["memory_mb"]), str(f.get("intra_op_threads", "")), str(len(inst)),
+        t.add_row(f["name"], str(f["memory_mb"]), f"{f.get('vcpu', 0):.2f}", str(f.get("intra_op_threads", "")),
+                  str(len(inst)),
                   str(sum(1 for i in inst if i.get("busy"))), str(u.get("invocations", 0)),
                   str(u.get("cold_starts", 0)), str(u.get("errors", 0)), f"{u.get('billed_gb_s', 0.0):.4g}")
     console.print(t)

@@ -16,11 +16,12 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=None)
     ap.add_argument("--profile", default=None)
     ap.add_argument("--idle-timeout-s", type=float, default=None)
+    ap.add_argument("--cpu-limit", default=None, help="auto, cgroup, cgroup-v2, cgroup-v1, dilation or off")
     args = ap.parse_args()
     logging.basicConfig(level=log_level(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(PlatformConfig.from_env(host=args.host, port=args.port, profile=args.profile,
-                                  idle_timeout_s=args.idle_timeout_s))
+                                  idle_timeout_s=args.idle_timeout_s, cpu_limit=args.cpu_limit))
 
 
 if __name__ == "__main__":

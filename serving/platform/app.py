@@ -129,6 +129,6 @@ def create_app(config: PlatformConfig, profile: PlatformProfile | None = None) -
     @app.get("/healthz")
     async def healthz() -> Response:
         return _json({"ok": True, "profile": service.profile.name, "functions": len(service.describe()),
-                      "url": service.url})
+                      "url": service.url, "cpu_limit": service.limiter.name, "cpu": service.cpu()})
 
     return app

@@ -29,6 +29,9 @@ class PlatformConfig:
     shm_dir: shared-memory root swept of stale tensors every ``sweep_interval_s``, files older than
         ``shm_max_age_s``.
     python: interpreter that runs instances.
+    cpu_limit: how an instance gets the CPU its memory buys (see :mod:`serving.platform.cpu`): ``auto``
+        (cgroup v2, else v1, else dilation), ``cgroup``, ``cgroup-v2``, ``cgroup-v1``, ``dilation`` or
+        ``off`` (whole threads, no limit: the model the planner assumes no longer holds).
     """
 
     host: str = "127.0.0.1"
@@ -43,6 +46,7 @@ class PlatformConfig:
     sweep_interval_s: float = 30.0
     shm_max_age_s: float = 900.0
     python: str = sys.executable
+    cpu_limit: str = "auto"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> PlatformConfig:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from functions.local_instance import READY, READY_MAGIC, REQUEST, RESPONSE
 from functions.procstat import peak_rss_mb, rss_mb
+from serving.platform.cpu import CpuLimiter, CpuLimitError, CpuShare, InstanceLimit
 from serving.platform.errors import (
     FunctionCrashed,
     FunctionInitFailed,
@@ -47,12 +48,16 @@ class Instance:
 
     _ids = iter(range(1, 1 << 62))
 
-    def __init__(self, function: str, memory_mb: int, argv: list[str], env: Mapping[str, str]) -> None:
+    def __init__(self, function: str, memory_mb: int, argv: list[str], env: Mapping[str, str],
+                 limiter: CpuLimiter | None = None) -> None:
         self.function = function
         self.memory_mb = memory_mb
         self.id = next(Instance._ids)
         self._argv = argv
         self._env = dict(env)
+        self._limiter = limiter or CpuLimiter(1769.0, None)
+        self.share: CpuShare = self._limiter.share(memory_mb)
+        self._limit: InstanceLimit | None = None
         self.proc: asyncio.subprocess.Process | None = None
         self.busy = False
         self.started_at = time.time()
@@ -76,12 +81,17 @@ class Instance:
 
     async def start(self, timeout_s: float) -> None:
         t0 = time.perf_counter()
+        # its cgroup (or its dilation setting) first: the cold start runs inside the share
+        try:
+            self._limit = limit = self._limiter.attach(f"{self.function[:100]}-{self.id}", self.memory_mb)
+        except CpuLimitError as e:
+            raise FunctionInitFailed(f"instance of {self.function} could not be given its CPU share: {e}") from e
         self.proc = await asyncio.create_subprocess_exec(
-            *self._argv,
+            *limit.wrap(self._argv),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=self._env,
+            env={**self._env, **limit.env},
             start_new_session=True,  # a Ctrl-C at the platform's terminal must not kill instances mid-request
         )
         self._stderr_task = asyncio.create_task(self._pump_stderr())
@@ -93,7 +103,14 @@ class Instance:
                 raise FunctionInitFailed(f"instance of {self.function} spoke an unknown protocol ({magic!r})")
             body = await asyncio.wait_for(self.proc.stdout.readexactly(n), timeout_s)
         except (asyncio.IncompleteReadError, ConnectionError) as e:
+            await self._reap(release=False)
+            oom = self._limit.oom_killed()
             await self._reap()
+            if oom:
+                raise FunctionInitFailed(
+                    f"instance of {self.function} ran out of memory while starting: its limit is "
+                    f"{self.memory_mb} MB; give the function more memory"
+                ) from e
             raise FunctionInitFailed(
                 f"instance of {self.function} exited while starting (code {self.proc.returncode}): "
                 f"{self.stderr_tail() or e}"
@@ -140,8 +157,10 @@ class Instance:
                     f"{self.function}: Task timed out after {timeout_s:.2f} seconds"
                 ) from e
             except (asyncio.IncompleteReadError, ConnectionError) as e:
+                await self._reap(release=False)  # its cgroup still says whether the kernel killed it
+                death = self._death()
                 await self._reap()
-                raise self._death() from e
+                raise death from e
             duration_ms = 1e3 * (time.perf_counter() - t0)
             peak = peak_rss_mb(self.proc.pid)
             if peak > self.memory_mb:
@@ -162,6 +181,11 @@ class Instance:
         )
 
     def _death(self) -> Exception:
+        if self.oom_rss_mb is None and self._limit is not None and self._limit.oom_killed():
+            # the kernel enforced the cgroup's memory limit before the watchdog saw it
+            self.oom_rss_mb = max(self._limit.peak_mb(), float(self.memory_mb))
+            log.warning("%s instance %d killed by the kernel for memory (cgroup limit %d MB)",
+                        self.function, self.id, self.memory_mb)
         if self.oom_rss_mb is not None:
             return self._oom_error()
         rc = self.proc.returncode if self.proc is not None else None
@@ -194,13 +218,15 @@ class Instance:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
 
-    async def _reap(self) -> None:
+    async def _reap(self, *, release: bool = True) -> None:
         if self.proc is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.proc.wait(), 5)
         if self._stderr_task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._stderr_task, 1)
+        if release and self._limit is not None and not self.alive:
+            self._limit.release()
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Close its stdin (it exits by itself); kill it if it lingers."""
@@ -227,6 +253,7 @@ class Instance:
             "init_ms": round(self.init_ms, 1),
             "age_s": round(time.time() - self.started_at, 1),
             "rss_mb": round(rss_mb(self.pid), 1) if self.pid and self.alive else 0.0,
+            "vcpu": round(self.share.vcpu, 4),
         }
 
 

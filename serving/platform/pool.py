@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
+from serving.platform.cpu import CpuLedger, CpuLimiter
 from serving.platform.errors import FunctionFailed, TooManyRequests
 from serving.platform.instance import Instance, InstanceReply
 from serving.platform.meter import Meter
@@ -49,7 +50,8 @@ class FunctionPool:
     """
 
     def __init__(self, spec: FunctionSpec, *, argv: list[str], env: Mapping[str, str], concurrency: int,
-                 timeout_s: float, init_timeout_s: float, meter: Meter, replace_dead: bool = True) -> None:
+                 timeout_s: float, init_timeout_s: float, meter: Meter, replace_dead: bool = True,
+                 limiter: CpuLimiter | None = None, ledger: CpuLedger | None = None) -> None:
         self.spec = spec
         self.concurrency = concurrency
         self.timeout_s = timeout_s
@@ -64,6 +66,9 @@ class FunctionPool:
         self.closed = False
         self.replace_dead = replace_dead
         self._spares: set[asyncio.Task[None]] = set()
+        self.limiter = limiter or CpuLimiter(1769.0, None)
+        self.share = self.limiter.share(spec.memory_mb)
+        self._ledger = ledger
 
     @property
     def instances(self) -> list[Instance]:
@@ -87,6 +92,8 @@ class FunctionPool:
         try:
             # the function's timeout counts from the start of its execution, as on Lambda: a request that
             # waited for a free instance still gets all of it
+            if self._ledger is not None:
+                self._ledger.acquire(self.share.vcpu)
             reply = await inst.invoke(payload, limit)
         except FunctionFailed as e:
             # a failed invocation is billed for the time it ran, as on Lambda
@@ -94,6 +101,8 @@ class FunctionPool:
                                peak_rss_mb=inst.oom_rss_mb or 0.0)
             raise
         finally:
+            if self._ledger is not None:
+                self._ledger.release(self.share.vcpu)
             await self._release(inst)
         self._meter.record(name, mem, reply.duration_ms, error="FunctionError" if reply.failed else None,
                            peak_rss_mb=reply.peak_rss_mb)
@@ -123,7 +132,7 @@ class FunctionPool:
                     await asyncio.wait_for(self._cond.wait(), remaining)
                 except TimeoutError:
                     continue
-        inst = Instance(self.spec.name, self.spec.memory_mb, self._argv, self._env)
+        inst = Instance(self.spec.name, self.spec.memory_mb, self._argv, self._env, self.limiter)
         try:
             await inst.start(min(self._init_timeout_s, max(0.1, deadline - time.monotonic()) + 5))
         except BaseException:
@@ -161,7 +170,7 @@ class FunctionPool:
             if self.closed or len(self.busy) + len(self.idle) + self._starting >= self.concurrency:
                 return
             self._starting += 1
-        inst = Instance(self.spec.name, self.spec.memory_mb, self._argv, self._env)
+        inst = Instance(self.spec.name, self.spec.memory_mb, self._argv, self._env, self.limiter)
         try:
             await inst.start(self._init_timeout_s)
         except BaseException as e:
@@ -219,5 +228,6 @@ class FunctionPool:
             "concurrency": self.concurrency,
             "timeout_s": self.timeout_s,
             "intra_op_threads": int(self._env.get("FLATPACK_INTRA_OP_THREADS", "0")),
+            "vcpu": round(self.share.vcpu, 4),
             "instances": [i.describe() for i in self.instances],
         }

@@ -15,6 +15,7 @@ from functions import settings
 from functions.settings import log_level
 from platforms import PlatformProfile, load_profile
 from serving.platform.config import PlatformConfig
+from serving.platform.cpu import CpuLedger, CpuLimiter, make_limiter
 from serving.platform.errors import NoSuchFunction, RequestTooLarge, ResponseTooLarge
 from serving.platform.instance import InstanceReply, instance_argv
 from serving.platform.meter import Meter
@@ -35,6 +36,12 @@ class PlatformService:
         self.config = config
         self.profile = profile or load_profile(config.profile)
         self.meter = Meter(self.profile)
+        # CPU as the profile sells it (see serving.platform.cpu): chosen once, shown by `platform status`
+        self.limiter: CpuLimiter = make_limiter(config.cpu_limit, mb_per_vcpu=self.profile.mb_per_vcpu,
+                                                max_vcpu=self.profile.max_vcpu)
+        self.ledger = CpuLedger(self.limiter.cores)
+        log.info("CPU limit: %s (%d cores, %.0f MB per vCPU)", self.limiter.name, self.limiter.cores,
+                 self.profile.mb_per_vcpu)
         self.url: str | None = None  # set once the server listens; functions get it as FLATPACK_INVOKE_URL
         self._pools: dict[str, FunctionPool] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -56,11 +63,12 @@ class PlatformService:
                 await t
         pools, self._pools = list(self._pools.values()), {}
         await asyncio.gather(*(p.close() for p in pools), return_exceptions=True)
+        self.limiter.close()
 
     # -- functions ----------------------------------------------------------------------------------------
 
     def _env(self, spec: FunctionSpec) -> dict[str, str]:
-        threads = self.profile.threads(spec.memory_mb)
+        threads = self.limiter.share(spec.memory_mb).threads
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLATPACK_")}
         env.update({
             "PYTHONPATH": project_pythonpath(),
@@ -102,12 +110,15 @@ class PlatformService:
             timeout_s=spec.timeout_s or self.config.function_timeout_s,
             init_timeout_s=self.config.init_timeout_s,
             meter=self.meter,
+            limiter=self.limiter,
+            ledger=self.ledger,
         )
         old = self._pools.get(spec.name)
         self._pools[spec.name] = pool
         if old is not None:
             await old.close()
-        log.info("registered %s (%d MB, %d threads)", spec.name, spec.memory_mb, self.profile.threads(spec.memory_mb))
+        share = self.limiter.share(spec.memory_mb)
+        log.info("registered %s (%d MB: %.3f vCPU, %d threads)", spec.name, spec.memory_mb, share.vcpu, share.threads)
         return pool.describe()
 
     async def remove(self, name: str) -> None:
@@ -124,6 +135,10 @@ class PlatformService:
 
     def describe(self) -> list[dict[str, object]]:
         return [p.describe() for _, p in sorted(self._pools.items())]
+
+    def cpu(self) -> dict[str, object]:
+        """The CPU mechanism and how much of this machine busy instances are entitled to now."""
+        return {**self.limiter.describe(), **self.ledger.snapshot()}
 
     async def invoke(self, name: str, payload: bytes) -> InstanceReply:
         """Run one invocation. Raises PlatformError (not run) or FunctionFailed (ran and failed)."""

@@ -133,7 +133,7 @@ def test_platform_refuses_an_mxnet_function_without_its_environment(tmp_path: Pa
     from serving.platform.spec import FunctionSpec
 
     monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path))
-    service = PlatformService(PlatformConfig(port=0))
+    service = PlatformService(PlatformConfig(port=0, cpu_limit="off"))
     with pytest.raises(ValueError, match="flatpack backend setup mxnet"):
         service._python(FunctionSpec("f", 256, backend="mxnet"))
     assert service._python(FunctionSpec("g", 256)) == service.config.python
@@ -183,7 +183,7 @@ def test_bundle_on_the_platform_with_mxnet_equals_the_model(mxnet_python: str, b
     from serving.runner import run_bundle
 
     report = run_bundle(bundles[name], transport="shm", requests=2, overhead=False, backend="mxnet",
-                        platform=PlatformConfig(port=0, shm_dir=shm_root))
+                        platform=PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="off"))
     assert report.errors == 0, report.first_error
     assert report.correct == 2 and report.max_rel_err <= TOL
     assert report.leftover_tensors == 0 and report.backend == "mxnet"

@@ -242,7 +242,7 @@ def test_queue_timeout_throttles_without_cutting_the_running_request(platform: L
 
 
 def test_idle_instances_are_reaped(bundles, shm_root: Path) -> None:
-    with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, idle_timeout_s=0.3)) as p:
+    with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, idle_timeout_s=0.3, cpu_limit="off")) as p:
         d = deploy_bundle(p.client, bundles.tiny, transport="inline", shm_dir=shm_root)
         worker = d.names["worker-1"]
         inv = LocalInvoker(p.url)

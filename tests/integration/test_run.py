@@ -51,7 +51,7 @@ def test_zoo_bundles_equal_the_unsplit_model(zoo_bundles: dict[str, Path], trans
         kw["s3_endpoint_url"] = request.getfixturevalue("s3_endpoint")
     report = run_bundle(zoo_bundles[model], transport=transport, requests=2, concurrency=2, max_instances=1,
                         overhead=False,
-                        platform=PlatformConfig(port=0, shm_dir=shm_root), **kw)  # type: ignore[arg-type]
+                        platform=PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="off"), **kw)  # type: ignore[arg-type]
     assert report.errors == 0, report.first_error
     assert report.correct == 2 and report.max_rel_err <= 1e-4
     assert report.leftover_tensors == 0

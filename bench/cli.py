@@ -31,6 +31,7 @@ _BENCHMARKS: dict[str, str] = {
     "chaos": "bench.commands.chaos:chaos_cmd",
     "soak": "bench.commands.soak:soak_cmd",
     "cpushare": "bench.commands.cpushare:cpushare_cmd",
+    "lo": "bench.commands.lo:lo_cmd",
 }
 
 

@@ -130,6 +130,10 @@ class PlatformFacts:
         quota, or dilation: ``serving.platform.cpu``), so one model holds for both."""
         return min(self.max_vcpu, memory_mb / self.mb_per_vcpu)
 
+    def cpu_stretch(self, vcpu: float) -> float:
+        """How much slower one thread's work runs with ``vcpu`` (1 from one vCPU up)."""
+        return 1.0 / max(min(vcpu, 1.0), 1e-3)
+
     def round_memory(self, need_mb: float) -> int:
         """The smallest memory option at least ``need_mb`` (ValueError if none is)."""
         mb = max(self.memory_min_mb, math.ceil(need_mb / self.memory_step_mb) * self.memory_step_mb)
@@ -286,7 +290,7 @@ class ComputeModel:
     def part_time(self, first: int, last: int, part_flops: int, vcpu: float) -> float:
         stage_flops = sum(self.unit_flops[first:last + 1])
         share = part_flops / stage_flops if stage_flops else 1.0
-        return self.stage_time(first, last, vcpu) * share + self.overhead_ms
+        return self.stage_time(first, last, vcpu) * share + self.overhead_ms / max(min(vcpu, 1.0), 1e-3)
 
     def transient_mb(self, first: int, last: int, weight_share: float = 1.0) -> float:
         """The largest transient of units ``first..last``, scaled to a part holding ``weight_share`` of
@@ -416,15 +420,19 @@ class PerfModel:
         else:
             slow = 1.0
         t_master = c.part_time(choice.first, choice.last, mine[0].flops, v_master) * slow if mine else 0.0
+        # a function's own handling (decoding, encoding, the master's slicing and joining, and on one host the
+        # shared-memory copies) is CPU work too: below one vCPU it stretches as compute does
+        cpu_m, cpu_w = p.cpu_stretch(v_master), p.cpu_stretch(v_worker)
+        io_m, io_w = (cpu_m, cpu_w) if p.cores else (1.0, 1.0)
         worker_ms = [
-            (p.transfer_ms(x.input_bytes) + c.part_time(choice.first, choice.last, x.flops, v_worker) * slow
-             + p.transfer_ms(x.output_bytes) + c.invocation_overhead_ms)
+            (p.transfer_ms(x.input_bytes) * io_w + c.part_time(choice.first, choice.last, x.flops, v_worker) * slow
+             + p.transfer_ms(x.output_bytes) * io_w + c.invocation_overhead_ms * cpu_w)
             for x in theirs
         ]
-        put = sum(p.transfer_ms(x.input_bytes) for x in theirs)
-        get = sum(p.transfer_ms(x.output_bytes) for x in theirs)
+        put = sum(p.transfer_ms(x.input_bytes) for x in theirs) * io_m
+        get = sum(p.transfer_ms(x.output_bytes) for x in theirs) * io_m
         out_bytes = sum(x.output_bytes for x in costs)
-        join = out_bytes / (p.memcpy_gb_s * 1e9) * 1e3 + c.stage_overhead_ms
+        join = (out_bytes / (p.memcpy_gb_s * 1e9) * 1e3 + c.stage_overhead_ms) * cpu_m
         if n:
             slowest = max(worker_ms)
             mean = put + max(t_master, p.invoke.expected_max(n) + slowest) + get + join

@@ -61,10 +61,28 @@ class PlanRequest:
             raise ValueError(f"percentile {self.percentile} must lie in (0, 1), e.g. 0.99")
 
 
+def _calibration_path(lg: LayerGraph, threads: int, ort_version: str) -> Path:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for u in lg.units:
+        digest.update(f"{u.flops}:{u.weight_bytes}:{u.output}".encode())
+    key = f"{lg.name}-{digest.hexdigest()[:16]}-t{threads}-ort{ort_version}"
+    return settings.cache_dir() / "calibration" / f"{key}.json"
+
+
+def _forget_calibration(lg: LayerGraph, *threads: int) -> None:
+    import onnxruntime as ort
+
+    for t in threads:
+        _calibration_path(lg, t, ort.__version__).unlink(missing_ok=True)
+
+
 def _calibrate(lg: LayerGraph, threads: int, reps: int = 5, *, fresh: bool = False) -> float:
     """Median ms of the whole model at ``threads`` intra-op threads, in this process, with a function's
-    session options; cached per model (``fresh``: measure again and replace the cached figure)."""
-    import hashlib
+    session options; cached per model (``fresh``: measure again and replace the cached figure). Repeats
+    that disagree (:func:`timing_problem`) are measured again, and a figure that stays disturbed is used but
+    never cached."""
     import tempfile
 
     import onnxruntime as ort
@@ -73,11 +91,7 @@ def _calibrate(lg: LayerGraph, threads: int, reps: int = 5, *, fresh: bool = Fal
     from partitioner.inputs import random_inputs
     from partitioner.model_file import save_model
 
-    digest = hashlib.sha256()
-    for u in lg.units:
-        digest.update(f"{u.flops}:{u.weight_bytes}:{u.output}".encode())
-    key = f"{lg.name}-{digest.hexdigest()[:16]}-t{threads}-ort{ort.__version__}"
-    path = settings.cache_dir() / "calibration" / f"{key}.json"
+    path = _calibration_path(lg, threads, ort.__version__)
     if path.is_file() and not fresh:
         return float(json.loads(path.read_text())["median_ms"])
     with tempfile.TemporaryDirectory(prefix="flatpack-calib-") as tmp:
@@ -87,15 +101,56 @@ def _calibrate(lg: LayerGraph, threads: int, reps: int = 5, *, fresh: bool = Fal
         feeds = random_inputs(lg.model, 0)
         for _ in range(2):
             sess.run(None, feeds)
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            sess.run(None, feeds)
-            times.append((time.perf_counter() - t) * 1e3)
+        problem = ""
+        for _attempt in range(3):  # a loaded machine: measure again, up to twice
+            times = []
+            for _ in range(max(reps, 5)):
+                t = time.perf_counter()
+                sess.run(None, feeds)
+                times.append((time.perf_counter() - t) * 1e3)
+            problem = timing_problem(times)
+            if not problem:
+                break
     median = float(np.median(times))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"median_ms": median, "threads": threads, "reps": reps}))
+    if problem:
+        log.warning("the whole-model timing of %s at %d thread(s) looks disturbed (%s); using it for this plan "
+                    "only, not caching it", lg.name, threads, problem)
+    _record_calibration(path, median, threads=threads, reps=reps, problem=problem)
     return median
+
+
+def _record_calibration(path: Path, median_ms: float, *, threads: int, reps: int, problem: str) -> bool:
+    """Cache a whole-model timing, unless it looked disturbed (then a later plan measures again, on a
+    quieter machine with luck, and a stale cached figure is removed). Whether it was cached."""
+    if problem:
+        path.unlink(missing_ok=True)
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"median_ms": median_ms, "threads": threads, "reps": reps}))
+    return True
+
+
+#: repeats of one measurement whose upper and lower quartile differ by more than this disagree
+DISAGREEMENT = 1.25
+
+
+def timing_problem(times_ms: list[float]) -> str:
+    """Why repeated timings of the same work look disturbed by other load on the machine ("" if they do not):
+    their quartiles disagree by more than :data:`DISAGREEMENT`."""
+    if len(times_ms) < 4:
+        return ""
+    q1, q3 = np.percentile(times_ms, [25, 75])
+    if q1 > 0 and q3 / q1 > DISAGREEMENT:
+        return f"repeats disagree: the upper quartile is {q3 / q1:.2f}x the lower"
+    return ""
+
+
+def threads_problem(t1_ms: float, t2_ms: float) -> str:
+    """Why a 2-thread timing that is not faster than the 1-thread one is suspect ("" if it is faster): every
+    model flatpack splits has parallel work, so only a busy machine makes a second thread buy nothing."""
+    if t2_ms >= 0.95 * t1_ms:
+        return f"2 threads ({t2_ms:.1f} ms) no faster than 1 ({t1_ms:.1f} ms)"
+    return ""
 
 
 def _whole_model_scaled(cm: ComputeModel, lg: LayerGraph, *, fresh: bool) -> tuple[ComputeModel, str]:
@@ -165,6 +220,14 @@ def compute_model(lg: LayerGraph, how: str = "auto", *, progress: Callable[[str]
     times = {1: t1}
     if (os.cpu_count() or 1) >= 2:
         times[2] = _calibrate(lg, 2)
+        if threads_problem(t1, times[2]):  # measured under load (cached or now): measure both again
+            t1 = times[1] = _calibrate(lg, 1, fresh=True)
+            times[2] = _calibrate(lg, 2, fresh=True)
+            why = threads_problem(t1, times[2])
+            if why:
+                _forget_calibration(lg, 1, 2)
+                log.warning("%s: %s; the machine looks busy. The plan assumes what was measured; plan again "
+                            "on a quieter machine (or `flatpack profile`)", lg.name, why)
     units = tuple({k: v * u.flops / total_flops for k, v in times.items()} for u in lg.units)
     cm = ComputeModel(units, tuple(u.flops for u in lg.units))
     return cm, f"whole-model timing spread by FLOPs ({total_flops / t1 / 1e6:.1f} GFLOP/s on 1 thread)"

@@ -39,7 +39,7 @@ class InvokeFacts:
                                                            "tau": self.fit.tau}, "errors": self.errors}
 
 
-def invoke_facts(pp: Any, work: Path, n: int = 60) -> InvokeFacts:
+def invoke_facts(pp: Any, work: Path, n: int = 60, *, memory_mb: int = MEMORY_MB) -> InvokeFacts:
     """What one fork costs on the platform now, as the perf model's invoke ex-Gaussian (Gillis measured
     communication the same way): a no-op part run by a worker, timed through the master, minus the same
     no-op run by the master itself."""
@@ -48,9 +48,9 @@ def invoke_facts(pp: Any, work: Path, n: int = 60) -> InvokeFacts:
     from partitioner.export import Placement, export_bundle
     from partitioner.perfmodel import ExGauss
 
-    direct = noop_bundle(work / "noop")
-    forked = export_bundle(direct.parent / "noop.onnx", "0-:none", work / "noop-fork",
-                           placements=[Placement(False, MEMORY_MB)], master_mb=MEMORY_MB)
+    direct = noop_bundle(work / f"noop-{memory_mb}", master_mb=memory_mb)
+    forked = export_bundle(direct.parent / "noop.onnx", "0-:none", work / f"noop-fork-{memory_mb}",
+                           placements=[Placement(False, memory_mb)], master_mb=memory_mb)
     pool = InputPool.from_bundle(direct, 2)
     with deployments(pp) as st:
         targets = {"direct": st.deploy(direct, "noop"), "forked": st.deploy(forked, "noopfork")}
@@ -86,16 +86,17 @@ def load_model(spec: ModelSpec, invoke: Any) -> tuple[str, Any, Any, str]:
     return label(spec), lg, pm, source
 
 
-def lo_plan(pm: Any, max_group: int) -> Any:
+def lo_plan(pm: Any, max_group: int, *, memory_mb: int = MEMORY_MB, max_degree: int | None = None) -> Any:
     """Gillis's latency-optimal DP with every function at MEMORY_MB and splits of at most as many parts as
     this machine has cores (more parts than cores only queue for them); adjacent master-only stages merged."""
     from partitioner.perfmodel import StageChoice
     from partitioner.solvers.common import SPLITS, SearchSpace, SolverResult
     from partitioner.solvers.dp import latency_dp
 
-    space = SearchSpace(pm, max_group=max_group, splits=[s for s in SPLITS if s.degree <= usable_cores()],
-                        worker_memories=[MEMORY_MB])
-    r = latency_dp(space, MEMORY_MB)
+    cap = usable_cores() if max_degree is None else max_degree
+    space = SearchSpace(pm, max_group=max_group, splits=[s for s in SPLITS if s.degree <= cap],
+                        worker_memories=[memory_mb])
+    r = latency_dp(space, memory_mb)
     merged: list[Any] = []
     for ch in r.choices:
         prev = merged[-1] if merged else None

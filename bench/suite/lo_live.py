@@ -1,0 +1,180 @@
+"""Gillis's claim, live: a latency-optimal (``lo``) plan against the unsplit function, every function at
+the same memory, on the local platform with each function's CPU share emulated (M MB -> M/1769 of a core).
+
+For each model and memory size: the model's units are profiled (cached), the platform's invoke path is
+measured at that memory (a no-op run by a worker vs by the master), ``lo`` plans with splits of at most as
+many parts as this machine's cores hold at that share, and the plan and the unsplit function are deployed
+and sent interleaved sequential requests. A row gives both live p50s, the speed-up, the plan's predicted
+p50 and the error of that prediction, and whether the plan's busy shares exceeded the cores (then the
+instances slow each other down, which on Lambda they would not: the row is not evidence either way).
+
+``lambda_rows``: full-size VGG-11/16/19 (224 px) on the aws-lambda profile at 1769 and 3008 MB, unsplit vs
+``lo``, predicted by the same performance model (compute times: FLOPs at the throughput measured for the
+live rows' models on one thread), next to what Gillis measured on Lambda.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.suite.comparison import bad, p50
+from bench.suite.config import ModelSpec, label, model_path
+
+__all__ = ["GILLIS_SPEEDUP", "LAMBDA_MODELS", "LIVE_MODELS", "LambdaRow", "LoRow", "lambda_rows", "live_rows"]
+
+# width / 2 and inputs that finish on 2 cores: each unsplit request at 512 MB takes about 0.1-0.4 s
+LIVE_MODELS: tuple[ModelSpec, ...] = (("vgg11", 2, 96), ("vgg16", 2, 96), ("resnet50", 2, 128),
+                                      ("wrn-50-2", 2, 128))
+LAMBDA_MODELS: tuple[ModelSpec, ...] = (("vgg11", 1, 224), ("vgg16", 1, 224), ("vgg19", 1, 224))
+# Gillis (../shared/papers/gillis.md, Fig. 9): latency-optimal vs default on AWS Lambda
+GILLIS_SPEEDUP = {"vgg11": 1.6, "vgg16": 1.9, "vgg19": 2.0}
+
+
+@dataclass(frozen=True)
+class LoRow:
+    model: str
+    memory_mb: int
+    stages: list[str]
+    functions: int
+    unsplit_p50_ms: float
+    lo_p50_ms: float
+    speedup: float
+    predicted_lo_p50_ms: float
+    predicted_unsplit_p50_ms: float
+    error: float  # live lo p50 / predicted - 1
+    unsplit_error: float
+    oversubscribed: bool
+    peak_vcpu: float
+    errors: int
+    compute: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class LambdaRow:
+    model: str
+    memory_mb: int
+    stages: list[str]
+    functions: int
+    predicted_unsplit_ms: float
+    predicted_lo_ms: float
+    predicted_speedup: float
+    gillis_measured_speedup: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+def _max_degree(memory_mb: int, mb_per_vcpu: float, cores: int) -> int:
+    """Parts that run at once within this machine's cores, the master's included."""
+    vcpu = min(1.0, memory_mb / mb_per_vcpu)
+    return max(1, math.floor(cores / vcpu + 1e-9) - 1)
+
+
+def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: int, max_group: int | None,
+              say: Callable[[str], None]) -> tuple[list[LoRow], dict[str, Any], float]:
+    """The live rows, the platform's CPU description (``cpu_limit``, cores), and the one-thread GFLOP/s of
+    the measured unit times (median over the models)."""
+    from bench.harness.provenance import usable_cores
+    from bench.load.inputs import InputPool
+    from bench.suite.deployments import deployments, interleaved
+    from bench.suite.planning import invoke_facts, lo_plan, perfmodel
+    from functions.plan import Plan
+    from partitioner.export import export_bundle
+    from partitioner.graph import LayerGraph
+    from partitioner.perfmodel import StageChoice
+    from partitioner.planner import PlanRequest, export_solution
+    from partitioner.spec import Split
+    from serving.platform.process import PlatformProcess
+
+    rows: list[LoRow] = []
+    gflops: list[float] = []
+    cores = usable_cores()
+    with tempfile.TemporaryDirectory(prefix="flatpack-bench-lo-") as tmp, PlatformProcess(idle_timeout_s=1800) as pp:
+        work = Path(tmp)
+        cpu = dict(pp.client.health().get("cpu") or {})
+        invoke = {}
+        for mb in memories:
+            say(f"timing the platform's invoke path at {mb} MB")
+            invoke[mb] = invoke_facts(pp, work, n=40, memory_mb=mb).invoke
+        for spec in specs:
+            name = label(spec)
+            say(f"{name}: profiling its units (cached)")
+            lg = LayerGraph.load(model_path(spec))
+            for mb in memories:
+                pm, source = perfmodel(lg, invoke[mb])
+                say(f"{name} at {mb} MB: planning")
+                result = lo_plan(pm, max_group or len(lg.units), memory_mb=mb,
+                                 max_degree=_max_degree(mb, pm.platform.mb_per_vcpu, cores))
+                whole = [StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0)]
+                predicted_unsplit = pm.estimate(whole, mb).latency_ms
+                req = PlanRequest(mode="lo", platform="local", memory=mb, transport="shm",
+                                  max_group=max_group or len(lg.units))
+                slug = f"{name.replace('/', '_').replace('@', '-')}-{mb}"
+                lo = export_solution(lg, result, req, work / f"lo-{slug}", source=source)
+                unsplit = export_bundle(lg, "0-:none", work / f"unsplit-{slug}", master_mb=mb)
+                pool = InputPool.from_bundle(unsplit, 8)
+                with deployments(pp) as st:
+                    targets = {"unsplit": st.deploy(unsplit, "unsplit"), "lo": st.deploy(lo, "lo")}
+                    say(f"{name} at {mb} MB: {rounds} interleaved rounds ({len(result.choices)} stages)")
+                    before = dict(pp.client.health().get("cpu") or {})
+                    samples, _, _ = interleaved(targets, pool, rounds)
+                    after = dict(pp.client.health().get("cpu") or {})
+                # the parts of a stage run at once (the master's among them, or the master waits)
+                demand = max(c.split.degree * min(1.0, mb / pm.platform.mb_per_vcpu) for c in result.choices)
+                t1 = sum(u.get(1, 0.0) for u in pm.compute.unit_ms)
+                if t1 > 0:
+                    gflops.append(sum(pm.compute.unit_flops) / t1 / 1e6)
+                live_lo, live_unsplit = p50(samples["lo"]), p50(samples["unsplit"])
+                pred = result.estimate.latency_ms
+                rows.append(LoRow(
+                    model=name, memory_mb=mb, stages=[str(c) for c in result.choices],
+                    functions=len(Plan.load(lo / "plan.json").functions),
+                    unsplit_p50_ms=live_unsplit, lo_p50_ms=live_lo, speedup=live_unsplit / live_lo,
+                    predicted_lo_p50_ms=pred, predicted_unsplit_p50_ms=predicted_unsplit,
+                    error=live_lo / pred - 1, unsplit_error=live_unsplit / predicted_unsplit - 1,
+                    oversubscribed=(int(after.get("oversubscribed_invocations", 0))
+                                    > int(before.get("oversubscribed_invocations", 0))) or demand > cores,
+                    peak_vcpu=float(after.get("peak_vcpu", 0.0)),
+                    errors=bad(samples["lo"]) + bad(samples["unsplit"]), compute=source,
+                ))
+                say(f"{name} at {mb} MB: unsplit {live_unsplit:.1f} ms, lo {live_lo:.1f} ms "
+                    f"(predicted {pred:.1f})")
+    return rows, cpu, (sorted(gflops)[len(gflops) // 2] if gflops else 20.0)
+
+
+def lambda_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, gflops_per_thread: float,
+                max_group: int | None, say: Callable[[str], None]) -> list[LambdaRow]:
+    """Full-size models on the aws-lambda profile, unsplit vs ``lo``, predicted (no deployment)."""
+    from partitioner.graph import LayerGraph
+    from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts, StageChoice
+    from partitioner.solvers.common import SearchSpace
+    from partitioner.solvers.dp import latency_dp
+    from partitioner.spec import Split
+    from platforms import load_profile
+
+    facts = PlatformFacts.from_profile(load_profile("aws-lambda"))
+    out = []
+    for spec in specs:
+        name = label(spec)
+        say(f"{name}: predicting on the aws-lambda profile")
+        lg = LayerGraph.load(model_path(spec))
+        cm = ComputeModel.from_flops(lg, gflops=gflops_per_thread)
+        pm = PerfModel(lg, facts, cm, transport="redis")
+        whole = [StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0)]
+        for mb in memories:
+            space = SearchSpace(pm, max_group=max_group or len(lg.units), worker_memories=[mb])
+            r = latency_dp(space, mb)
+            unsplit = pm.estimate(whole, mb).latency_ms
+            workers = max((c.split.degree - (1 if c.master_part else 0) for c in r.choices), default=0)
+            lo = r.estimate.latency_ms
+            out.append(LambdaRow(name, mb, [str(c) for c in r.choices], 1 + workers, unsplit, lo, unsplit / lo,
+                                 GILLIS_SPEEDUP.get(spec[0])))
+    return out

@@ -217,7 +217,13 @@ class SmallDeployment:
                     if inst.pid is None or not inst.alive:
                         continue
                     rss = rss_mb(inst.pid)
+                    calls, size = inst.invocations, inst.memory_mb
                     inst.memory_mb = max(1, int(rss) - 8)
+                    if not inst.busy or inst.invocations != calls:
+                        # its request ended while we looked (the platform runs in another thread): that one
+                        # will not be killed, so it does not count; try again
+                        inst.memory_mb = size
+                        continue
                     return {"function": name, "instance": inst.id, "rss_mb": round(rss, 1),
                             "limit_mb": inst.memory_mb}
             time.sleep(0.002)

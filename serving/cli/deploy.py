@@ -328,9 +328,11 @@ def status_cmd(name: str, as_json: bool) -> None:
 @click.option("--input", "input_", default="random", show_default=True,
               help="random, or a .npy file (single-input models) / .npz file (by input name).")
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="Save the outputs (.npz).")
+@click.option("--repeat", type=click.IntRange(1, 10_000), default=1, show_default=True,
+              help="Send the request this many times, one after another, and report the latency's p50 and spread.")
 @click.option("--json", "as_json", is_flag=True)
-def invoke_cmd(name: str, input_: str, output: str | None, as_json: bool) -> None:
-    """Send one inference request to deployment NAME's endpoint (binary tensors)."""
+def invoke_cmd(name: str, input_: str, output: str | None, repeat: int, as_json: bool) -> None:
+    """Send an inference request to deployment NAME's endpoint (binary tensors)."""
     from serving.deploy.state import DeploymentRecord
 
     try:
@@ -340,23 +342,31 @@ def invoke_cmd(name: str, input_: str, output: str | None, as_json: bool) -> Non
     if not r.running() or not r.endpoint:
         raise click.ClickException(f"deployment {name!r} is not running; deploy it again")
     inputs = _inputs(r, input_)
-    t0 = time.perf_counter()
-    try:
-        outputs = infer_http(r.endpoint, name, inputs)
-    except InferError as e:
-        raise click.ClickException(str(e)) from e
-    ms = (time.perf_counter() - t0) * 1e3
+    times: list[float] = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        try:
+            outputs = infer_http(r.endpoint, name, inputs)
+        except InferError as e:
+            raise click.ClickException(str(e)) from e
+        times.append((time.perf_counter() - t0) * 1e3)
+    ms = times[0] if repeat == 1 else float(np.median(times))
+    spread = {"min_ms": min(times), "p50_ms": float(np.median(times)), "max_ms": max(times), "requests": repeat}
     if output:
         np.savez(output, **outputs)  # type: ignore[arg-type]  # numpy's stub: a ** dict might fill allow_pickle
     if as_json:
-        click.echo(json.dumps({"latency_ms": ms, "outputs": {k: {"shape": list(v.shape), "dtype": v.dtype.name,
-                                                                  "argmax": int(np.argmax(v))}
-                                                              for k, v in outputs.items()}}, indent=1))
+        click.echo(json.dumps({"latency_ms": ms, **({"latency": spread} if repeat > 1 else {}),
+                               "outputs": {k: {"shape": list(v.shape), "dtype": v.dtype.name,
+                                               "argmax": int(np.argmax(v))} for k, v in outputs.items()}}, indent=1))
         return
     for k, v in outputs.items():
         console.print(f"{k}: {v.dtype.name}{list(v.shape)} argmax {int(np.argmax(v))} "
                       f"first {[round(float(x), 4) for x in v.reshape(-1)[:5]]}")
-    console.print(f"{ms:.1f} ms")
+    if repeat > 1:
+        console.print(f"{name}: p50 {spread['p50_ms']:.1f} ms over {repeat} requests (min {spread['min_ms']:.1f}, "
+                      f"max {spread['max_ms']:.1f})")
+    else:
+        console.print(f"{ms:.1f} ms")
 
 
 def _inputs(r: DeploymentRecord, spec: str) -> dict[str, np.ndarray]:

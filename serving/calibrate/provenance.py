@@ -48,17 +48,23 @@ class Provenance:
     commit: str | None
     cpus: int
     python: str
+    load_1m: float | None = None  # the machine's 1-minute load average: above ``cpus``, others were busy too
 
     @classmethod
     def here(cls) -> Provenance:
+        try:
+            load: float | None = os.getloadavg()[0]
+        except OSError:
+            load = None
         return cls(socket.gethostname(), datetime.now(UTC).isoformat(timespec="seconds"), _version(), git_commit(),
-                   os.cpu_count() or 1, _platform.python_version())
+                   os.cpu_count() or 1, _platform.python_version(), load)
 
     def line(self) -> str:
-        """``host H (N CPUs), date, flatpack V (commit C)``."""
+        """``host H (N CPUs, load L), date, flatpack V (commit C)``."""
         commit = f", commit {self.commit}" if self.commit else ""
-        return f"host {self.host} ({self.cpus} CPUs), {self.date}, flatpack {self.flatpack_version}{commit}"
+        load = f", load {self.load_1m:.1f}" if self.load_1m is not None else ""
+        return f"host {self.host} ({self.cpus} CPUs{load}), {self.date}, flatpack {self.flatpack_version}{commit}"
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "date": self.date, "flatpack_version": self.flatpack_version,
-                "commit": self.commit, "cpus": self.cpus, "python": self.python}
+                "commit": self.commit, "cpus": self.cpus, "python": self.python, "load_1m": self.load_1m}

@@ -103,5 +103,8 @@ def _print(doc: dict) -> None:
         console.print(f"[yellow]warning:[/] the platform at {doc['platform_url']} runs profile "
                       f"{doc['platform_profile']!r}, not {doc['name']!r}: its payload limit and billing are that "
                       f"profile's; restart it with `flatpack platform start --profile {doc['name']}`")
+    if where["load_1m"] is not None and where["load_1m"] > where["cpus"]:
+        console.print(f"[yellow]warning:[/] the machine was busy (load {where['load_1m']:.1f} on {where['cpus']} "
+                      f"CPUs): other work's noise is in these figures; calibrate again when it is idle")
     console.print(f"[dim]{doc['seconds']:.1f} s; flatpack {where['flatpack_version']}"
                   f"{' (' + where['commit'] + ')' if where['commit'] else ''}[/]")

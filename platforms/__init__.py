@@ -5,6 +5,17 @@ Both the offline side (the partitioner's performance model) and the online side 
 meter, the deployers) read them, so they live apart from both and import nothing of flatpack's.
 """
 
-from platforms.profile import PROFILE_DIR, InvokeLatency, MemoryRange, PlatformProfile, load_profile, profile_names
+from platforms.profile import (
+    PROFILE_DIR,
+    InvokeLatency,
+    MemoryRange,
+    PlatformProfile,
+    TransferCost,
+    load_profile,
+    load_profile_data,
+    profile_names,
+    resolve_profile_path,
+)
 
-__all__ = ["PROFILE_DIR", "InvokeLatency", "MemoryRange", "PlatformProfile", "load_profile", "profile_names"]
+__all__ = ["PROFILE_DIR", "InvokeLatency", "MemoryRange", "PlatformProfile", "TransferCost", "load_profile",
+           "load_profile_data", "profile_names", "resolve_profile_path"]

@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["PROFILE_DIR", "InvokeLatency", "MemoryRange", "PlatformProfile", "load_profile", "profile_names"]
+__all__ = ["PROFILE_DIR", "InvokeLatency", "MemoryRange", "PlatformProfile", "TransferCost", "load_profile",
+           "load_profile_data", "profile_names", "resolve_profile_path"]
 
 PROFILE_DIR = Path(__file__).resolve().parent
 
@@ -56,12 +57,28 @@ class InvokeLatency:
 
 
 @dataclass(frozen=True)
+class TransferCost:
+    """What one put or get through a transport costs: ``latency_ms`` plus the bytes at ``bandwidth_mb_s``
+    (MiB per second, as ``bandwidth_mb_s`` everywhere in a profile)."""
+
+    latency_ms: float
+    bandwidth_mb_s: float
+
+
+@dataclass(frozen=True)
 class PlatformProfile:
     """One platform's facts.
 
     ``mb_per_vcpu``: memory that buys one vCPU (CPU is proportional to memory); ``max_vcpu`` caps it
     (None: this machine's cores). Prices in USD. ``billing_granularity_ms``: durations are rounded up to
     a multiple of it. ``payload_limit_bytes``: synchronous invoke request/response limit.
+
+    Optional, written by ``flatpack calibrate`` (absent from a profile that was not measured):
+    ``transports``: per transport name (``shm``, ``redis``, ``inline``) the cost of one put or get;
+    ``cold_start_ms``: what a cold invocation takes beyond a warm one; ``cpu_share``: per function
+    memory (MB), how many times longer a fixed computation takes than at ``mb_per_vcpu`` (one vCPU).
+    The performance model does not read these three yet (it takes ``bandwidth_mb_s``, which calibrate
+    sets from the platform's default transport).
     """
 
     name: str
@@ -80,6 +97,9 @@ class PlatformProfile:
     shared_memory: bool
     sources: Mapping[str, str] = field(default_factory=dict)
     billed_overhead_ms: float = 0.0  # billed per invocation beyond the handler's own work (hand-off, decoding)
+    transports: Mapping[str, TransferCost] = field(default_factory=dict)
+    cold_start_ms: float | None = None
+    cpu_share: Mapping[int, float] = field(default_factory=dict)
 
     def vcpus(self, memory_mb: float) -> float:
         """vCPUs a function of ``memory_mb`` gets (capped by the profile, or by this machine's cores)."""
@@ -124,6 +144,10 @@ class PlatformProfile:
                 shared_memory=bool(d["shared_memory"]),
                 sources={str(k): str(v) for k, v in (d.get("sources") or {}).items()},
                 billed_overhead_ms=float(d.get("billed_overhead_ms", 0.0)),
+                transports={str(k): TransferCost(float(v["latency_ms"]), float(v["bandwidth_mb_s"]))
+                            for k, v in (d.get("transports") or {}).items()},
+                cold_start_ms=None if d.get("cold_start_ms") is None else float(d["cold_start_ms"]),
+                cpu_share={int(k): float(v) for k, v in (d.get("cpu_share") or {}).items()},
             )
         except KeyError as e:
             raise ValueError(f"{origin}: missing field {e}") from e
@@ -135,15 +159,27 @@ def profile_names() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
-def load_profile(name_or_path: str | Path) -> PlatformProfile:
-    """A profile by name (``aws-lambda``, ``openfaas``, ``local``) or from a YAML file path."""
+def resolve_profile_path(name_or_path: str | Path) -> Path:
+    """The YAML file of a profile named ``name_or_path`` (``aws-lambda``, ``openfaas``, ``local``), or the
+    path itself when it ends in ``.yaml`` / ``.yml``; ValueError if there is no such file."""
     p = Path(name_or_path)
     if p.suffix not in (".yaml", ".yml"):
         p = PROFILE_DIR / f"{name_or_path}.yaml"
     if not p.is_file():
         raise ValueError(f"no platform profile {str(name_or_path)!r}; known: {profile_names()} (or give a .yaml path)")
+    return p
+
+
+def load_profile_data(name_or_path: str | Path) -> dict[str, Any]:
+    """A profile's YAML mapping as written (for tools that rewrite some fields and keep the rest)."""
+    p = resolve_profile_path(name_or_path)
     with open(p) as f:
         data = yaml.safe_load(f)
     if not isinstance(data, Mapping):
         raise ValueError(f"{p}: a platform profile is a YAML mapping")
-    return PlatformProfile.from_dict(data, origin=str(p))
+    return dict(data)
+
+
+def load_profile(name_or_path: str | Path) -> PlatformProfile:
+    """A profile by name (``aws-lambda``, ``openfaas``, ``local``) or from a YAML file path."""
+    return PlatformProfile.from_dict(load_profile_data(name_or_path), origin=str(resolve_profile_path(name_or_path)))

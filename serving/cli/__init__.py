@@ -34,6 +34,7 @@ _COMMANDS: dict[str, str] = {
     "backend": "serving.cli.backend:backend",
     "compress": "serving.cli.compress:compress_cmd",
     "profile": "serving.cli.profile:profile_cmd",
+    "calibrate": "serving.cli.calibrate:calibrate_cmd",
 }
 
 

@@ -1,0 +1,474 @@
+"""Measuring a running local platform: what the performance model takes from a platform profile.
+
+Against a platform behind a :class:`serving.platform.PlatformClient`, with probe functions
+(:mod:`serving.calibrate.probes`) deployed through the ordinary deployer and invoked through the
+ordinary master client, so every figure includes what a real request pays:
+
+* **invoke latency**: round trips of a warm no-op, fitted as an ex-Gaussian (Gillis's model of Lambda's);
+* **billed overhead**: the meter's mean duration of those no-op invocations (billed beyond the work);
+* **transfers**, per transport (``inline``, ``shm``, ``redis``): an echo probe at several sizes, each
+  round trip paired with a no-op's; the median difference over the transfers a round makes
+  (four by reference: the caller's put, the master's get, its put, the caller's get; two inline) is one
+  transfer's time, fitted as ``latency + bytes / bandwidth``. Before each round this process writes a
+  buffer larger than the last-level cache (``evict_bytes``): in a request, transfers follow compute that
+  has evicted the caches, and back-to-back rounds would time hot ones (on this machine kind 0.057 ms per
+  shm transfer hot, 0.082 ms cold, at 4 KiB);
+* **cold start**: the first round trip after the function was registered again (its instances gone),
+  beyond a warm one's;
+* **CPU share**: a fixed computation's metered time at each memory size against one vCPU's
+  (:func:`measure_cpu_share`). Where the platform gives every instance a whole core the slow-down is about
+  1; once it emulates the share its memory buys (M / mb_per_vcpu of a core) it is what a plan will see.
+
+The caller decides which platform (see :mod:`serving.calibrate.target`); nothing here starts one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from functions.errors import TransportError
+from platforms import InvokeLatency, PlatformProfile, TransferCost
+from serving.calibrate.fit import MIB, fit_ex_gaussian, fit_transfer
+from serving.calibrate.probes import compute_model, echo_model, noop_model, write_probe_bundle
+from serving.platform.client import PlatformClient
+from serving.platform.deploy import ConfigOverrides, Deployment, deploy_bundle, new_deployment_id
+from serving.platform.master_client import MasterClient
+
+__all__ = [
+    "Calibration",
+    "CalibrationSettings",
+    "CpuShare",
+    "Progress",
+    "TransferFit",
+    "calibrate_platform",
+    "measure_cpu_share",
+    "measure_transfer",
+]
+
+log = logging.getLogger(__name__)
+
+KIB = 2**10
+#: what one call of the progress callback says: (phase, done, total)
+Progress = Callable[[str, int, int], None]
+_REFERENCE_TRANSFERS = 4  # per echo round by reference: caller put, master get, master put, caller get
+_INLINE_TRANSFERS = 2  # inline: in the request, in the reply
+_WARMUP = 3
+_ATTEMPTS = 3  # transfer measurements taken again when load hid the bytes' time
+_INLINE_HEADROOM = 64 * KIB  # message framing beside an inline tensor, under the payload limit
+TRANSPORTS = ("inline", "shm", "redis")
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """How much to measure.
+
+    ``invoke_samples``: warm no-op round trips for the invoke-latency fit. ``transfer_samples``: echo
+    round trips (each paired with a no-op's) per transport and size. ``cold_starts``: functions registered
+    again and invoked cold. ``cpu_samples``: compute-probe invocations per memory size. ``sizes``: tensor
+    bytes the transfers are timed at (inline only those under the payload limit). ``transports``: which
+    to time (redis is skipped, with the reason, if no server answers at ``redis_url``).
+    ``cpu_share_mb``: memory sizes whose slow-down against one vCPU (the profile's ``mb_per_vcpu``) is
+    measured. ``compute_n`` x ``compute_layers``: the compute probe (n x n MatMuls). ``evict_bytes``: the
+    buffer written before each transfer round to evict the caches (0: time hot rounds; the default is
+    twice the 32 MiB L3 of the machine kind this was written on). ``shm_dir``: the shared-memory root for
+    the shm transport (None: the function default)."""
+
+    invoke_samples: int = 200
+    transfer_samples: int = 20
+    cold_starts: int = 5
+    cpu_samples: int = 10
+    sizes: tuple[int, ...] = (4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB, 16 * MIB)
+    transports: tuple[str, ...] = TRANSPORTS
+    redis_url: str | None = None
+    cpu_share_mb: tuple[int, ...] = (512,)
+    compute_n: int = 256
+    compute_layers: int = 48
+    evict_bytes: int = 64 * MIB
+    shm_dir: Path | None = None
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("invoke_samples", "transfer_samples", "cpu_samples"):
+            n = getattr(self, name)
+            if n < 3:
+                raise ValueError(f"{name} must be at least 3 (a median and a fit need several), got {n}")
+        if self.cold_starts < 0:
+            raise ValueError(f"cold_starts must be 0 or more, got {self.cold_starts}")
+        unknown = sorted(set(self.transports) - set(TRANSPORTS))
+        if unknown:
+            raise ValueError(f"cannot calibrate transport(s) {unknown}; choose from {', '.join(TRANSPORTS)}")
+
+    @classmethod
+    def from_samples(cls, samples: int, **overrides: Any) -> CalibrationSettings:
+        """Settings scaled from one figure, ``samples`` warm no-op round trips: a tenth of it per transfer
+        size, a twentieth per CPU-share size, one cold start per 40 (2 to 10)."""
+        base: dict[str, Any] = {
+            "invoke_samples": samples,
+            "transfer_samples": max(3, samples // 10),
+            "cold_starts": max(2, min(10, samples // 40)),
+            "cpu_samples": max(3, samples // 20),
+        }
+        base.update(overrides)
+        return cls(**base)
+
+
+@dataclass(frozen=True)
+class TransferFit:
+    """One transport: the fitted cost of one transfer, and the per-size points it was fitted to
+    (bytes, ms per transfer, standard error), each the median of ``samples`` paired differences."""
+
+    transport: str
+    cost: TransferCost
+    points: tuple[tuple[int, float, float], ...]  # (bytes, ms per transfer, its standard error in ms)
+    samples: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"latency_ms": self.cost.latency_ms, "bandwidth_mb_s": self.cost.bandwidth_mb_s,
+                "points": [{"bytes": b, "ms": ms, "stderr_ms": se} for b, ms, se in self.points],
+                "samples_per_size": self.samples}
+
+
+@dataclass(frozen=True)
+class CpuShare:
+    """A fixed computation at ``memory_mb`` against the same at one vCPU (``reference_mb``): median
+    metered ms of each, their ratio, and what the profile's CPU-per-MB rule expects."""
+
+    memory_mb: int
+    reference_mb: int
+    ms: float
+    reference_ms: float
+    expected_slowdown: float
+    samples: int
+
+    @property
+    def measured_slowdown(self) -> float:
+        return self.ms / self.reference_ms if self.reference_ms > 0 else float("nan")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"memory_mb": self.memory_mb, "reference_mb": self.reference_mb, "ms": self.ms,
+                "reference_ms": self.reference_ms, "expected_slowdown": self.expected_slowdown,
+                "measured_slowdown": self.measured_slowdown, "samples": self.samples}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Everything one calibration run measured, with the sample counts behind each figure."""
+
+    platform_url: str
+    platform_profile: str  # the profile the platform said it runs
+    probe_mb: int
+    invoke: InvokeLatency
+    invoke_samples: int
+    invoke_p50_ms: float
+    invoke_p99_ms: float
+    billed_overhead_ms: float
+    transfers: dict[str, TransferFit] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # what was not measured, and why
+    cold_start_ms: float | None = None
+    cold_init_ms: float | None = None  # the meter's instance start-up (process, imports, parts), per cold start
+    cold_starts: int = 0
+    cpu_share: tuple[CpuShare, ...] = ()
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "platform_url": self.platform_url,
+            "platform_profile": self.platform_profile,
+            "probe_mb": self.probe_mb,
+            "invoke_latency_ms": {"mu": self.invoke.mu_ms, "sigma": self.invoke.sigma_ms, "tau": self.invoke.tau_ms,
+                                  "mean": self.invoke.mean_ms, "p50": self.invoke_p50_ms, "p99": self.invoke_p99_ms,
+                                  "samples": self.invoke_samples},
+            "billed_overhead_ms": self.billed_overhead_ms,
+            "transports": {k: v.to_json() for k, v in self.transfers.items()},
+            "skipped": dict(self.skipped),
+            "cold_start_ms": self.cold_start_ms,
+            "cold_init_ms": self.cold_init_ms,
+            "cold_starts": self.cold_starts,
+            "cpu_share": [c.to_json() for c in self.cpu_share],
+            "seconds": self.seconds,
+        }
+
+
+class _Probe:
+    """One deployed probe bundle and a master client to it; :meth:`rtt` is one round trip in ms."""
+
+    def __init__(self, client: PlatformClient, url: str, bundle: Path, *, transport: str,
+                 settings: CalibrationSettings, memory_mb: int | None = None, deployment: str | None = None) -> None:
+        self.client, self.url, self.bundle, self.transport = client, url, bundle, transport
+        self.settings = settings
+        self.memory_mb = memory_mb
+        cfg: ConfigOverrides = {}
+        if settings.redis_url:
+            cfg["redis_url"] = settings.redis_url
+        if settings.shm_dir is not None:
+            cfg["shm_dir"] = settings.shm_dir
+        self._cfg = cfg
+        self.dep = self._deploy(deployment or new_deployment_id("cal"))
+        try:
+            self.mc = MasterClient(self.dep, url, timeout_s=settings.timeout_s, retries=0)
+        except BaseException:
+            self.dep.remove()
+            raise
+        shape = self.dep.plan.model.inputs[0].shape
+        self.x = {"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+
+    def _deploy(self, deployment: str) -> Deployment:
+        mem = None if self.memory_mb is None else {"master": self.memory_mb}
+        return deploy_bundle(self.client, self.bundle, transport=self.transport, deployment=deployment,
+                             concurrency=1, timeout_s=self.settings.timeout_s, memory_mb=mem, **self._cfg)
+
+    @property
+    def function(self) -> str:
+        return self.dep.master
+
+    def rtt(self) -> float:
+        t = time.perf_counter()
+        out = self.mc.infer(self.x)
+        # a zero-copy get (shm) maps the file without reading it: touch the bytes, as a consumer would
+        float(np.asarray(out["y"]).sum())
+        return (time.perf_counter() - t) * 1e3
+
+    def redeploy(self) -> None:
+        """Register the functions again: the platform stops their instances, so the next call is cold."""
+        self.dep = self._deploy(self.dep.id)
+
+    def usage(self) -> dict[str, Any]:
+        return dict(self.client.meter()["functions"].get(self.function, {}))
+
+    def close(self) -> None:
+        self.mc.close()
+        self.dep.remove()
+
+
+def _median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def _median_stderr(xs: Sequence[float]) -> float:
+    """Standard error of the median, from the median absolute deviation (robust to the odd slow call)."""
+    a = np.asarray(xs, dtype=float)
+    mad = float(np.median(np.abs(a - np.median(a))))
+    return 1.2533 * 1.4826 * mad / max(1.0, float(np.sqrt(a.size)))
+
+
+def _inline_sizes(sizes: Sequence[int], payload_limit: int) -> list[int]:
+    return [s for s in sizes if s + _INLINE_HEADROOM <= payload_limit]
+
+
+def _redis_reason(url: str | None) -> str | None:
+    """Why the redis transport cannot be timed at ``url`` (None: it can)."""
+    if not url:
+        return "no Redis URL (set FLATPACK_REDIS_URL)"
+    try:
+        from functions.transport.redis import RedisTransport
+    except ImportError as e:
+        return f"redis-py is not installed ({e}): pip install 'flatpack[redis]'"
+    try:
+        t = RedisTransport(url)
+    except TransportError as e:
+        return str(e)
+    try:
+        t.ping()
+    except TransportError as e:
+        return f"{e}; start redis-server or set FLATPACK_REDIS_URL"
+    finally:
+        t.close()
+    return None
+
+
+class _CacheEvictor:
+    """Writes one byte per cache line of a buffer larger than the last-level cache."""
+
+    def __init__(self, nbytes: int) -> None:
+        self._buf = np.zeros(nbytes, np.uint8) if nbytes > 0 else None
+
+    def __call__(self) -> None:
+        if self._buf is not None:
+            self._buf[::64] += 1
+
+
+def measure_transfer(client: PlatformClient, url: str, noop: _Probe, transport: str, sizes: Sequence[int],
+                     settings: CalibrationSettings, workdir: Path, progress: Progress | None = None) -> TransferFit:
+    """One transport's fitted transfer cost (see the module docstring). If the points do not fit (time
+    not growing with size: load from elsewhere hid the bytes' time), every size is measured again with
+    as many samples more, up to ``_ATTEMPTS`` times, before the ValueError is raised."""
+    per_round = _INLINE_TRANSFERS if transport == "inline" else _REFERENCE_TRANSFERS
+    evict = _CacheEvictor(settings.evict_bytes)
+    n = settings.transfer_samples
+    diffs: dict[int, list[float]] = {size: [] for size in sizes}
+    for attempt in range(_ATTEMPTS):
+        total = len(sizes) * n
+        for i, size in enumerate(sizes):
+            bundle = workdir / f"echo{size}"
+            if not bundle.exists():
+                write_probe_bundle(bundle, echo_model(size), memory_mb=noop.memory_mb or 1769)
+            probe = _Probe(client, url, bundle, transport=transport, settings=settings, memory_mb=noop.memory_mb)
+            try:
+                for _ in range(_WARMUP):
+                    probe.rtt()
+                for k in range(n):
+                    evict()
+                    b = noop.rtt()
+                    evict()
+                    # paired: a burst of load from elsewhere slows both calls, and drops out of their difference
+                    diffs[size].append(probe.rtt() - b)
+                    if progress:
+                        again = f", again ({attempt + 1})" if attempt else ""
+                        progress(f"{transport} transfers ({size // KIB} KiB{again})", i * n + k + 1, total)
+            finally:
+                probe.close()
+        points = tuple((size, max(0.0, _median(d)) / per_round, _median_stderr(d) / per_round)
+                       for size, d in diffs.items())
+        try:
+            cost = fit_transfer([p[0] for p in points], [p[1] for p in points], [p[2] for p in points])
+        except ValueError as e:
+            if attempt == _ATTEMPTS - 1:
+                raise ValueError(f"{e} (after {len(diffs[sizes[0]])} samples per size)") from e
+            log.warning("%s transfers: %s; measuring again", transport, e)
+            continue
+        return TransferFit(transport, cost, points, len(diffs[sizes[0]]))
+    raise AssertionError("unreachable")
+
+
+def measure_cpu_share(client: PlatformClient, url: str, settings: CalibrationSettings, workdir: Path, *,
+                      mb_per_vcpu: float, memory_range: tuple[int, int], progress: Progress | None = None,
+                      ) -> tuple[CpuShare, ...]:
+    """The CPU share's real slow-down: a fixed computation (``compute_n`` x ``compute_layers`` MatMuls)
+    metered at one vCPU (``mb_per_vcpu``, within ``memory_range``) and at each of ``cpu_share_mb``,
+    interleaved so that both see the same machine load; the median metered duration of each.
+
+    This is the hook for the local platform's CPU-share emulation: whatever mechanism the platform uses
+    to give an instance M / mb_per_vcpu of a core shows here as a measured slow-down next to the
+    expected ``mb_per_vcpu / M``; without one, both sizes run on whole cores and measure about 1."""
+    lo, hi = memory_range
+    ref_mb = int(min(hi, max(lo, round(mb_per_vcpu))))
+    sizes = [int(m) for m in settings.cpu_share_mb if lo <= m <= hi and m != ref_mb]
+    if not sizes:
+        return ()
+    bundle = write_probe_bundle(workdir / "compute", compute_model(settings.compute_n, settings.compute_layers),
+                                memory_mb=ref_mb)
+    probes: dict[int, _Probe] = {}
+    times: dict[int, list[float]] = {m: [] for m in (ref_mb, *sizes)}
+    try:
+        for m in times:
+            probes[m] = _Probe(client, url, bundle, transport="inline", settings=settings, memory_mb=m)
+            for _ in range(2):
+                probes[m].rtt()
+        total = settings.cpu_samples * len(times)
+        done = 0
+        for _ in range(settings.cpu_samples):
+            for m, p in probes.items():
+                before = p.usage()
+                p.rtt()
+                after = p.usage()
+                times[m].append(float(after["duration_ms"]) - float(before["duration_ms"]))
+                done += 1
+                if progress:
+                    progress("CPU share (compute probe)", done, total)
+    finally:
+        for p in probes.values():
+            p.close()
+    ref = _median(times[ref_mb])
+    return tuple(CpuShare(m, ref_mb, _median(times[m]), ref, max(1.0, mb_per_vcpu / m), settings.cpu_samples)
+                 for m in sizes)
+
+
+def calibrate_platform(client: PlatformClient, url: str, profile: PlatformProfile,
+                       settings: CalibrationSettings | None = None, *, progress: Progress | None = None,
+                       workdir: Path | None = None) -> Calibration:
+    """Measure the local platform at ``url`` (``client`` talks to it) for ``profile``: see the module
+    docstring. Probe functions have ``profile``'s one-vCPU memory (its ``mb_per_vcpu``, within its
+    memory range) and are removed afterwards. A transport that cannot be timed (no Redis answering) is
+    left out and named in ``skipped``; a fit that fails is too (with its error)."""
+    settings = settings or CalibrationSettings()
+    t_start = time.perf_counter()
+    health = client.health()
+    probe_mb = int(min(profile.memory.max_mb, max(profile.memory.min_mb, round(profile.mb_per_vcpu))))
+    say = progress or (lambda _p, _d, _t: None)
+    with contextlib.ExitStack() as stack:
+        tmp = Path(workdir) if workdir is not None else Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="flatpack-calibrate-")))
+        noop_dir = write_probe_bundle(tmp / "noop", noop_model(), memory_mb=probe_mb)
+        say("deploying the no-op probe", 0, 1)
+        noop = _Probe(client, url, noop_dir, transport="inline", settings=settings, memory_mb=probe_mb)
+        stack.callback(noop.close)
+        for _ in range(_WARMUP):
+            noop.rtt()
+
+        # invoke latency and the billed overhead: warm round trips back to back
+        before = noop.usage()
+        rtts: list[float] = []
+        for i in range(settings.invoke_samples):
+            rtts.append(noop.rtt())
+            say("invoke latency (warm no-op)", i + 1, settings.invoke_samples)
+        after = noop.usage()
+        invocations = int(after["invocations"]) - int(before["invocations"])
+        billed = (float(after["duration_ms"]) - float(before["duration_ms"])) / max(1, invocations)
+        invoke = fit_ex_gaussian(rtts)
+
+        # transfers, per transport
+        transfers: dict[str, TransferFit] = {}
+        skipped: dict[str, str] = {}
+        for transport in settings.transports:
+            sizes = list(settings.sizes)
+            if transport == "inline":
+                sizes = _inline_sizes(sizes, profile.payload_limit_bytes)
+            elif transport == "redis":
+                reason = _redis_reason(settings.redis_url)
+                if reason is not None:
+                    skipped["redis"] = reason
+                    continue
+            elif transport == "shm" and not profile.shared_memory:
+                skipped["shm"] = f"profile {profile.name} says its functions share no memory (shared_memory: false)"
+                continue
+            try:
+                transfers[transport] = measure_transfer(client, url, noop, transport, sizes, settings, tmp, say)
+            except ValueError as e:
+                skipped[transport] = str(e)
+                log.warning("%s transfers not fitted: %s", transport, e)
+
+        # cold starts: register the no-op again (its instance stops), the first call starts a new one
+        cold_extra: list[float] = []
+        init_before = noop.usage()
+        for i in range(settings.cold_starts):
+            noop.redeploy()
+            cold = noop.rtt()
+            warm = _median([noop.rtt() for _ in range(3)])
+            cold_extra.append(max(0.0, cold - warm))
+            say("cold starts", i + 1, settings.cold_starts)
+        init_after = noop.usage()
+        n_cold = int(init_after.get("cold_starts", 0)) - int(init_before.get("cold_starts", 0))
+        init_ms = ((float(init_after.get("init_ms", 0.0)) - float(init_before.get("init_ms", 0.0))) / n_cold
+                   if n_cold > 0 else None)
+
+        cpu = measure_cpu_share(client, url, settings, tmp, mb_per_vcpu=profile.mb_per_vcpu,
+                                memory_range=(profile.memory.min_mb, profile.memory.max_mb), progress=say)
+    rtts_sorted = np.sort(np.asarray(rtts))
+    return Calibration(
+        platform_url=url,
+        platform_profile=str(health.get("profile") or ""),
+        probe_mb=probe_mb,
+        invoke=invoke,
+        invoke_samples=len(rtts),
+        invoke_p50_ms=float(np.percentile(rtts_sorted, 50)),
+        invoke_p99_ms=float(np.percentile(rtts_sorted, 99)),
+        billed_overhead_ms=billed,
+        transfers=transfers,
+        skipped=skipped,
+        cold_start_ms=_median(cold_extra) if cold_extra else None,
+        cold_init_ms=init_ms,
+        cold_starts=len(cold_extra),
+        cpu_share=cpu,
+        seconds=time.perf_counter() - t_start,
+    )
+

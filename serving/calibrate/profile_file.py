@@ -1,0 +1,128 @@
+"""A calibrated platform profile on disk: the base profile with its measured fields replaced.
+
+The file has the schema of ``platforms/*.yaml`` (``platforms.load_profile`` reads it, ``--platform FILE``
+takes it): the base profile's mapping as written, with the fields a calibration measured replaced and
+their ``sources`` saying so (measured by whom, on which host, when, with which flatpack, from how many
+samples). Fields it did not measure keep the base profile's value and source.
+
+Per machine, calibrations are cached under ``$FLATPACK_CACHE_DIR/platforms/<profile>-<host>.yaml``
+(:func:`calibrated_profile_path`); :func:`calibrated_profile` reads that cache.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from functions import settings
+from platforms import PlatformProfile, load_profile, load_profile_data, resolve_profile_path
+from serving.calibrate.measure import Calibration
+from serving.calibrate.provenance import Provenance
+
+__all__ = ["calibrated_profile_data", "calibrated_profile_path", "write_profile"]
+
+_ROUND = 4  # decimals kept of a measured ms or MB/s figure
+
+
+def calibrated_profile_path(name: str, *, host: str | None = None, cache_dir: Path | None = None) -> Path:
+    """Where this machine's calibration of profile ``name`` is cached:
+    ``<cache_dir>/platforms/<name>-<host>.yaml`` (``cache_dir`` defaults to ``$FLATPACK_CACHE_DIR``)."""
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", host or socket.gethostname()) or "host"
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    return (cache_dir or settings.cache_dir()) / "platforms" / f"{stem}-{host}.yaml"
+
+
+def _r(x: float) -> float:
+    return round(float(x), _ROUND)
+
+
+def _deploy_transport(cal: Calibration, profile: PlatformProfile) -> str | None:
+    """The transport whose bandwidth becomes the profile's ``bandwidth_mb_s``: what a deployment to this
+    platform uses by default (shm where functions share memory, else redis), if it was measured."""
+    for name in ("shm", "redis") if profile.shared_memory else ("redis",):
+        if name in cal.transfers:
+            return name
+    return None
+
+
+def _kept(old: Any, measured: Any) -> str:
+    """A source's note on the entries of a mapping kept from the base profile (not measured this time)."""
+    kept = sorted(str(k) for k in (old or {}) if k not in measured)
+    return f"; {', '.join(kept)} kept from the base profile" if kept else ""
+
+
+def calibrated_profile_data(base: str | Path, cal: Calibration, where: Provenance) -> dict[str, Any]:
+    """The mapping of profile ``base`` (name or YAML path) with ``cal``'s figures in place of its own."""
+    data = load_profile_data(base)
+    profile = PlatformProfile.from_dict(data, origin=str(resolve_profile_path(base)))
+    sources = {str(k): str(v) for k, v in (data.get("sources") or {}).items()}
+    by = f"measured by flatpack calibrate on {where.host}, {where.date} (see calibration)"
+    inv = cal.invoke
+    data["invoke_latency_ms"] = {"mu": _r(inv.mu_ms), "sigma": _r(inv.sigma_ms), "tau": _r(inv.tau_ms)}
+    sources["invoke_latency_ms"] = (
+        f"{by}; {cal.invoke_samples} warm round trips of a no-op function ({cal.probe_mb} MB) fitted as an "
+        f"ex-Gaussian by maximum likelihood (scipy.stats.exponnorm); p50 {cal.invoke_p50_ms:.3f} ms, "
+        f"p99 {cal.invoke_p99_ms:.3f} ms")
+    data["billed_overhead_ms"] = _r(cal.billed_overhead_ms)
+    sources["billed_overhead_ms"] = (
+        f"{by}; the billing meter's mean duration of those {cal.invoke_samples} no-op invocations")
+    if cal.transfers:
+        kept = _kept(data.get("transports"), cal.transfers)
+        data["transports"] = {**(data.get("transports") or {}), **{
+            name: {"latency_ms": _r(t.cost.latency_ms), "bandwidth_mb_s": _r(t.cost.bandwidth_mb_s)}
+            for name, t in cal.transfers.items()
+        }}
+        sizes = sorted({p[0] for t in cal.transfers.values() for p in t.points})
+        counts = {t.samples for t in cal.transfers.values()}
+        samples = (str(counts.pop()) if len(counts) == 1
+                   else ", ".join(f"{k} {t.samples}" for k, t in cal.transfers.items()))
+        skipped = "".join(f"; {k} not measured: {v}" for k, v in cal.skipped.items())
+        sources["transports"] = (
+            f"{by}; {', '.join(cal.transfers)}: an echo function's round trips at {len(sizes)} sizes "
+            f"({sizes[0]}..{sizes[-1]} bytes), {samples} per size, each paired with a no-op's, after evicting "
+            f"the caches; median (echo - no-op) / transfers per round, fitted as latency + bytes / bandwidth "
+            f"(least squares weighted by each point's standard error){skipped}{kept}")
+        main = _deploy_transport(cal, profile)
+        if main is not None:
+            data["bandwidth_mb_s"] = _r(cal.transfers[main].cost.bandwidth_mb_s)
+            sources["bandwidth_mb_s"] = f"{by}; the {main} transport's fitted bandwidth (see transports)"
+    if cal.cold_start_ms is not None:
+        data["cold_start_ms"] = _r(cal.cold_start_ms)
+        init = f" (the meter's instance start-up: {cal.cold_init_ms:.1f} ms)" if cal.cold_init_ms is not None else ""
+        sources["cold_start_ms"] = (
+            f"{by}; median over {cal.cold_starts} cold starts (the no-op function registered again) of the "
+            f"first round trip beyond a warm one{init}")
+    if cal.cpu_share:
+        kept = _kept(data.get("cpu_share"), {c.memory_mb for c in cal.cpu_share})
+        data["cpu_share"] = {**(data.get("cpu_share") or {}),
+                             **{c.memory_mb: _r(c.measured_slowdown) for c in cal.cpu_share}}
+        shares = ", ".join(f"{c.memory_mb} MB: x{c.measured_slowdown:.2f} measured, x{c.expected_slowdown:.2f} "
+                           f"expected" for c in cal.cpu_share)
+        ref = cal.cpu_share[0]
+        sources["cpu_share"] = (
+            f"{by}; a fixed computation's median metered time at each memory size over the same at "
+            f"{ref.reference_mb} MB (one vCPU), {ref.samples} invocations each, interleaved ({shares}){kept}")
+    sources["calibration"] = (
+        f"measured by flatpack calibrate: {where.line()}; the local platform at {cal.platform_url} (profile "
+        f"{cal.platform_profile or '?'}); base profile {resolve_profile_path(base)}; took {cal.seconds:.1f} s")
+    data.pop("sources", None)
+    data["sources"] = sources  # last, after any field added above
+    PlatformProfile.from_dict(data, origin="the calibrated profile")  # what is written must load
+    return data
+
+
+def write_profile(path: Path, base: str | Path, cal: Calibration, where: Provenance) -> Path:
+    """Write the calibrated profile (see :func:`calibrated_profile_data`) to ``path``; returns it."""
+    data = calibrated_profile_data(base, cal, where)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = (f"# Platform profile {data['name']!r} calibrated by `flatpack calibrate` on {where.host}, {where.date}\n"
+              f"# from {resolve_profile_path(base)}: measured fields replace the base profile's (see sources).\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(header + yaml.safe_dump(data, sort_keys=False, width=120, allow_unicode=True))
+    tmp.replace(path)
+    load_profile(path)
+    return path

@@ -1,0 +1,70 @@
+"""Where and when a calibration was taken: host, date, flatpack's version and commit, this machine."""
+
+from __future__ import annotations
+
+import os
+import platform as _platform
+import socket
+import subprocess
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Provenance", "git_commit"]
+
+# the checkout: the directory above the ``serving`` package
+_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def git_commit(root: Path = _ROOT) -> str | None:
+    """Short commit of the checkout flatpack runs from, with ``+dirty`` for uncommitted changes to tracked
+    files; None when it does not run from a git checkout (an installed wheel)."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,  # noqa: S607
+                             check=False, timeout=5, cwd=root).stdout.strip()
+        if not rev:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,  # noqa: S607
+                               text=True, check=False, timeout=5, cwd=root).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{rev}+dirty" if dirty else rev
+
+
+def _version() -> str:
+    try:
+        return metadata.version("flatpack")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    host: str
+    date: str  # ISO 8601, UTC, to the second
+    flatpack_version: str
+    commit: str | None
+    cpus: int
+    python: str
+    load_1m: float | None = None  # the machine's 1-minute load average: above ``cpus``, others were busy too
+
+    @classmethod
+    def here(cls) -> Provenance:
+        try:
+            load: float | None = os.getloadavg()[0]
+        except OSError:
+            load = None
+        return cls(socket.gethostname(), datetime.now(UTC).isoformat(timespec="seconds"), _version(), git_commit(),
+                   os.cpu_count() or 1, _platform.python_version(), load)
+
+    def line(self) -> str:
+        """``host H (N CPUs, load L), date, flatpack V (commit C)``."""
+        commit = f", commit {self.commit}" if self.commit else ""
+        load = f", load {self.load_1m:.1f}" if self.load_1m is not None else ""
+        return f"host {self.host} ({self.cpus} CPUs{load}), {self.date}, flatpack {self.flatpack_version}{commit}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "date": self.date, "flatpack_version": self.flatpack_version,
+                "commit": self.commit, "cpus": self.cpus, "python": self.python, "load_1m": self.load_1m}

@@ -1,0 +1,172 @@
+"""`flatpack calibrate` against a real local platform (in this process): the profile it writes loads,
+says what was measured, and is what `flatpack plan --platform FILE` plans with."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import socket
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from platforms import PlatformProfile, load_profile, load_profile_data
+
+pytest.importorskip("fastapi", reason="calibrate runs the local platform: flatpack[server]")
+
+from serving.calibrate import (  # noqa: E402
+    CalibrationResult,
+    CalibrationSettings,
+    calibrate,
+    calibrated_profile,
+    calibrated_profile_path,
+)
+from serving.calibrate.fit import MIB  # noqa: E402
+from serving.cli import main  # noqa: E402
+
+KIB = 2**10
+
+
+@pytest.fixture(scope="module")
+def calibrated(platform: object, shm_root: Path, tmp_path_factory: pytest.TempPathFactory) -> CalibrationResult:
+    """One calibration with few samples, three sizes up to 4 MiB (so that a loaded machine's noise cannot
+    hide the bytes' time), inline and shm, a small compute probe."""
+    settings = CalibrationSettings(invoke_samples=20, transfer_samples=7, cold_starts=1, cpu_samples=3,
+                                   sizes=(4 * KIB, 1 * MIB, 4 * MIB), transports=("inline", "shm"), compute_n=64,
+                                   compute_layers=4, evict_bytes=4 * MIB, shm_dir=shm_root)
+    out = tmp_path_factory.mktemp("calibrate") / "local-test.yaml"
+    return calibrate("local", output=out, url=platform.url, settings=settings)  # type: ignore[attr-defined]
+
+
+def test_the_profile_loads_and_says_what_was_measured(calibrated: CalibrationResult) -> None:
+    prof = load_profile(calibrated.path)
+    base = load_profile("local")
+    assert prof.name == "local"
+    inv = prof.invoke_latency
+    assert all(math.isfinite(v) for v in (inv.mu_ms, inv.sigma_ms, inv.tau_ms))
+    assert inv.mean_ms > 0 and inv.sigma_ms >= 0 and inv.tau_ms >= 0
+    # the fit describes the round trips it was fitted to
+    assert 0.2 * calibrated.calibration.invoke_p50_ms < inv.mean_ms < 5 * calibrated.calibration.invoke_p50_ms
+    assert prof.billed_overhead_ms > 0
+    assert set(prof.transports) == {"inline", "shm"}, calibrated.calibration.skipped
+    assert all(t.latency_ms >= 0 and t.bandwidth_mb_s > 0 for t in prof.transports.values())
+    assert prof.bandwidth_mb_s == prof.transports["shm"].bandwidth_mb_s  # the local deploy's transport
+    assert prof.cold_start_ms is not None and prof.cold_start_ms >= 0
+    assert set(prof.cpu_share) == {512} and prof.cpu_share[512] > 0
+    for field in ("invoke_latency_ms", "billed_overhead_ms", "transports", "bandwidth_mb_s", "cold_start_ms",
+                  "cpu_share"):
+        assert prof.sources[field].startswith("measured by flatpack calibrate on "), field
+    where = prof.sources["calibration"]
+    assert socket.gethostname() in where and calibrated.provenance.date in where and "flatpack " in where
+    assert "20 warm round trips" in prof.sources["invoke_latency_ms"]
+    per_size = re.search(r"(\d+) per size", prof.sources["transports"])
+    assert per_size is not None and int(per_size.group(1)) >= 7  # more when a loaded machine made it measure again
+    # what was not measured is the base profile's, source and all
+    assert (prof.price_per_gb_s, prof.memory, prof.mb_per_vcpu, prof.payload_limit_bytes) == (
+        base.price_per_gb_s, base.memory, base.mb_per_vcpu, base.payload_limit_bytes)
+    assert prof.sources["price_per_gb_s"] == base.sources["price_per_gb_s"]
+
+
+def test_the_probe_functions_are_removed(calibrated: CalibrationResult, platform: object) -> None:
+    from serving.platform.client import PlatformClient
+
+    names = [f["name"] for f in PlatformClient(calibrated.calibration.platform_url).functions()]
+    assert not [n for n in names if n.startswith("cal")], names
+
+
+def test_old_profiles_load_without_the_measured_fields() -> None:
+    prof = load_profile("aws-lambda")
+    assert prof.transports == {} and prof.cold_start_ms is None and prof.cpu_share == {}
+
+
+def _tiny_model(path: Path) -> Path:
+    """Conv(3->8, 3x3) + Relu: enough for a plan."""
+    w = np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+         helper.make_node("Relu", ["c"], ["y"])], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+        initializer=[numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+def test_plan_takes_the_calibrated_file(calibrated: CalibrationResult, tmp_path: Path) -> None:
+    model = _tiny_model(tmp_path / "tiny.onnx")
+    runs = {}
+    for name in ("local", str(calibrated.path)):
+        r = CliRunner().invoke(main, ["plan", str(model), "--platform", name, "--transport", "shm",
+                                      "--profile", "flops", "--json"])
+        assert r.exit_code == 0, r.output
+        runs[name] = json.loads(r.output)
+    mine, default = runs[str(calibrated.path)], runs["local"]
+    assert mine["platform"] == str(calibrated.path)
+    assert mine["latency_ms"] != default["latency_ms"]
+
+    # and the performance model holds the calibrated figures
+    from partitioner.graph import LayerGraph
+    from partitioner.planner import PlanRequest, make_perfmodel
+
+    prof = load_profile(calibrated.path)
+    pm, _, _ = make_perfmodel(LayerGraph.load(model), PlanRequest(platform=str(calibrated.path), transport="shm",
+                                                                   profile="flops"))
+    inv = prof.invoke_latency
+    assert (pm.platform.invoke.mu, pm.platform.invoke.sigma, pm.platform.invoke.tau) == (
+        inv.mu_ms, inv.sigma_ms, inv.tau_ms)
+    assert pm.platform.billed_overhead_ms == prof.billed_overhead_ms
+    assert pm.platform.bandwidth_mb_s == prof.bandwidth_mb_s == prof.transports["shm"].bandwidth_mb_s
+
+
+def test_calibrated_profile_reads_this_machines_cache(calibrated: CalibrationResult, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
+    assert calibrated_profile("local") is None
+    path = calibrated_profile_path("local")
+    assert path.parent == tmp_path / "cache" / "platforms" and socket.gethostname().split(".")[0] in path.name
+    path.parent.mkdir(parents=True)
+    shutil.copy(calibrated.path, path)
+    cached = calibrated_profile("local")
+    assert isinstance(cached, PlatformProfile)
+    assert cached.invoke_latency == load_profile(calibrated.path).invoke_latency
+
+
+def test_a_recalibration_starts_from_a_calibrated_file(calibrated: CalibrationResult, platform: object,
+                                                       shm_root: Path, tmp_path: Path) -> None:
+    """--platform FILE of an earlier calibration: measured fields replaced again, the rest kept."""
+    settings = CalibrationSettings(invoke_samples=5, transfer_samples=3, cold_starts=0, cpu_samples=3,
+                                   sizes=(4 * KIB, 4 * MIB), transports=("inline",), cpu_share_mb=(),
+                                   evict_bytes=0, shm_dir=shm_root)
+    again = calibrate(calibrated.path, output=tmp_path / "again.yaml", url=platform.url,  # type: ignore[attr-defined]
+                      settings=settings)
+    data = load_profile_data(again.path)
+    assert "5 warm round trips" in data["sources"]["invoke_latency_ms"]
+    first, second = load_profile(calibrated.path), load_profile(again.path)
+    # not measured this time: kept
+    assert second.cold_start_ms == first.cold_start_ms and second.cpu_share == first.cpu_share
+    assert second.transports["shm"] == first.transports["shm"] and second.bandwidth_mb_s == first.bandwidth_mb_s
+    assert second.transports["inline"] != first.transports["inline"]
+
+
+def test_cli_refuses_a_cloud_platform() -> None:
+    r = CliRunner().invoke(main, ["calibrate", "--platform", "aws-lambda"])
+    assert r.exit_code != 0
+    assert "calibrate supports the local platform" in r.output and "aws-lambda" in r.output
+
+
+def test_cli_names_a_platform_that_does_not_answer(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = CliRunner().invoke(main, ["calibrate", "--url", f"http://127.0.0.1:{port}", "-o", str(tmp_path / "x.yaml")])
+    assert r.exit_code != 0
+    assert "no local platform answers" in r.output and "flatpack platform start" in r.output
+    assert not (tmp_path / "x.yaml").exists()

@@ -1,0 +1,78 @@
+"""The calibration's pieces without a platform: the fits, the probe bundles, the settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from functions.bundle import Bundle
+from serving.calibrate import CalibrationSettings
+from serving.calibrate.fit import MIB, fit_ex_gaussian, fit_transfer
+from serving.calibrate.probes import compute_model, echo_model, noop_model, write_probe_bundle
+
+
+def test_ex_gaussian_fit_recovers_its_parameters() -> None:
+    rng = np.random.default_rng(7)
+    x = rng.normal(1.0, 0.1, 4000) + rng.exponential(0.5, 4000)
+    fit = fit_ex_gaussian(x.tolist())
+    assert fit.mu_ms == pytest.approx(1.0, rel=0.05)
+    assert fit.sigma_ms == pytest.approx(0.1, rel=0.15)
+    assert fit.tau_ms == pytest.approx(0.5, rel=0.08)
+
+
+def test_ex_gaussian_fit_needs_samples() -> None:
+    with pytest.raises(ValueError, match="at least 3 round trips"):
+        fit_ex_gaussian([1.0, 1.1])
+    same = fit_ex_gaussian([2.0] * 5)
+    assert (same.mu_ms, same.sigma_ms, same.tau_ms) == (2.0, 0.0, 0.0)
+
+
+def test_transfer_fit_recovers_latency_and_bandwidth() -> None:
+    sizes = [4096, 65536, MIB, 4 * MIB, 16 * MIB]
+    ms = [0.1 + s / (5000 * MIB) * 1e3 for s in sizes]
+    cost = fit_transfer(sizes, ms)
+    assert cost.latency_ms == pytest.approx(0.1, rel=1e-6)
+    assert cost.bandwidth_mb_s == pytest.approx(5000, rel=1e-6)
+
+
+def test_transfer_fit_keeps_latency_non_negative_and_refuses_nonsense() -> None:
+    cost = fit_transfer([4096, MIB, 4 * MIB], [0.0, 0.9, 4.2])
+    assert cost.latency_ms == 0.0 and cost.bandwidth_mb_s > 0
+    with pytest.raises(ValueError, match="does not grow with size"):
+        fit_transfer([4096, MIB], [1.0, 0.5])
+    with pytest.raises(ValueError, match="at least two sizes"):
+        fit_transfer([4096, 4096], [1.0, 1.1])
+
+
+def _run(bundle: Path, x: np.ndarray) -> np.ndarray:
+    sess = ort.InferenceSession(str(bundle / "parts" / "s00_p00.onnx"), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+def test_probe_bundles_are_valid_bundles(tmp_path: Path) -> None:
+    for name, model in (("noop", noop_model()), ("echo", echo_model(4096)), ("compute", compute_model(32, 3))):
+        b = Bundle.load(write_probe_bundle(tmp_path / name, model, memory_mb=512))  # checks the manifest's hashes
+        assert [f.memory_mb for f in b.plan.functions] == [512]
+        assert b.plan.stages[0].parts[0].function == b.plan.master
+    x = np.random.default_rng(0).standard_normal((1, 1024)).astype(np.float32)
+    np.testing.assert_array_equal(_run(tmp_path / "echo", x), x)
+    c = np.random.default_rng(0).standard_normal((32, 32)).astype(np.float32)
+    y = _run(tmp_path / "compute", c)
+    # orthogonal weights keep the norm: the probe's work does not overflow whatever its length
+    assert np.linalg.norm(y) == pytest.approx(np.linalg.norm(c), rel=1e-3)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        echo_model(4097)
+
+
+def test_settings_scale_from_one_figure_and_check_their_values() -> None:
+    s = CalibrationSettings.from_samples(200)
+    assert (s.invoke_samples, s.transfer_samples, s.cold_starts, s.cpu_samples) == (200, 20, 5, 10)
+    small = CalibrationSettings.from_samples(10, transports=("shm",))
+    assert (small.transfer_samples, small.cold_starts, small.cpu_samples, small.transports) == (3, 2, 3, ("shm",))
+    with pytest.raises(ValueError, match="cannot calibrate transport"):
+        CalibrationSettings(transports=("s3",))
+    with pytest.raises(ValueError, match="invoke_samples must be at least 3"):
+        CalibrationSettings(invoke_samples=2)

@@ -102,6 +102,26 @@ def _announce(r: DeploymentRecord) -> None:
     console.print(f"try: flatpack invoke {r.name} --input random    stop: flatpack undeploy {r.name}")
 
 
+def _calibrated_local(recalibrate: bool) -> str:
+    """This machine's calibrated local profile (a YAML path), measured now if there is none yet."""
+    from serving.calibrate import calibrate, calibrated_profile_path
+
+    path = calibrated_profile_path("local")
+    if path.is_file() and not recalibrate:
+        return str(path)
+    with err_console.status("calibrating the local platform (once per machine; `flatpack calibrate` to redo it)"
+                            ) as st:
+        try:
+            result = calibrate("local", samples=60,
+                               progress=lambda m, done, total: st.update(f"calibrating: {m} ({done}/{total})"))
+        except (OSError, ValueError, RuntimeError) as e:
+            err_console.print(f"[yellow]calibrating the local platform failed ({e}); planning with the published "
+                              f"local profile[/]")
+            return "local"
+    err_console.print(f"calibrated the local platform: {result.path}")
+    return str(result.path)
+
+
 @click.command("deploy")
 @click.argument("model")
 @plan_options
@@ -133,11 +153,16 @@ def _announce(r: DeploymentRecord) -> None:
 @click.option("--backend", type=click.Choice(["onnxruntime", "mxnet"]), default="onnxruntime", show_default=True,
               help="What runs the parts (mxnet: locally its own environment, made on first use; on Lambda a "
                    "container image; on OpenFaaS an image with MXNet).")
+@click.option("--calibrate/--no-calibrate", "calibrate_platform", default=True, show_default=True,
+              help="local: plan with this machine's calibrated local profile (measured once per machine by "
+                   "`flatpack calibrate`, cached); --no-calibrate plans with the published local.yaml.")
+@click.option("--recalibrate", is_flag=True, help="local: measure the platform again before planning.")
 def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str, memory: str,
                max_group: int, profile_mode: str, input_shapes: tuple[str, ...], target: str, platform: str | None,
                transport: str | None, name: str | None, host: str, port: int, detach: bool, keep_warm: float,
                dry_run: bool, out_dir: str | None, region: str | None, endpoint_url: str | None,
-               gateway: str | None, no_vendor: bool, compress: str, backend: str) -> None:
+               gateway: str | None, no_vendor: bool, compress: str, backend: str, calibrate_platform: bool,
+               recalibrate: bool) -> None:
     """Plan MODEL (a file or zoo name), export verified parts, start its functions and serve an endpoint.
 
     With --target lambda or openfaas: render the service (one function per plan function) and deploy it
@@ -148,6 +173,8 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     from serving.deploy.local import prepare
     from serving.deploy.state import DeploymentRecord
 
+    if target == "local" and platform is None and (calibrate_platform or recalibrate):
+        platform = _calibrated_local(recalibrate)
     platform = platform or {"local": "local", "lambda": "aws-lambda", "openfaas": "openfaas"}[target]
     transport = transport or ("shm" if target == "local" else "inline")
     if target == "local" and (dry_run or out_dir or gateway or endpoint_url or region):

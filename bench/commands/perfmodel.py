@@ -18,11 +18,12 @@ def _print(result: PerfModelResult) -> None:
     from serving.console import console
 
     table = Table(title="performance model vs local platform (median of warm requests)")
-    for col in ("model", "plan", "transport", "parts", "predicted ms", "measured ms", "error", "GB-s pred",
+    for col in ("model", "plan", "transport", "MB", "parts", "predicted ms", "measured ms", "error", "GB-s pred",
                 "GB-s meas", "error"):
         table.add_column(col)
     for r in result.plans:
-        table.add_row(r.model, r.plan, r.transport, str(r.parts), f"{r.predicted_ms:.1f}", f"{r.measured_ms:.1f}",
+        table.add_row(r.model, r.plan, r.transport, str(r.memory_mb), str(r.parts), f"{r.predicted_ms:.1f}",
+                      f"{r.measured_ms:.1f}",
                       f"{r.latency_error:.1%}", f"{r.predicted_gb_s:.5f}", f"{r.measured_gb_s:.5f}",
                       f"{r.cost_error:.1%}" if r.cost_error is not None else "-")
     console.print(table)

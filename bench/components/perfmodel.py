@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import statistics
 import tempfile
@@ -42,6 +43,7 @@ CASES: list[tuple[str, BuildKwargs, list[tuple[str, str, str]]]] = [
         ("single", "0-:none", "shm"),
         ("lo-2way", "lo", "shm"),
         ("spatial-2x1", "0-3:spatial=2x1,4-:none", "shm"),
+        ("spatial-2x2", "0-3:spatial=2x2,4-:none", "shm"),
         ("spatial-2x1-redis", "0-3:spatial=2x1,4-:none", "redis"),
     ]),
     ("resnet18", {"width_div": 2, "input_size": 64}, [
@@ -57,6 +59,9 @@ CASES: list[tuple[str, BuildKwargs, list[tuple[str, str, str]]]] = [
     ]),
 ]
 MEMORY_MB = 1769  # one vCPU per function on the local profile
+# every plan runs with all its functions at each size: one vCPU, and 0.29 vCPU (the local platform's emulated
+# share: cgroup quota or dilation, serving.platform.cpu), where a plan's fan-out and overheads cost 3.5x
+MEMORIES = (MEMORY_MB, 512)
 
 
 def fit_invoke_latency(samples_ms: list[float]) -> tuple[float, float, float]:
@@ -72,11 +77,11 @@ class _NoopProbe:
     the meter's duration of one is what the platform bills beyond the work itself. Probed between a
     plan's requests, so prediction and measurement see the same machine load."""
 
-    def __init__(self, local: Any, tmp: Path) -> None:
+    def __init__(self, local: Any, tmp: Path, memory_mb: int = MEMORY_MB) -> None:
         from serving.platform.deploy import deploy_bundle
         from serving.platform.master_client import MasterClient
 
-        bundle = noop_bundle(tmp / "noop", master_mb=MEMORY_MB)
+        bundle = noop_bundle(tmp / f"noop-{memory_mb}", master_mb=memory_mb)
         self.local = local
         self.dep = deploy_bundle(local.client, bundle, transport="inline")
         self.client = MasterClient(self.dep, local.url, timeout_s=30)
@@ -112,6 +117,7 @@ class PlanCheck:
     model: str
     plan: str
     transport: str
+    memory_mb: int
     stages: int
     parts: int
     predicted_ms: float
@@ -139,7 +145,8 @@ class PlanCheck:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "model": self.model, "plan": self.plan, "transport": self.transport, "stages": self.stages,
+            "model": self.model, "plan": self.plan, "transport": self.transport, "memory_mb": self.memory_mb,
+            "stages": self.stages,
             "parts": self.parts, "predicted_ms": round(self.predicted_ms, 3), "measured_ms": round(self.measured_ms, 3),
             "latency_error": self.latency_error, "predicted_gb_s": self.predicted_gb_s,
             "measured_gb_s": self.measured_gb_s, "cost_error": self.cost_error,
@@ -188,7 +195,8 @@ class PerfModelResult:
         }
 
 
-def run_perfmodel(*, n: int = 30, quick: bool = False, say: Callable[[str], None] | None = None) -> PerfModelResult:
+def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] = MEMORIES,
+                  say: Callable[[str], None] | None = None) -> PerfModelResult:
     """Every plan of :data:`CASES` (the first two models with ``quick``) deployed and timed ``n`` times, and
     predicted with the platform facts probed between its requests (see the module docstring)."""
     from functions.bundle import Bundle
@@ -213,14 +221,19 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, say: Callable[[str], None
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flatpack-perf-")))
         local = stack.enter_context(LocalPlatform(PlatformConfig.from_env(port=0)))
-        probe = _NoopProbe(local, tmp)
-        stack.callback(probe.close)
+        probes = {mb: _NoopProbe(local, tmp, mb) for mb in memories}
+        for p in probes.values():
+            stack.callback(p.close)
         base_facts = PlatformFacts.from_profile(load_profile("local"))
-        for _ in range(50):
-            probe()
-        first, noop_ms = probe.take()
-        facts = _facts(base_facts, first, noop_ms)
-        all_samples = list(first)
+        facts: dict[int, Any] = {}
+        all_samples: list[float] = []
+        for mb, p in probes.items():
+            for _ in range(50):
+                p()
+            first, noop_ms = p.take()
+            facts[mb] = _facts(base_facts, first, noop_ms)
+            if mb == MEMORY_MB:
+                all_samples += first
         for model, opts, plans in cases:
             path = build_to_file(model, tmp / f"{model}.onnx", **opts)
             lg = LayerGraph.load(path)
@@ -228,22 +241,22 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, say: Callable[[str], None
             calib = make_session(tmp / f"{model}-normalized.onnx", intra_op_threads=1)  # as a 1769 MB function
             feeds = random_inputs(lg.model, 0)
             calib.run(None, feeds)
-            for label, spec, transport in plans:
+            for (label, spec, transport), mb in itertools.product(plans, memories):
+                probe = probes[mb]
                 # unit times from the (cached) profile, scaled to whole-model timings taken now (two threads)
                 # and between the plan's requests (one thread), so prediction and runs see the same machine
                 cm, source = compute_model(lg, "measure", fresh=True)
-                out = tmp / f"{model}-{label}"
+                out = tmp / f"{model}-{label}-{mb}"
                 if spec == "lo":
-                    req = PlanRequest(mode="lo", platform="local", memory=MEMORY_MB, max_group=4, transport=transport)
-                    result = solve(lg, req, pm=PerfModel(lg, facts, cm, transport=transport))
+                    req = PlanRequest(mode="lo", platform="local", memory=mb, max_group=4, transport=transport)
+                    result = solve(lg, req, pm=PerfModel(lg, facts[mb], cm, transport=transport))
                     choices = list(result.choices)
                     export_solution(lg, result, req, out)
                 else:
                     stages = parse_stages(spec, len(lg.units))
-                    choices = [StageChoice(a, b, s, True, MEMORY_MB) for a, b, s in stages]
-                    export_bundle(lg, stages, out, placements=[Placement(True, MEMORY_MB)] * len(stages),
-                                  master_mb=MEMORY_MB)
-                say(f"{model} {label}: deploying {len(choices)} stage(s)")
+                    choices = [StageChoice(a, b, s, True, mb) for a, b, s in stages]
+                    export_bundle(lg, stages, out, placements=[Placement(True, mb)] * len(stages), master_mb=mb)
+                say(f"{model} {label} at {mb} MB: deploying {len(choices)} stage(s)")
                 dep = deploy_bundle(local.client, out, transport=transport)
                 client = MasterClient(dep, local.url, timeout_s=60)
                 b = Bundle.load(out)
@@ -268,21 +281,22 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, say: Callable[[str], None
                     client.close()
                     dep.remove()
                 # the model's platform facts for this plan: invoke latency and billed overhead probed
-                # between its requests
+                # between its requests, at its memory size
                 samples, noop_ms = probe.take()
-                all_samples += samples
-                facts = _facts(base_facts, samples, noop_ms)
+                if mb == MEMORY_MB:
+                    all_samples += samples
+                facts[mb] = _facts(base_facts, samples, noop_ms)
                 # and the one-thread unit times scaled to whole-model runs taken between its requests
                 cm, source = scale_to_whole(cm, {1: statistics.median(whole)})
-                pm = PerfModel(lg, facts, cm, transport=transport)
-                est = pm.estimate(choices, MEMORY_MB)
-                predicted_gb_s = (est.cost_usd - (1 + _worker_invocations(pm, choices, MEMORY_MB))
-                                  * facts.price_request) / facts.price_gb_s
+                pm = PerfModel(lg, facts[mb], cm, transport=transport)
+                est = pm.estimate(choices, mb)
+                predicted_gb_s = (est.cost_usd - (1 + _worker_invocations(pm, choices, mb))
+                                  * facts[mb].price_request) / facts[mb].price_gb_s
                 rows.append(PlanCheck(
-                    model, label, transport, len(choices), sum(c.split.degree for c in choices), est.latency_ms,
-                    statistics.median(lat), predicted_gb_s, (after - before) / n, dict(est.memory_mb),
-                    {k: rss[k] for k in est.memory_mb if k in rss},
-                    (facts.invoke.mu, facts.invoke.sigma, facts.invoke.tau), noop_ms, source))
+                    model, label, transport, mb, len(choices), sum(c.split.degree for c in choices),
+                    est.latency_ms, statistics.median(lat), predicted_gb_s, (after - before) / n,
+                    dict(est.memory_mb), {k: rss[k] for k in est.memory_mb if k in rss},
+                    (facts[mb].invoke.mu, facts[mb].invoke.sigma, facts[mb].invoke.tau), noop_ms, source))
     return PerfModelResult(tuple(rows), tuple(all_samples))
 
 

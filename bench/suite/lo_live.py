@@ -73,9 +73,9 @@ class LambdaRow:
 
 
 def _max_degree(memory_mb: int, mb_per_vcpu: float, cores: int) -> int:
-    """Parts that run at once within this machine's cores, the master's included."""
+    """Parts that run at once within this machine's cores (the master runs one of them, or it waits)."""
     vcpu = min(1.0, memory_mb / mb_per_vcpu)
-    return max(1, math.floor(cores / vcpu + 1e-9) - 1)
+    return max(1, math.floor(cores / vcpu + 1e-9))
 
 
 def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: int, max_group: int | None,

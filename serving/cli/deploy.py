@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
@@ -199,6 +199,9 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     lg = LayerGraph.load(path)
     pm, _, _ = make_perfmodel(lg, request, compute=None)
     print_solution(lg, result, request, source, pm)
+    picture = _draw(lg, result, Path(bundle) / "plan.png")
+    if picture is not None:
+        console.print(f"plan picture: {picture}")
     from serving.cli.backend import require_backend
 
     require_backend(backend, bundle=bundle, local=target == "local")
@@ -216,6 +219,17 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     if backend != "onnxruntime":
         record.options["backend"] = backend
     _start(record, detach, keep_warm)
+
+
+def _draw(lg: Any, result: Any, path: Path) -> Path | None:
+    """The plan's picture (units, stages, splits) at ``path``; None where matplotlib is not installed."""
+    try:
+        from partitioner.plot import plot_plan
+
+        plot_plan(lg, result, path)
+    except ImportError:
+        return None
+    return path
 
 
 def _compression(spec: str) -> str:

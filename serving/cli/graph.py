@@ -99,16 +99,24 @@ def inspect_cmd(model: str, input_shapes: tuple[str, ...], as_json: bool) -> Non
               help="Max relative error the parts may show.")
 @click.option("--backend", type=click.Choice(["onnxruntime", "mxnet"]), default="onnxruntime", show_default=True,
               help="Write parts this backend imports (mxnet: opset 13, initializers as inputs; refuses ops it lacks).")
+@click.option("--memory", "memory_mb", type=click.IntRange(128, 10240), default=None,
+              help="Memory (MB) of every function of the plan (default: what the model needs).")
 def export_cmd(model: str, stages: str, out: str, input_shapes: tuple[str, ...], tolerance: float,
-               backend: str) -> None:
+               backend: str, memory_mb: int | None) -> None:
     """Cut MODEL into per-part ONNX files as --stages says, verify them, and write a bundle."""
     from partitioner.export import export_bundle
 
     with _user_errors():
         lg = _load(model, input_shapes)
         with _err.status("exporting") as status:
+            placements = None
+            if memory_mb is not None:
+                from partitioner.export import Placement
+                from partitioner.spec import parse_stages
+
+                placements = [Placement(True, memory_mb)] * len(parse_stages(stages, len(lg.units)))
             path = export_bundle(lg, stages, out, tolerance=tolerance, progress=lambda msg: status.update(msg),
-                                 backend=backend)
+                                 backend=backend, master_mb=memory_mb, placements=placements)
     from functions.bundle import Bundle
 
     b = Bundle.load(path)

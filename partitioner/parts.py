@@ -13,19 +13,20 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from functions.plan import PartInput, Split, TensorSpec
+from functions.plan import Family, PartInput, Split, TensorSpec
 from partitioner.errors import NotSplittable
 from partitioner.graph import LayerGraph
 from partitioner.regions import Box, even_ranges, full, is_full, shape_of, union
 from partitioner.rules import _SKIP, Backward, EmitConst, NodeCtx, Rule, _copy, rule_for
 
-__all__ = ["CutStage", "PartCost", "PartModel", "StageCut", "cut_stage", "extract_model"]
+__all__ = ["CutStage", "PartCost", "PartModel", "PartSpec", "StageCosts", "StageCut", "cut_stage", "extract_model"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,39 @@ class StageCut:
     whole: onnx.ModelProto | None = None  # the unsplit stage (only for join "none")
 
 
+@dataclass(frozen=True)
+class PartSpec:
+    """What one part of a split computes before any sketch: the box of each tensor it must produce
+    (``targets``) from ``nodes``, rules that replace an op's own (``override``, named by ``override_key``),
+    and the heavy ops allowed to run whole in every part (``exempt``)."""
+
+    nodes: Sequence[int]
+    targets: dict[str, Box]
+    exempt: frozenset[int]
+    override: dict[int, Rule] | None = None
+    override_key: tuple = ()
+
+
+@dataclass(frozen=True)
+class _Reduction:
+    """A reduction or heads split worked out for one stage: the op it cuts, its epilogue, its parts."""
+
+    op: int
+    family: Family
+    degree: int
+    epilogue_nodes: list[int]
+    bias: np.ndarray | None
+    specs: list[PartSpec]
+
+
+# (the op a reduction split cuts, K, its alignment, the nodes before it, the epilogue's nodes, its bias)
+_ReductionFacts = tuple[int, int, int, list[int], list[int], np.ndarray | None]
+
+
+def _is_whole(split: Split) -> bool:
+    return split.family == "none" or split.degree == 1 and split.family != "reduction"
+
+
 class CutStage:
     """Cuts units ``first..last`` of a layer graph. One instance per stage; options are tried on it."""
 
@@ -78,6 +112,7 @@ class CutStage:
         self.nodes = lg.stage_nodes(first, last)
         self.inputs = tuple(lg.external_inputs(self.nodes))
         self._opset = next((i.version for i in lg.model.opset_import if i.domain in ("", "ai.onnx")), 17)
+        self._reduction_cache: _ReductionFacts | NotSplittable | None = None
 
     # -- layout -------------------------------------------------------------------------------
 
@@ -92,14 +127,17 @@ class CutStage:
         """(channel axis, spatial axes) of the stage output."""
         shape = self.lg.tensors[self.output].shape
         rank = len(shape)
-        has_conv = any(self.lg.nodes[i].op_type in ("Conv", "MaxPool", "AveragePool") for i in self.nodes)
         if rank >= 4:
             return 1, (2, 3)
         if rank == 3:
-            return (1, (2,)) if has_conv else (2, (1,))
+            return (1, (2,)) if self._has_conv else (2, (1,))
         if rank == 2:
             return 1, (0,)
         return None, ()
+
+    @cached_property
+    def _has_conv(self) -> bool:
+        return any(self.lg.nodes[i].op_type in ("Conv", "MaxPool", "AveragePool") for i in self.nodes)
 
     def boxes(self, split: Split) -> list[Box]:
         """Output boxes of the parts of a spatial or channel split, in part order (row-major tiles)."""
@@ -148,41 +186,57 @@ class CutStage:
 
     def costs(self, split: Split) -> list[PartCost]:
         """Per-part work and bytes of ``split`` (from the region sketches; nothing is built)."""
-        lg = self.lg
-        if split.family == "none" or split.degree == 1 and split.family != "reduction":
-            nodes = self.nodes
-            weights = {x for i in nodes for x in lg.nodes[i].input if x and lg.is_initializer(x)}
-            return [PartCost(
-                flops=sum(lg.node_flops(lg.nodes[i]) for i in nodes),
-                weight_bytes=sum(lg.tensors[w].nbytes for w in weights),
-                input_bytes=sum(lg.tensors[x].nbytes for x in self.inputs),
-                output_bytes=sum(lg.tensors[o].nbytes for o in self.outputs),
-                activation_bytes=sum(lg.tensors[o].nbytes for i in nodes for o in lg.nodes[i].output if o),
-            )]
-        sketches: list[_Sketch] = []
-        self.cut(split, dry_run=True, collect=sketches)
-        return [_sketch_cost(lg, sk) for sk in sketches]
+        if _is_whole(split):
+            return [self.whole_cost()]
+        out = []
+        for spec in self.part_specs(split):
+            sk = _sketch(self.lg, spec.nodes, spec.targets, self._opset, spec.override)
+            self._check_divides(sk, exempt=spec.exempt)
+            out.append(_sketch_cost(self.lg, sk))
+        return out
 
-    def cut(self, split: Split, *, dry_run: bool = False, collect: list | None = None) -> StageCut:
-        if split.family == "none" or split.degree == 1 and split.family != "reduction":
-            return self._whole(split) if not dry_run else _DRY
+    def whole_cost(self) -> PartCost:
+        """The work and bytes of the stage run unsplit."""
+        lg = self.lg
+        nodes = self.nodes
+        weights = {x for i in nodes for x in lg.nodes[i].input if x and lg.is_initializer(x)}
+        return PartCost(
+            flops=sum(lg.flops_of(i) for i in nodes),
+            weight_bytes=sum(lg.tensors[w].nbytes for w in weights),
+            input_bytes=sum(lg.tensors[x].nbytes for x in self.inputs),
+            output_bytes=sum(lg.tensors[o].nbytes for o in self.outputs),
+            activation_bytes=sum(lg.tensors[o].nbytes for i in nodes for o in lg.nodes[i].output if o),
+        )
+
+    def part_specs(self, split: Split) -> list[PartSpec]:
+        """What each part of a split computes, before any sketch: raises NotSplittable where the stage's
+        layout rules ``split`` out (several outputs, no such axis, a reduction family that is not the
+        stage's); a sketch can still find it inadmissible."""
         if split.family in ("spatial", "channel"):
             out = self.output
-            parts = []
-            for box in self.boxes(split):
-                sk = _sketch(self.lg, self.nodes, {out: box}, self._opset)
-                self._check_divides(sk, exempt=set())
-                if collect is not None:
-                    collect.append(sk)
-                if not dry_run:
-                    parts.append(_build(self.lg, sk, {out: box}, self._opset))
-            if dry_run:
-                return _DRY
-            spec = self._spec(out)
-            return StageCut(self.first, self.last, split, self.inputs, (spec,), tuple(parts), "place", spec, None)
+            return [PartSpec(self.nodes, {out: box}, frozenset()) for box in self.boxes(split)]
         if split.family in ("reduction", "heads"):
-            return self._reduction(split, dry_run, collect)
+            return self._reduction_setup(split).specs
         raise NotSplittable(f"unknown family {split.family!r}")
+
+    def cut(self, split: Split, *, dry_run: bool = False) -> StageCut:
+        if _is_whole(split):
+            return self._whole(split) if not dry_run else _DRY
+        reduction = self._reduction_setup(split) if split.family in ("reduction", "heads") else None
+        specs = reduction.specs if reduction is not None else self.part_specs(split)
+        sketches = []
+        for spec in specs:
+            sk = _sketch(self.lg, spec.nodes, spec.targets, self._opset, spec.override)
+            self._check_divides(sk, exempt=spec.exempt)
+            sketches.append(sk)
+        if dry_run:
+            return _DRY
+        if reduction is not None:
+            return self._reduction(reduction, sketches)
+        (out, _), = specs[0].targets.items()
+        parts = [_build(self.lg, sk, spec.targets, self._opset) for sk, spec in zip(sketches, specs, strict=True)]
+        tensor = self._spec(out)
+        return StageCut(self.first, self.last, split, self.inputs, (tensor,), tuple(parts), "place", tensor, None)
 
     def _spec(self, name: str, shape: tuple[int, ...] | None = None) -> TensorSpec:
         t = self.lg.tensors[name]
@@ -197,15 +251,11 @@ class CutStage:
         return StageCut(self.first, self.last, Split("none", (1,)), self.inputs, outs, (part,), "none", None, None,
                         whole=model)
 
-    def _check_divides(self, sk: _Sketch, exempt: set[int]) -> None:
+    def _check_divides(self, sk: _Sketch, exempt: frozenset[int]) -> None:
         """Reject options that recompute a whole heavy op in every part (no work is divided)."""
         for ni in sk.order:
-            node = self.lg.nodes[ni]
-            if ni in exempt or not self.lg.is_heavy(node):
-                continue
-            box = sk.back[ni].outputs[0]
-            if box is not None and is_full(box, self.lg.tensors[node.output[0]].shape):
-                raise NotSplittable(f"{node.op_type} {node.name!r} would be computed whole in every part")
+            if ni not in exempt:
+                _check_divides(self.lg, ni, sk.back[ni])
 
     def reduction_op(self) -> int:
         heavy = [i for i in self.nodes if self.lg.is_heavy(self.lg.nodes[i])]
@@ -213,8 +263,9 @@ class CutStage:
             raise NotSplittable("stage has no heavy op to split on its reduction axis")
         return heavy[-1]
 
-    def reduction_axis(self, ri: int) -> tuple[int, int]:
-        """(size of the reduction axis K, alignment) for node ``ri``; heads align K to the head size."""
+    def reduction_axis(self, ri: int, pre: list[int] | None = None) -> tuple[int, int]:
+        """(size of the reduction axis K, alignment) for node ``ri``; heads align K to the head size.
+        ``pre``: the stage's nodes that ``ri`` depends on, where the caller has them."""
         node = self.lg.nodes[ri]
         shp = self.lg.tensors
         if node.op_type == "MatMul":
@@ -229,7 +280,8 @@ class CutStage:
         else:
             raise NotSplittable(f"{node.op_type} {node.name!r} has no reduction axis")
         align = 1
-        pre = self.lg.closure([node.output[0]], set(self.inputs))
+        if pre is None:
+            pre = self.lg.closure([node.output[0]], set(self.inputs))
         if any(self.lg.nodes[i].op_type == "Softmax" for i in pre):
             for i in pre:
                 n = self.lg.nodes[i]
@@ -243,13 +295,11 @@ class CutStage:
         _, align = self.reduction_axis(ri)
         return "heads" if align > 1 else "reduction"
 
-    def _reduction(self, split: Split, dry_run: bool = False, collect: list | None = None) -> StageCut:
+    def _reduction_setup(self, split: Split) -> _Reduction:
         lg = self.lg
-        ri = self.reduction_op()
+        ri, k, align, pre_nodes, epi_nodes, bias = self._reduction_facts()
         r = lg.nodes[ri]
-        r_out = r.output[0]
-        k, align = self.reduction_axis(ri)
-        family = "heads" if align > 1 else "reduction"
+        family: Family = "heads" if align > 1 else "reduction"
         if split.family != family:
             raise NotSplittable(f"units {self.first}-{self.last} split on their reduction axis as '{family}', "
                                 f"not '{split.family}'")
@@ -257,27 +307,46 @@ class CutStage:
             ranges = even_ranges(k, split.degree, align)
         except ValueError as e:
             raise NotSplittable(f"{split}: {e}") from None
+        target = {r.output[0]: full(lg.tensors[r.output[0]].shape)}
+        specs = [PartSpec(pre_nodes, target, frozenset({ri}), {ri: _reduction_rule(lg, r, rng)}, ("reduction", ri, rng))
+                 for rng in ranges]
+        return _Reduction(ri, family, split.degree, epi_nodes, bias, specs)
+
+    def _reduction_facts(self) -> _ReductionFacts:
+        """(the op a reduction split cuts, K, its alignment, the nodes before it, the epilogue, its bias),
+        whatever the degree (kept: a planner tries several)."""
+        if self._reduction_cache is None:
+            try:
+                self._reduction_cache = self._find_reduction()
+            except NotSplittable as e:
+                self._reduction_cache = e
+        if isinstance(self._reduction_cache, NotSplittable):
+            raise NotSplittable(str(self._reduction_cache))
+        return self._reduction_cache
+
+    def _find_reduction(self) -> _ReductionFacts:
+        lg = self.lg
+        ri = self.reduction_op()
+        r = lg.nodes[ri]
+        r_out = r.output[0]
         avail = set(self.inputs)
         pre_nodes = lg.closure([r_out], avail)
+        k, align = self.reduction_axis(ri, pre_nodes)
         epi_nodes = lg.closure(self.outputs, avail | {r_out})
         heavy_epi = [lg.nodes[i].op_type for i in epi_nodes if lg.is_heavy(lg.nodes[i])]
         if heavy_epi:
             raise NotSplittable(f"ops after the reduction include heavy ops {heavy_epi}")
-        bias = _bias_of(lg, r)
-        needs_epilogue = bool(epi_nodes) or bias is not None
+        return ri, k, align, pre_nodes, epi_nodes, _bias_of(lg, r)
+
+    def _reduction(self, red: _Reduction, sketches: list[_Sketch]) -> StageCut:
+        lg = self.lg
+        r = lg.nodes[red.op]
+        r_out = r.output[0]
+        bias = red.bias
+        needs_epilogue = bool(red.epilogue_nodes) or bias is not None
         partial = r_out + "__partial" if needs_epilogue else r_out
-        parts = []
-        for lo, hi in ranges:
-            override = {ri: _reduction_rule(lg, r, (lo, hi))}
-            target = {r_out: full(lg.tensors[r_out].shape)}
-            sk = _sketch(lg, pre_nodes, target, self._opset, override)
-            self._check_divides(sk, exempt={ri})
-            if collect is not None:
-                collect.append(sk)
-            if not dry_run:
-                parts.append(_build(lg, sk, target, self._opset, rename={r_out: partial}))
-        if dry_run:
-            return _DRY
+        parts = [_build(lg, sk, spec.targets, self._opset, rename={r_out: partial})
+                 for sk, spec in zip(sketches, red.specs, strict=True)]
         joined = TensorSpec(partial, lg.tensors[r_out].dtype.name, lg.tensors[r_out].shape)
         epilogue = None
         if needs_epilogue:
@@ -289,11 +358,11 @@ class CutStage:
                 front.append(helper.make_node("Add", [partial, name], [r_out], name=r.name + "_bias"))
             else:
                 front.append(helper.make_node("Identity", [partial], [r_out], name=r.name + "_sum"))
-            epi_inputs = [partial] + [x for x in lg.external_inputs(epi_nodes) if x != r_out]
-            epilogue = extract_model(lg, epi_nodes, epi_inputs, self.outputs, front=front, extra_inits=extra_inits,
-                                     input_specs={partial: joined})
+            epi_inputs = [partial] + [x for x in lg.external_inputs(red.epilogue_nodes) if x != r_out]
+            epilogue = extract_model(lg, red.epilogue_nodes, epi_inputs, self.outputs, front=front,
+                                     extra_inits=extra_inits, input_specs={partial: joined})
         outs = tuple(self._spec(o) for o in self.outputs)
-        return StageCut(self.first, self.last, Split(family, (split.degree,)), self.inputs, outs, tuple(parts),
+        return StageCut(self.first, self.last, Split(red.family, (red.degree,)), self.inputs, outs, tuple(parts),
                         "sum", joined, epilogue)
 
 
@@ -302,6 +371,50 @@ _DRY = StageCut(0, 0, Split(), (), (), (), "none", None, None)
 
 def cut_stage(lg: LayerGraph, first: int, last: int, split: Split) -> StageCut:
     return CutStage(lg, first, last).cut(split)
+
+
+class StageCosts:
+    """Part costs of any stage of one graph, for a planner that prices many overlapping stages.
+
+    The same figures as ``CutStage(lg, first, last).costs(split)``, found faster. A part's sketch walks
+    the stage's nodes backwards from its output box, so stages that end at the same unit and cut the
+    same box share their walk up to where the shorter one starts. Each part's walk is kept open and
+    extended one unit at a time, and the part's cost for a stage starting at every unit it passed is
+    kept: pricing every stage ``i..j`` of a chain of ``n`` units visits each node O(n) times per part,
+    where sketching every stage afresh visits it O(n^2) times (Gillis's DP over groups of any length
+    asks for all n(n+1)/2 stages). Once a walk meets what rules a split out (a rule that cannot cut an
+    op, a heavy op that every part would compute whole), the stages that start before it are ruled out
+    without going further.
+    """
+
+    def __init__(self, lg: LayerGraph) -> None:
+        self.lg = lg
+        self._opset = next((i.version for i in lg.model.opset_import if i.domain in ("", "ai.onnx")), 17)
+        self._side = sorted(lg.side, reverse=True)
+        self._cutters: dict[tuple[int, int], CutStage] = {}
+        self._walks: dict[tuple, _PartWalk] = {}
+
+    def cutter(self, first: int, last: int) -> CutStage:
+        """The stage's ``CutStage`` (kept)."""
+        cs = self._cutters.get((first, last))
+        if cs is None:
+            cs = self._cutters[(first, last)] = CutStage(self.lg, first, last)
+        return cs
+
+    def costs(self, first: int, last: int, split: Split) -> list[PartCost]:
+        """Per-part work and bytes of ``split`` on units ``first..last``; NotSplittable if it is not
+        admissible there."""
+        cs = self.cutter(first, last)
+        if _is_whole(split):
+            return [cs.whole_cost()]
+        out = []
+        for spec in cs.part_specs(split):
+            key = (last, tuple(spec.targets.items()), spec.override_key)
+            walk = self._walks.get(key)
+            if walk is None:
+                walk = self._walks[key] = _PartWalk(self.lg, last, spec, self._opset, self._side)
+            out.append(walk.cost(first))
+        return out
 
 
 # -- the engine -----------------------------------------------------------------------------
@@ -315,33 +428,53 @@ class _Sketch:
 
 
 def _sketch_cost(lg: LayerGraph, sk: _Sketch) -> PartCost:
-    flops = weights = acts = 0
+    tally = _Tally()
     produced: set[str] = set()
     for ni in sk.order:
-        node, bw = lg.nodes[ni], sk.back[ni]
+        bw = sk.back[ni]
+        tally.add(lg, ni, bw)
+        produced.update(o for o, b in zip(lg.nodes[ni].output, bw.outputs, strict=True) if o and b is not None)
+    if sk.order:
+        tally.set_output(lg, sk.order[-1], sk.back[sk.order[-1]], sk.need)
+    return tally.cost(lg, {x: b for x, b in sk.need.items() if x not in produced})
+
+
+@dataclass
+class _Tally:
+    """A part's work and bytes summed over the nodes of its sketch. ``out_bytes``: the size of its output's
+    box, the output of the sketch's last node in topological order (None until that node is added)."""
+
+    flops: int = 0
+    weights: int = 0
+    acts: int = 0
+    out_bytes: int | None = None
+
+    def add(self, lg: LayerGraph, ni: int, bw: Backward) -> None:
+        node = lg.nodes[ni]
         full_flops = lg.flops_of(ni)
         for o, b in zip(node.output, bw.outputs, strict=True):
             if o and b is not None:
-                produced.add(o)
                 vol = math.prod(shape_of(b))
-                acts += vol * lg.tensors[o].dtype.itemsize
+                self.acts += vol * lg.tensors[o].dtype.itemsize
                 if o == node.output[0]:
                     frac = vol / max(1, math.prod(lg.tensors[o].shape))
-                    flops += int(full_flops * frac * _contraction_fraction(lg, node, bw))
+                    self.flops += int(full_flops * frac * _contraction_fraction(lg, node, bw))
         for x, b in zip(node.input, bw.inputs, strict=False):
             if x and lg.is_initializer(x) and b != _SKIP:
                 vol = math.prod(shape_of(b) if b is not None else lg.tensors[x].shape)
-                weights += vol * lg.tensors[x].dtype.itemsize
-    ins = sum(math.prod(shape_of(b)) * lg.tensors[x].dtype.itemsize
-              for x, b in sk.need.items() if x not in produced)
-    target = sk.order[-1] if sk.order else None
-    out = 0
-    if target is not None:
-        o = lg.nodes[target].output[0]
-        box = sk.need[o] if o in sk.need else sk.back[target].outputs[0]
+                self.weights += vol * lg.tensors[x].dtype.itemsize
+
+    def set_output(self, lg: LayerGraph, ni: int, bw: Backward, need: dict[str, Box]) -> None:
+        o = lg.nodes[ni].output[0]
+        box = need[o] if o in need else bw.outputs[0]
         assert box is not None  # the stage's last node computes its output (the sketch starts from it)
-        out = math.prod(shape_of(box)) * lg.tensors[o].dtype.itemsize
-    return PartCost(flops=flops, weight_bytes=weights, input_bytes=ins, output_bytes=out, activation_bytes=acts)
+        self.out_bytes = math.prod(shape_of(box)) * lg.tensors[o].dtype.itemsize
+
+    def cost(self, lg: LayerGraph, inputs: dict[str, Box]) -> PartCost:
+        """The part's cost, reading the boxes ``inputs`` of tensors it does not compute."""
+        ins = sum(math.prod(shape_of(b)) * lg.tensors[x].dtype.itemsize for x, b in inputs.items())
+        return PartCost(flops=self.flops, weight_bytes=self.weights, input_bytes=ins,
+                        output_bytes=self.out_bytes or 0, activation_bytes=self.acts)
 
 
 def _contraction_fraction(lg: LayerGraph, node: onnx.NodeProto, bw: Backward) -> float:
@@ -371,28 +504,109 @@ def _ctx(lg: LayerGraph, ni: int, opset: int) -> NodeCtx:
     )
 
 
+def _check_divides(lg: LayerGraph, ni: int, bw: Backward) -> None:
+    """Raise NotSplittable if node ``ni`` is a heavy op its part computes whole (no work is divided)."""
+    node = lg.nodes[ni]
+    if not lg.is_heavy(node):
+        return
+    box = bw.outputs[0]
+    if box is not None and is_full(box, lg.tensors[node.output[0]].shape):
+        raise NotSplittable(f"{node.op_type} {node.name!r} would be computed whole in every part")
+
+
+class _PartWalk:
+    """One part's backward sketch from its output box in unit ``last``, extended a unit at a time
+    towards the model's inputs; it keeps the part's cost for the stage starting at each unit it passed.
+
+    It keeps what a cost needs, not the sketch: the running sums and the *frontier* (the boxes asked of
+    tensors whose producer it has not reached; a node's outputs are final once it is reached, since the
+    nodes that read them come later in topological order). Side nodes (computed from the model's inputs
+    alone, e.g. an attention mask's bias) are interleaved with the units in the graph but read no
+    activation, so each stage's cost adds them last, on a copy of the frontier: the same boxes as a
+    sketch that meets them in order.
+    """
+
+    def __init__(self, lg: LayerGraph, last: int, spec: PartSpec, opset: int, side: list[int]) -> None:
+        self.lg, self.spec, self.opset, self.side = lg, spec, opset, side
+        self.frontier: dict[str, Box] = dict(spec.targets)
+        self.tally = _Tally()
+        self.next = last  # the unit to add next
+        self.costs: dict[int, PartCost | NotSplittable] = {}
+        self.failed: tuple[int, NotSplittable] | None = None  # the unit where the walk stopped, and why
+
+    def cost(self, first: int) -> PartCost:
+        while self.failed is None and self.next >= first:
+            self._add_unit(self.next)
+        if self.failed is not None and first <= self.failed[0]:
+            raise NotSplittable(str(self.failed[1]))
+        hit = self.costs[first]
+        if isinstance(hit, NotSplittable):
+            raise NotSplittable(str(hit))
+        return hit
+
+    def _visit(self, ni: int, frontier: dict[str, Box], tally: _Tally) -> None:
+        bw = _step(self.lg, ni, self.opset, self.spec.override, frontier)
+        if bw is None:
+            return
+        if ni not in self.spec.exempt:
+            _check_divides(self.lg, ni, bw)
+        if tally.out_bytes is None:  # the first node reached is the part's last: it computes the output
+            tally.set_output(self.lg, ni, bw, frontier)
+        tally.add(self.lg, ni, bw)
+        for o, b in zip(self.lg.nodes[ni].output, bw.outputs, strict=True):
+            if o and b is not None:
+                frontier.pop(o, None)
+
+    def _add_unit(self, k: int) -> None:
+        try:
+            for ni in reversed(self.lg.units[k].nodes):
+                self._visit(ni, self.frontier, self.tally)
+        except ValueError as e:  # NotSplittable, or a rule's ValueError (``CutStage.costs`` raises it too)
+            self.failed = (k, e if isinstance(e, NotSplittable) else NotSplittable(str(e)))
+            return
+        frontier, tally = self.frontier, self.tally
+        if self.side:
+            frontier, tally = dict(frontier), replace(tally)
+        try:
+            for ni in self.side:
+                self._visit(ni, frontier, tally)
+            self.costs[k] = tally.cost(self.lg, frontier)
+        except ValueError as e:
+            self.costs[k] = e if isinstance(e, NotSplittable) else NotSplittable(str(e))
+        self.next = k - 1
+
+
 def _sketch(lg: LayerGraph, nodes: Sequence[int], targets: dict[str, Box], opset: int,
             override: dict[int, Rule] | None = None) -> _Sketch:
     need: dict[str, Box] = dict(targets)
     back: dict[int, Backward] = {}
     for ni in reversed(nodes):
-        node = lg.nodes[ni]
-        outs = [need.get(o) if o else None for o in node.output]
-        if all(b is None for b in outs):
-            continue
-        rule = (override or {}).get(ni) or rule_for(node)
-        bw = rule(_ctx(lg, ni, opset), outs)
-        for o, want, got in zip(node.output, outs, bw.outputs, strict=True):
-            if want is not None and (got is None or union(got, want) != got):
-                raise AssertionError(f"rule for {node.op_type} computed {got} of {o}, less than asked {want}")
-        back[ni] = bw
-        for x, b in zip(node.input, bw.inputs, strict=False):
-            if not x or b is None or b == _SKIP or lg.is_initializer(x):
-                continue
-            if any(lo >= hi for lo, hi in b):
-                raise NotSplittable(f"{node.op_type} {node.name!r} would read an empty region of {x!r}")
-            need[x] = union(need.get(x), b)
+        bw = _step(lg, ni, opset, override, need)
+        if bw is not None:
+            back[ni] = bw
     return _Sketch([ni for ni in nodes if ni in back], back, need)
+
+
+def _step(lg: LayerGraph, ni: int, opset: int, override: dict[int, Rule] | None, need: dict[str, Box],
+          ) -> Backward | None:
+    """One node of a backward sketch: what its rule reads for the boxes ``need`` asks of its outputs,
+    added to ``need``; None if nothing asks for its outputs."""
+    node = lg.nodes[ni]
+    outs = [need.get(o) if o else None for o in node.output]
+    if all(b is None for b in outs):
+        return None
+    rule = (override or {}).get(ni) or rule_for(node)
+    bw = rule(_ctx(lg, ni, opset), outs)
+    for o, want, got in zip(node.output, outs, bw.outputs, strict=True):
+        if want is not None and (got is None or union(got, want) != got):
+            raise AssertionError(f"rule for {node.op_type} computed {got} of {o}, less than asked {want}")
+    for x, b in zip(node.input, bw.inputs, strict=False):
+        if not x or b is None or b == _SKIP or lg.is_initializer(x):
+            continue
+        if any(lo >= hi for lo, hi in b):
+            raise NotSplittable(f"{node.op_type} {node.name!r} would read an empty region of {x!r}")
+        need[x] = union(need.get(x), b)
+    return bw
 
 
 def _build(lg: LayerGraph, sk: _Sketch, targets: dict[str, Box], opset: int,

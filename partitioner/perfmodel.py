@@ -33,7 +33,7 @@ from scipy import stats
 
 from functions.plan import Split
 from partitioner.graph import LayerGraph
-from partitioner.parts import CutStage, PartCost
+from partitioner.parts import PartCost, StageCosts
 from platforms import PlatformProfile
 
 __all__ = [
@@ -233,6 +233,9 @@ class ComputeModel:
     overhead_ms: float = 0.05  # per session run
     stage_overhead_ms: float = 0.15  # the master's slicing, bookkeeping and joining per stage
     invocation_overhead_ms: float = 0.3  # a worker's decoding and encoding per invocation
+    # stage sums by (kind, first, last[, vcpu]): a planner prices each stage with every split, placement and
+    # memory, and a stage of any length would otherwise be summed again for each part of each
+    _sums: dict[tuple, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_flops(cls, lg: LayerGraph, gflops: float = 20.0, serial_fraction: float = 0.15) -> ComputeModel:
@@ -285,10 +288,17 @@ class ComputeModel:
         return t1 * (s + (1.0 - s) / vcpu)
 
     def stage_time(self, first: int, last: int, vcpu: float) -> float:
-        return sum(self.unit_time(u, vcpu) for u in range(first, last + 1))
+        key = ("t", first, last, vcpu)
+        hit = self._sums.get(key)
+        if hit is None:
+            hit = self._sums[key] = sum(self.unit_time(u, vcpu) for u in range(first, last + 1))
+        return hit
 
     def part_time(self, first: int, last: int, part_flops: int, vcpu: float) -> float:
-        stage_flops = sum(self.unit_flops[first:last + 1])
+        key = ("f", first, last)
+        stage_flops = self._sums.get(key)
+        if stage_flops is None:
+            stage_flops = self._sums[key] = sum(self.unit_flops[first:last + 1])
         share = part_flops / stage_flops if stage_flops else 1.0
         return self.stage_time(first, last, vcpu) * share + self.overhead_ms / max(min(vcpu, 1.0), 1e-3)
 
@@ -297,7 +307,11 @@ class ComputeModel:
         their weights (prepacking buffers follow the weights)."""
         if not self.unit_transient_mb:
             return 0.0
-        return max(self.unit_transient_mb[first:last + 1], default=0.0) * min(1.0, weight_share)
+        key = ("m", first, last)
+        top = self._sums.get(key)
+        if top is None:
+            top = self._sums[key] = max(self.unit_transient_mb[first:last + 1], default=0.0)
+        return top * min(1.0, weight_share)
 
     def memory_mb(self, cost: PartCost, first: int | None = None, last: int | None = None,
                   stage_weight_bytes: int = 0) -> float:
@@ -374,7 +388,7 @@ class PerfModel:
         self.q_mode = percentile is not None
         self.transport = transport
         self._costs: dict[tuple[int, int, Split], list[PartCost] | None] = {}
-        self._cutters: dict[tuple[int, int], CutStage] = {}
+        self._stage_costs = StageCosts(lg)
         self._options: dict[tuple[StageChoice, int], OptionCost | None] = {}
 
     def part_costs(self, first: int, last: int, split: Split) -> list[PartCost] | None:
@@ -384,10 +398,7 @@ class PerfModel:
             from partitioner.errors import NotSplittable
 
             try:
-                cs = self._cutters.get((first, last))
-                if cs is None:
-                    cs = self._cutters[(first, last)] = CutStage(self.lg, first, last)
-                self._costs[key] = cs.costs(split)
+                self._costs[key] = self._stage_costs.costs(first, last, split)
             except (NotSplittable, ValueError):
                 self._costs[key] = None
         return self._costs[key]

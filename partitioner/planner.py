@@ -36,7 +36,10 @@ SOLVERS = ("exact", "rl", "bo", "bruteforce")
 @dataclass(frozen=True)
 class PlanRequest:
     """What the user asked for. ``memory``: "auto" (chosen per function) or a fixed MB for every function.
-    ``percentile``: plan against this latency percentile (e.g. 0.99) instead of the mean (the default)."""
+    ``percentile``: plan against this latency percentile (e.g. 0.99) instead of the mean (the default).
+    ``max_group``: the most units one stage may hold; None (the default): groups of any length, as in
+    Gillis, up to a cap derived from the model for very deep ones (``solvers.common.group_limit``; the
+    result's notes say which cap was used and why)."""
 
     mode: str = "lo"
     slo_ms: float | None = None
@@ -44,7 +47,7 @@ class PlanRequest:
     platform: str = "aws-lambda"
     memory: str | int = "auto"
     percentile: float | None = None
-    max_group: int = 4
+    max_group: int | None = None
     transport: str = "redis"
     profile: str = "auto"  # auto | measure | flops
     seed: int = 0
@@ -59,6 +62,9 @@ class PlanRequest:
             raise ValueError("--mode slo needs a positive --slo, e.g. --slo 200ms")
         if self.percentile is not None and not 0 < self.percentile < 1:
             raise ValueError(f"percentile {self.percentile} must lie in (0, 1), e.g. 0.99")
+        if self.max_group is not None and self.max_group < 1:
+            raise ValueError(f"--max-group {self.max_group} must be at least 1 unit; leave it out to search groups "
+                             "of any length")
 
 
 def _calibration_path(lg: LayerGraph, threads: int, ort_version: str) -> Path:
@@ -267,7 +273,7 @@ def solve(lg: LayerGraph, request: PlanRequest, *, pm: PerfModel | None = None,
     if request.mode == "lo":
         top = max(mems)
         space = SearchSpace(pm, max_group=request.max_group, worker_memories=[top])
-        return _merged(pm, latency_dp(space, top))
+        return _stated(space, _merged(pm, latency_dp(space, top)))
     space = SearchSpace(pm, max_group=request.max_group, worker_memories=mems)
     assert request.slo_ms is not None
     try:
@@ -287,10 +293,16 @@ def solve(lg: LayerGraph, request: PlanRequest, *, pm: PerfModel | None = None,
             result = bo_solver(space, request.slo_ms, mems, seed=request.seed)
     except Infeasible as e:
         top = max(mems)
-        fastest = latency_dp(SearchSpace(pm, max_group=request.max_group, worker_memories=[top]), top)
+        fast_space = SearchSpace(pm, max_group=request.max_group, worker_memories=[top])
+        fastest = _stated(fast_space, _merged(pm, latency_dp(fast_space, top)))
         metric = fastest.estimate.latency_q_ms if pm.q_mode else fastest.estimate.latency_ms
-        raise Infeasible(f"{e}: the fastest plan takes {metric:.1f} ms", fastest=_merged(pm, fastest)) from e
-    return _merged(pm, result)
+        raise Infeasible(f"{e}: the fastest plan takes {metric:.1f} ms", fastest=fastest) from e
+    return _stated(space, _merged(pm, result))
+
+
+def _stated(space: SearchSpace, result: SolverResult) -> SolverResult:
+    """``result`` with the cap on a group's length that its search used, and why, in its notes."""
+    return replace(result, max_group=space.group_limit, notes=(space.group_note, *result.notes))
 
 
 def _merged(pm: PerfModel, result: SolverResult) -> SolverResult:
@@ -307,8 +319,7 @@ def _merged(pm: PerfModel, result: SolverResult) -> SolverResult:
     if len(out) == len(result.choices):
         return result
     est = pm.estimate(out, result.master_mb)
-    return SolverResult(tuple(out), result.master_mb, est, result.solver, result.seconds, result.frontier,
-                        result.notes)
+    return replace(result, choices=tuple(out), estimate=est)
 
 
 def _specs(result: SolverResult) -> tuple[list, list[Placement]]:

@@ -33,7 +33,7 @@ class SuiteConfig:
     bo_trials: int = 30
     bruteforce_s: float = 60.0
     pipeline_cap_fraction: float = 0.85
-    max_group: int = 8  # units per stage at most: big groups need fewer invocations on a platform with overhead
+    max_group: int | None = None  # units per stage at most; None: lo's default, groups of any length (Gillis)
     slo_factor: float = 3.0  # the SLO of the cost comparison, x the fastest plan's predicted latency
 
     @classmethod

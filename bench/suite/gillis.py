@@ -56,7 +56,7 @@ def lo_vs_default(pp: Any, spec: ModelSpec, cfg: SuiteConfig, work: Path, invoke
         samples, usage, _ = interleaved(targets, pool, cfg.rounds)
     return [latency_comparison(
         "lo_vs_default", name, "default", "lo", samples, keep_samples=True,
-        notes=[f"every function {MEMORY_MB} MB (1 onnxruntime thread); lo planned with max_group {cfg.max_group} and "
+        notes=[f"every function {MEMORY_MB} MB (1 onnxruntime thread); lo planned with {result.notes[0]} and "
                f"splits of at most {usable_cores()} parts (this machine's cores); "
                f"compute times: {source}; invoke latency measured now"],
         plan=[str(c) for c in result.choices], functions_at_mb=MEMORY_MB,

@@ -86,9 +86,11 @@ def load_model(spec: ModelSpec, invoke: Any) -> tuple[str, Any, Any, str]:
     return label(spec), lg, pm, source
 
 
-def lo_plan(pm: Any, max_group: int, *, memory_mb: int = MEMORY_MB, max_degree: int | None = None) -> Any:
+def lo_plan(pm: Any, max_group: int | None = None, *, memory_mb: int = MEMORY_MB, max_degree: int | None = None,
+            ) -> Any:
     """Gillis's latency-optimal DP with every function at MEMORY_MB and splits of at most as many parts as
-    this machine has cores (more parts than cores only queue for them); adjacent master-only stages merged."""
+    this machine has cores (more parts than cores only queue for them); adjacent master-only stages merged.
+    ``max_group``: units per stage at most (None: groups of any length, as ``SearchSpace``)."""
     from partitioner.perfmodel import StageChoice
     from partitioner.solvers.common import SPLITS, SearchSpace, SolverResult
     from partitioner.solvers.dp import latency_dp
@@ -105,4 +107,5 @@ def lo_plan(pm: Any, max_group: int, *, memory_mb: int = MEMORY_MB, max_degree: 
             merged[-1] = StageChoice(prev.first, ch.last, prev.split, True, 0)
         else:
             merged.append(ch)
-    return SolverResult(tuple(merged), r.master_mb, pm.estimate(merged, r.master_mb), r.solver, r.seconds)
+    return SolverResult(tuple(merged), r.master_mb, pm.estimate(merged, r.master_mb), r.solver, r.seconds,
+                        notes=(space.group_note,), max_group=space.group_limit)

@@ -6,7 +6,7 @@ encoding, sampled by expected improvement, the performance model as the black bo
 are random), seeded, over a fixed-length encoding of a plan:
 
 - per unit but the last, ``cut_i``: does a group end after unit ``i`` (a group also ends when it
-  reaches ``max_group`` units);
+  reaches the space's ``group_limit`` units);
 - per unit, ``par_i``, ``level_i``, ``place_i``, ``mem_i``: read where a group ends, decoded into the
   group's split (``none`` unless ``par_i``, else menu entry ``level_i + 1``), placement and worker
   memory by ``ChoiceTable.resolve`` (nearest admissible choice), as the RL planner's heads are;
@@ -45,7 +45,7 @@ Progress = Callable[[int, int, str], None]  # (done, total, message), like parti
 
 def decode_plan(table: ChoiceTable, params: dict[str, int], master_mb: int) -> list[StageChoice] | None:
     """The plan an encoding names (see the module docstring); None if a group has no admissible choice."""
-    n, max_group = table.space.n, table.space.max_group
+    n, max_group = table.space.n, table.space.group_limit
     out: list[StageChoice] = []
     g = 0
     for i in range(n):

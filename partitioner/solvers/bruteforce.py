@@ -37,7 +37,7 @@ def bruteforce(space: SearchSpace, slo_ms: float, master_memories: list[int], *,
         # edges[i]: (j, choice, latency, cost, master weights) for stages starting at unit i
         edges: list[list[_Edge]] = [[] for _ in range(n)]
         for i in range(n):
-            for j in range(i + 1, min(n, i + space.max_group) + 1):
+            for j in range(i + 1, min(n, i + space.group_limit) + 1):
                 for ch, oc in space.options(i, j - 1, master_mb):
                     if oc.master_hold_mb > budget + reserve or oc.master_weights_mb > budget:
                         continue

@@ -64,7 +64,7 @@ def latency_dp(space: SearchSpace, master_mb: int, *, nb: int = 256) -> SolverRe
         back = np.full((n + 1, nb + 1), -1, dtype=np.int64)
         chosen: list[tuple[StageChoice, int]] = []
         for j in range(1, n + 1):
-            for i in range(max(0, j - space.max_group), j):
+            for i in range(max(0, j - space.group_limit), j):
                 if not np.isfinite(best[i]).any():
                     continue
                 for ch, oc in space.options(i, j - 1, master_mb):
@@ -134,7 +134,7 @@ def slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl:
         chosen: list[tuple[StageChoice, int, int]] = []
         for j in range(1, n + 1):
             cj = cost[j]
-            for i in range(max(0, j - space.max_group), j):
+            for i in range(max(0, j - space.group_limit), j):
                 ci = cost[i]
                 if not np.isfinite(ci).any():
                     continue

@@ -135,7 +135,7 @@ class ChoiceTable:
             out = [math.inf] * (n + 1)
             out[n] = 0.0
             for i in range(n - 1, -1, -1):
-                for j in range(i, min(n, i + space.max_group)):
+                for j in range(i, min(n, i + space.group_limit)):
                     out[i] = min(out[i], self.fastest_group(i, j, master_mb) + out[j + 1])
             self._fastest[master_mb] = out
         return self._fastest[master_mb]

@@ -98,7 +98,7 @@ class PlanEnv(gym.Env):
     Action ``[cut, parallel, level, placement, worker memory, master memory]`` (``MultiDiscrete``; see
     the module docstring). The first step reads only the master memory head. Each later step is at
     unit ``i`` of the group opened at unit ``g``: ``cut`` closes the group after ``i`` (forced at
-    ``max_group`` units and at the last unit); a closing step decodes the split (``none`` unless
+    ``space.group_limit`` units and at the last unit); a closing step decodes the split (``none`` unless
     ``parallel``, else menu entry ``level + 1``), placement and worker memory into the group's stage
     choice with ``ChoiceTable.resolve`` (nearest admissible choice).
 
@@ -136,7 +136,7 @@ class PlanEnv(gym.Env):
         self._flops_left = np.concatenate([np.cumsum(flops[::-1])[::-1], [0.0]]) / max(flops.sum(), 1.0)
         m = len(self.master_memories)
         self._head = 13
-        self._obs_dim = self._head + 2 * m + space.max_group * _AHEAD_FEATURES
+        self._obs_dim = self._head + 2 * m + space.group_limit * _AHEAD_FEATURES
         self.observation_space = spaces.Box(-_OBS_BOUND, _OBS_BOUND, shape=(self._obs_dim,), dtype=np.float32)
         # every plan pays this once (invoking the master, moving the model's inputs and outputs)
         self._fixed_ms = space.pm.request_ms()[1 if space.pm.q_mode else 0]
@@ -164,7 +164,7 @@ class PlanEnv(gym.Env):
         return float(np.clip((self.slo_ms - used - rest) / self.slo_ms, -2.0, 1.0))
 
     def _forced_cut(self) -> bool:
-        return self._i - self._g + 1 >= self.space.max_group or self._i == self.space.n - 1
+        return self._i - self._g + 1 >= self.space.group_limit or self._i == self.space.n - 1
 
     def _completion(self, lo: int, hi: int) -> float:
         """The fastest completion if the open group ends at a unit in lo..hi (inf if none)."""
@@ -181,12 +181,12 @@ class PlanEnv(gym.Env):
             return o
         h = self._head
         o[1] = self._i / space.n
-        o[2] = (self._i - self._g) / space.max_group
+        o[2] = (self._i - self._g) / space.group_limit
         if self._mb is None:
             o[0] = 1.0
             o[h + m: h + 2 * m] = self._start_slack
         else:
-            last = min(space.n - 1, self._g + space.max_group - 1)
+            last = min(space.n - 1, self._g + space.group_limit - 1)
             close = self._completion(self._i, self._i)
             more = self._completion(self._i + 1, last)
             o[3] = self._mb / max(self.master_memories)
@@ -200,7 +200,7 @@ class PlanEnv(gym.Env):
             o[h + self._mb_idx] = 1.0
         o[11] = self._flops_left[self._i]
         o[12] = self._flops_left[self._g]
-        window = self._unit_feats[self._g: self._g + space.max_group]
+        window = self._unit_feats[self._g: self._g + space.group_limit]
         k = h + 2 * m
         o[k: k + window.size] = window.ravel()
         return np.clip(o, -_OBS_BOUND, _OBS_BOUND, out=o)

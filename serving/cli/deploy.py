@@ -158,9 +158,9 @@ def _calibrated_local(recalibrate: bool) -> str:
                    "`flatpack calibrate`, cached); --no-calibrate plans with the published local.yaml.")
 @click.option("--recalibrate", is_flag=True, help="local: measure the platform again before planning.")
 def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str, memory: str,
-               max_group: int, profile_mode: str, input_shapes: tuple[str, ...], target: str, platform: str | None,
-               transport: str | None, name: str | None, host: str, port: int, detach: bool, keep_warm: float,
-               dry_run: bool, out_dir: str | None, region: str | None, endpoint_url: str | None,
+               max_group: int | None, profile_mode: str, input_shapes: tuple[str, ...], target: str,
+               platform: str | None, transport: str | None, name: str | None, host: str, port: int, detach: bool,
+               keep_warm: float, dry_run: bool, out_dir: str | None, region: str | None, endpoint_url: str | None,
                gateway: str | None, no_vendor: bool, compress: str, backend: str, calibrate_platform: bool,
                recalibrate: bool) -> None:
     """Plan MODEL (a file or zoo name), export verified parts, start its functions and serve an endpoint.

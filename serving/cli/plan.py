@@ -39,7 +39,10 @@ def plan_options(f: _Command) -> _Command:
                      show_default=True, help="SLO solver."),
         click.option("--memory", default="auto", show_default=True,
                      help="Function memory: auto (chosen per function) or MB for every function."),
-        click.option("--max-group", type=int, default=4, show_default=True, help="Most units in one stage."),
+        click.option("--max-group", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Most units in one stage. Default: any number, as in Gillis (every unit of the model; "
+                          "a model too deep to price every stage gets a cap derived from its depth). The plan "
+                          "says which cap it used."),
         click.option("--profile", "profile_mode", type=click.Choice(["auto", "measure", "flops"]), default="auto",
                      show_default=True, help="Unit times: a cached profile if any (auto), measure now, or FLOPs."),
         click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
@@ -51,7 +54,7 @@ def plan_options(f: _Command) -> _Command:
 
 
 def request_from(mode: str, slo: str | None, percentile: float | None, solver: str, platform: str, memory: str,
-                 max_group: int, transport: str, profile_mode: str) -> PlanRequest:
+                 max_group: int | None, transport: str, profile_mode: str) -> PlanRequest:
     from partitioner.planner import PlanRequest
 
     if percentile is not None and percentile >= 1:
@@ -113,6 +116,7 @@ def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
         "stages": [{"units": [c.first, c.last], "split": str(c.split), "master_part": c.master_part,
                     "worker_mb": c.worker_mb or result.master_mb} for c in result.choices],
         "seconds": result.seconds,
+        "max_group": result.max_group,
         "frontier": [{"latency_ms": a, "cost_usd": b} for a, b in result.frontier],
         "compute_source": source,
         "warnings": list(e.warnings),
@@ -131,7 +135,7 @@ def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
 @click.option("--bundle", type=click.Path(file_okay=False), default=None, help="Also export a verified bundle.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Draw the partition (PNG).")
 def plan_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str, memory: str,
-             max_group: int, profile_mode: str, input_shapes: tuple[str, ...], platform: str, transport: str,
+             max_group: int | None, profile_mode: str, input_shapes: tuple[str, ...], platform: str, transport: str,
              as_json: bool, out: str | None, bundle: str | None, plot: str | None) -> None:
     """Plan MODEL (an ONNX file or a zoo name): stages, splits, placement and function memory.
 

@@ -29,6 +29,7 @@ CASES = {
     "slo missing": (["plan", "{model}", "--mode", "slo"], "--slo"),
     "mode unknown": (["plan", "{model}", "--mode", "fastest"], "fastest"),
     "flag unknown": (["plan", "{model}", "--mode", "lo", "--bogus"], "--bogus"),
+    "max group zero": (["plan", "{model}", "--mode", "lo", "--max-group", "0"], "--max-group"),
     "model missing": (["plan", "{tmp}/missing.onnx", "--mode", "lo"], "no such file"),
     "plan unwritable": (["plan", "{model}", "--mode", "lo", "-o", "/proc/flatpack/plan.json"], "/proc"),
     "export unwritable": (["export", "{model}", "--stages", "0-:none", "-o", "/proc/flatpack-bundle"], "/proc"),

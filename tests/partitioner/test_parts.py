@@ -8,6 +8,7 @@ input regions it names, joins the results as the cut says and compares with the 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,7 +22,7 @@ from partitioner.errors import NotSplittable
 from partitioner.graph import LayerGraph
 from partitioner.parts import CutStage, PartModel, StageCut, cut_stage
 from partitioner.regions import Box
-from tests.onnx_builders import make_model
+from tests.onnx_builders import make_model, mlp
 from tests.partitioner.onnx_run import run_model
 
 # -- harness ----------------------------------------------------------------------------------------
@@ -463,3 +464,68 @@ def test_costs_describe_the_parts_cut_builds(split: Split) -> None:
     # epilogue); each part's count is rounded down
     work = cs.costs(Split())[0].flops - (1 * 6 * 7 * 7 if split.family == "reduction" else 0)
     assert work - len(costs) <= sum(c.flops for c in costs) <= work
+
+
+# -- many stages priced at once ----------------------------------------------------------------------
+
+
+def _masked_convs(n: int = 4) -> LayerGraph:
+    """Conv -> Add(bias from a second input) -> Relu, n times, a MaxPool halfway: the bias is a side
+    tensor (computed from a model input alone) that every unit reads."""
+    nodes = [helper.make_node("Mul", ["mask", "half"], ["bias"], name="side")]
+    inits = {"half": np.full((1, 4, 1, 1), 0.5, np.float32)}
+    x = "input"
+    for i in range(n):
+        inits[f"w{i}"] = _w(4, 4, 3, 3, seed=i)
+        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], name=f"conv{i}", kernel_shape=[3, 3],
+                                   pads=[1, 1, 1, 1]),
+                  helper.make_node("Add", [f"c{i}", "bias"], [f"a{i}"], name=f"add{i}"),
+                  helper.make_node("Relu", [f"a{i}"], [f"y{i}"], name=f"relu{i}")]
+        x = f"y{i}"
+        if i == n // 2 - 1:
+            nodes.append(helper.make_node("MaxPool", [x], [f"p{i}"], name=f"pool{i}", kernel_shape=[1, 1]))
+            x = f"p{i}"
+    nodes.append(helper.make_node("Identity", [x], ["output"], name="out"))
+    return LayerGraph.load(make_model(nodes, [("input", (1, 4, 12, 12)), ("mask", (1, 4, 1, 1))], ["output"],
+                                      inits))
+
+
+def _zoo(name: str, **kw: object) -> LayerGraph:
+    pytest.importorskip("zoo.builder")
+    import zoo
+
+    return LayerGraph.load(zoo.build(name, **kw))
+
+
+GRAPHS = {
+    "masked convs": _masked_convs,
+    "mlp": lambda: LayerGraph.load(mlp()),
+    "resnet18": lambda: _zoo("resnet18", width_div=16, input_size=32),
+    "bert": lambda: _zoo("bert", layers=2, hidden=32, heads=4, seq_len=8, vocab=50),
+}
+
+
+@pytest.mark.parametrize("name", GRAPHS)
+def test_stage_costs_price_every_stage_as_a_stage_of_its_own(name: str) -> None:
+    """StageCosts shares one backward walk per part between the stages that end at the same unit; its
+    figures (and what it rules out) are CutStage's for every stage and split, asked for in any order."""
+    from partitioner.parts import StageCosts
+    from partitioner.solvers.common import SPLITS
+
+    lg = GRAPHS[name]()
+    n = len(lg.units)
+    assert n >= 2
+    shared = StageCosts(lg)
+    asked = [(i, j, s) for j in range(n) for i in range(j + 1) for s in SPLITS]
+    random.Random(0).shuffle(asked)
+    admissible = 0
+    for first, last, split in asked:
+        try:
+            alone = CutStage(lg, first, last).costs(split)
+        except ValueError:  # NotSplittable, or a rule's own ValueError: the option is not admissible
+            with pytest.raises(ValueError):
+                shared.costs(first, last, split)
+            continue
+        assert shared.costs(first, last, split) == alone, (first, last, split)
+        admissible += split.degree > 1
+    assert admissible > 0

@@ -16,7 +16,7 @@ from partitioner.graph import LayerGraph
 from partitioner.perfmodel import ComputeModel, ExGauss, PerfModel, PlatformFacts, StageChoice
 from partitioner.planner import PlanRequest, export_solution, plan_for, solve
 from partitioner.solvers.bruteforce import bruteforce
-from partitioner.solvers.common import Infeasible, SearchSpace
+from partitioner.solvers.common import GROUP_BUDGET, Infeasible, SearchSpace, group_limit
 from partitioner.solvers.dp import latency_dp, slo_dp
 from partitioner.solvers.mopar import hypad
 from partitioner.verify import verify_bundle
@@ -98,6 +98,69 @@ def test_dp_equals_brute_force(lg: LayerGraph, mu: float, tau: float, price: flo
     # the DP can only lose plans within (stages x delta) of the SLO: its cost is within a hair of optimal
     assert exact.estimate.cost_usd <= brute.estimate.cost_usd * 1.02
     assert brute.estimate.cost_usd <= exact.estimate.cost_usd * (1 + 1e-9)
+
+
+# -- the length of a group ----------------------------------------------------------------------------
+
+# eight 3x3 convolutions on 64x64: one fork over all eight costs one invocation; two forks of four, two
+LONG_CHAIN = [{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * 8
+
+
+@pytest.fixture(scope="module")
+def chain() -> LayerGraph:
+    return LayerGraph.load(conv_stack(LONG_CHAIN, cin=3, h=64, w=64))
+
+
+def test_lo_searches_groups_of_any_length_by_default(chain: LayerGraph) -> None:
+    """Gillis's DP has no cap on a group's length, and neither has lo's default: where one fork over
+    eight units beats two forks over four, lo finds it, and says which cap it searched under."""
+    pm = PerfModel(chain, _facts(), _compute(chain))
+    free = solve(chain, PlanRequest(mode="lo", memory=1769), pm=pm)
+    capped = solve(chain, PlanRequest(mode="lo", memory=1769, max_group=4), pm=pm)
+    assert len(chain.units) == 8 and free.max_group == 8
+    assert free.notes[0] == "groups of up to 8 units (all of them)"
+    split_lengths = [c.last - c.first + 1 for c in free.choices if c.split.degree > 1]
+    assert max(split_lengths) > 4
+    assert free.estimate.latency_ms < capped.estimate.latency_ms
+
+
+@pytest.mark.parametrize("cap", [1, 2, 3, 4])
+def test_an_explicit_max_group_is_honoured_and_stated(chain: LayerGraph, cap: int) -> None:
+    pm = PerfModel(chain, _facts(), _compute(chain))
+    r = solve(chain, PlanRequest(mode="lo", memory=1769, max_group=cap), pm=pm)
+    assert r.max_group == cap
+    assert r.notes[0] == f"groups of up to {cap} of the model's 8 units (set by --max-group {cap})"
+    # only stages the master runs unsplit are merged afterwards (the same work, fewer files)
+    searched = [c for c in r.choices if not (c.split.family == "none" and c.master_part)]
+    assert searched and all(c.last - c.first + 1 <= cap for c in searched)
+
+
+def test_the_slo_solvers_search_groups_of_any_length_by_default(lg: LayerGraph) -> None:
+    pm = PerfModel(lg, _facts(), _compute(lg))
+    mems = [1769, 3538]
+    space = SearchSpace(pm, worker_memories=mems)
+    assert space.group_limit == len(lg.units) and (0, len(lg.units) - 1) in space.groups()
+    slo = 0.8 * pm.estimate([StageChoice(0, len(lg.units) - 1, Split())], 1769).latency_ms
+    exact = slo_dp(space, slo, mems, nl=4000)
+    brute = bruteforce(space, slo, mems)
+    assert exact.estimate.latency_ms <= slo + 1e-6
+    assert exact.estimate.cost_usd <= brute.estimate.cost_usd * 1.02
+
+
+def test_the_default_cap_is_every_unit_unless_a_model_is_too_deep_to_price_every_stage() -> None:
+    def stages(n: int, k: int) -> int:
+        return sum(min(k, j + 1) for j in range(n))
+
+    assert group_limit(18) == (18, "groups of up to 18 units (all of them)")
+    limit, why = group_limit(200)
+    assert stages(200, limit) <= GROUP_BUDGET < stages(200, limit + 1)
+    assert why.startswith(f"groups of up to {limit} of the model's 200 units (derived from the model")
+    assert "--max-group 200" in why  # how to search them all
+    assert group_limit(18, 4)[0] == 4 and group_limit(3, 10)[0] == 3
+    with pytest.raises(ValueError, match="at least 1"):
+        group_limit(5, 0)
+    with pytest.raises(ValueError, match="--max-group 0 must be at least 1"):
+        PlanRequest(max_group=0)
 
 
 def test_master_memory_limits_what_the_master_holds(lg: LayerGraph) -> None:

@@ -96,7 +96,7 @@ def test_decode_plan_covers_the_chain(space: SearchSpace) -> None:
         assert plan is not None
         assert plan[0].first == 0 and plan[-1].last == space.n - 1
         assert all(a.last + 1 == b.first for a, b in zip(plan, plan[1:], strict=False))
-        assert all(ch.last - ch.first < space.max_group for ch in plan)
+        assert all(ch.last - ch.first < space.group_limit for ch in plan)
 
 
 def test_scoring_orders_feasible_above_late_above_oom(space: SearchSpace) -> None:
@@ -202,3 +202,22 @@ def test_bad_arguments(space: SearchSpace, bad: dict) -> None:
         rl_solver(space, timesteps=64, **kw)
     with pytest.raises(ValueError):
         bo_solver(space, trials=2, **kw)
+
+
+def test_rl_and_bo_search_groups_of_any_length_by_default(space: SearchSpace) -> None:
+    """With the default space (no max_group) a group may run the whole chain: RL's observation holds a
+    window of every unit, "never cut" is one group of all of them, and both planners still plan."""
+    free = SearchSpace(space.pm, worker_memories=MEMS)
+    n = free.n
+    assert free.group_limit == n
+    env = PlanEnv(free, SLO_MS, MEMS)
+    assert env.observation_space.shape == (13 + 2 * len(MEMS) + 3 * n,)
+    env.reset(seed=0)
+    done = False
+    while not done:
+        _, _, done, _, _ = env.step(np.array([0, 0, 0, 0, 0, 1]))
+    assert [(c.first, c.last) for c in env._choices] == [(0, n - 1)]
+    params = {f"{k}_{i}": 0 for i in range(n) for k in ("cut", "par", "level", "place", "mem")}
+    assert [(c.first, c.last) for c in decode_plan(ChoiceTable(free), params, 1769) or []] == [(0, n - 1)]
+    for result in (rl_solver(free, SLO_MS, MEMS, timesteps=512), bo_solver(free, SLO_MS, MEMS, trials=5)):
+        assert plan_latency(free, result.estimate) <= SLO_MS

@@ -1,0 +1,49 @@
+"""`flatpack plan`: the cap on a group's length that it planned under is in its output, text and JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from serving.cli import main
+from tests.onnx_builders import conv_stack
+
+LAYERS = [{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 4}] * 6
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("plan") / "convs.onnx"
+    onnx.save(conv_stack(LAYERS, cin=3, h=16, w=16), str(path))
+    return path
+
+
+def _plan(model: Path, *args: str) -> dict:
+    result = CliRunner().invoke(main, ["plan", str(model), "--mode", "lo", "--profile", "flops", "--memory", "1769",
+                                       "--json", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_plan_searches_every_unit_by_default_and_says_so(model: Path) -> None:
+    data = _plan(model)
+    assert data["max_group"] == 6
+    assert data["notes"][0] == "groups of up to 6 units (all of them)"
+
+
+def test_max_group_caps_the_groups_and_the_plan_says_so(model: Path) -> None:
+    data = _plan(model, "--max-group", "2")
+    assert data["max_group"] == 2
+    assert data["notes"][0] == "groups of up to 2 of the model's 6 units (set by --max-group 2)"
+
+
+def test_the_text_output_and_help_state_the_cap(model: Path) -> None:
+    text = CliRunner().invoke(main, ["plan", str(model), "--mode", "lo", "--profile", "flops"], terminal_width=200)
+    assert text.exit_code == 0, text.output
+    assert "groups of up to 6 units (all of them)" in text.output
+    help_text = CliRunner().invoke(main, ["plan", "--help"], terminal_width=200).output
+    assert "--max-group N" in help_text and "Default: any number" in help_text

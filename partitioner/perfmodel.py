@@ -436,30 +436,38 @@ class PerfModel:
         else:
             slow = 1.0
         t_master = c.part_time(choice.first, choice.last, mine[0].flops, v_master) * slow if mine else 0.0
-        # a function's own handling (decoding, encoding, the master's slicing and joining, and on one host the
-        # shared-memory copies) is CPU work too: below one vCPU it stretches as compute does
+        # A function's own handling (decoding, encoding, the master's slicing and joining, and on one host the
+        # shared-memory copies) is CPU work too. How a CPU share slows it down depends on who does it:
+        # - a worker computes from the moment it is invoked to its reply, so all its work runs at its share
+        #   (the local platform's quota and top-up make that exact: wall = CPU time / share);
+        # - the master's handling comes in short bursts between waits (sending, then joining); a quota
+        #   with a 10 ms period runs a burst shorter than the period's quota at full speed. So the critical
+        #   path takes the master's handling unstretched. But its whole CPU time over its share is a floor
+        #   for the stage: a master at 0.29 vCPU cannot do 10 ms of work in less than 35 ms.
         cpu_m, cpu_w = p.cpu_stretch(v_master), p.cpu_stretch(v_worker)
-        io_m, io_w = (cpu_m, cpu_w) if p.cores else (1.0, 1.0)
+        io_w = cpu_w if p.cores else 1.0
         worker_ms = [
             (p.transfer_ms(x.input_bytes) * io_w + c.part_time(choice.first, choice.last, x.flops, v_worker) * slow
              + p.transfer_ms(x.output_bytes) * io_w + c.invocation_overhead_ms * cpu_w)
             for x in theirs
         ]
-        put = sum(p.transfer_ms(x.input_bytes) for x in theirs) * io_m
-        get = sum(p.transfer_ms(x.output_bytes) for x in theirs) * io_m
+        put = sum(p.transfer_ms(x.input_bytes) for x in theirs)
+        get = sum(p.transfer_ms(x.output_bytes) for x in theirs)
         out_bytes = sum(x.output_bytes for x in costs)
-        join = (out_bytes / (p.memcpy_gb_s * 1e9) * 1e3 + c.stage_overhead_ms) * cpu_m
+        join = out_bytes / (p.memcpy_gb_s * 1e9) * 1e3 + c.stage_overhead_ms
         if n:
             slowest = max(worker_ms)
             # the master sends the n invocations one after another (the first one's cost is in the invoke
-            # latency), then runs its own part on the same CPU share
-            dispatch = c.dispatch_ms * cpu_m
-            t_master += n * dispatch
+            # latency), then runs its own part
+            dispatch = c.dispatch_ms
             lag = (n - 1) * dispatch
-            mean = put + max(t_master, p.invoke.expected_max(n) + lag + slowest) + get + join
-            q = put + max(t_master, p.invoke.quantile_of_max(n, self.q) + lag + slowest) + get + join
+            busy = t_master + n * dispatch
+            handling = put + get + join + n * dispatch if p.cores else 0.0
+            floor = handling * cpu_m + t_master
+            mean = max(put + max(busy, p.invoke.expected_max(n) + lag + slowest) + get + join, floor)
+            q = max(put + max(busy, p.invoke.quantile_of_max(n, self.q) + lag + slowest) + get + join, floor)
         else:
-            mean = q = t_master + join
+            mean = q = t_master + join * (cpu_m if p.cores else 1.0)
         gb_ms = sum(p.billed_ms(t + p.billed_overhead_ms) for t in worker_ms) * worker_mb / 1024.0
         held = sum(x.input_bytes for x in costs) + out_bytes
         stage_w = sum(self.lg.units[u].weight_bytes for u in range(choice.first, choice.last + 1))

@@ -49,7 +49,8 @@ class LoRow:
     predicted_unsplit_p50_ms: float
     error: float  # live lo p50 / predicted - 1
     unsplit_error: float
-    oversubscribed: bool
+    oversubscribed: bool  # the plan's parts that compute at once need more than this machine's cores
+    platform_oversubscribed: bool  # the platform saw shares of instances with a request in flight exceed them
     errors: int
     compute: str
 
@@ -140,8 +141,10 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
                     unsplit_p50_ms=live_unsplit, lo_p50_ms=live_lo, speedup=live_unsplit / live_lo,
                     predicted_lo_p50_ms=pred, predicted_unsplit_p50_ms=predicted_unsplit,
                     error=live_lo / pred - 1, unsplit_error=live_unsplit / predicted_unsplit - 1,
-                    oversubscribed=(int(after.get("oversubscribed_invocations", 0))
-                                    > int(before.get("oversubscribed_invocations", 0))) or demand > cores,
+                    oversubscribed=demand > cores + 1e-9,
+                    # a master waiting for its workers counts as busy there, though it computes nothing
+                    platform_oversubscribed=(int(after.get("oversubscribed_invocations", 0))
+                                             > int(before.get("oversubscribed_invocations", 0))),
                     errors=bad(samples["lo"]) + bad(samples["unsplit"]), compute=source,
                 ))
                 say(f"{name} at {mb} MB: unsplit {live_unsplit:.1f} ms, lo {live_lo:.1f} ms "

@@ -151,10 +151,15 @@ def timing_problem(times_ms: list[float]) -> str:
     return ""
 
 
+#: below this one-thread time a second thread may well buy nothing (thread hand-off costs what it saves)
+THREADS_MIN_MS = 5.0
+
+
 def threads_problem(t1_ms: float, t2_ms: float) -> str:
-    """Why a 2-thread timing that is not faster than the 1-thread one is suspect ("" if it is faster): every
-    model flatpack splits has parallel work, so only a busy machine makes a second thread buy nothing."""
-    if t2_ms >= 0.95 * t1_ms:
+    """Why a 2-thread timing that is not faster than the 1-thread one is suspect ("" if it is faster, or if
+    the model is too small for threads to matter): a model big enough to split has parallel work, so only a
+    busy machine makes a second thread buy nothing."""
+    if t1_ms >= THREADS_MIN_MS and t2_ms >= 0.95 * t1_ms:
         return f"2 threads ({t2_ms:.1f} ms) no faster than 1 ({t1_ms:.1f} ms)"
     return ""
 

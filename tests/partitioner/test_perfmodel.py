@@ -72,6 +72,7 @@ def test_a_timing_taken_on_a_loaded_machine_is_caught_and_never_cached(tmp_path:
     # a second thread that buys nothing: only a busy machine does that to these models
     assert "no faster" in threads_problem(10.0, 9.8)
     assert threads_problem(10.0, 5.6) == ""
+    assert threads_problem(0.05, 0.06) == ""  # a tiny model: a second thread has nothing to do
     path = tmp_path / "calibration" / "m-t1.json"
     assert _record_calibration(path, 10.0, threads=1, reps=5, problem="") and path.is_file()
     # a disturbed re-measurement removes the stale cached figure rather than keep or replace it

@@ -217,11 +217,14 @@ class SmallDeployment:
                     if inst.pid is None or not inst.alive:
                         continue
                     rss = rss_mb(inst.pid)
-                    calls, size = inst.invocations, inst.memory_mb
+                    size = inst.memory_mb
                     inst.memory_mb = max(1, int(rss) - 8)
-                    if not inst.busy or inst.invocations != calls:
-                        # its request ended while we looked (the platform runs in another thread): that one
-                        # will not be killed, so it does not count; try again
+                    # The platform runs in another thread: its request may have passed the memory check
+                    # while we looked. Wait for the request to end and count the squeeze only if the
+                    # platform killed it for memory; otherwise restore the limit and try again.
+                    while inst.busy and time.monotonic() < end:
+                        time.sleep(0.001)
+                    if inst.oom_rss_mb is None:
                         inst.memory_mb = size
                         continue
                     return {"function": name, "instance": inst.id, "rss_mb": round(rss, 1),

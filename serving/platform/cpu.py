@@ -214,6 +214,10 @@ class CgroupV1Limiter(_CgroupLimiter):
         if self.memory_base is not None:
             mem = _mkdir(self.memory_base / instance)
             _write(mem / "memory.limit_in_bytes", str(memory_mb * 2**20))
+            # Lambda has no swap: where swap is accounted, the limit covers it too (else a host with swap
+            # would page the instance out instead of ending it)
+            with contextlib.suppress(CpuLimitError):
+                _write(mem / "memory.memsw.limit_in_bytes", str(memory_mb * 2**20), missing_ok=True)
             dirs.append(mem)
             procs.append(mem / "cgroup.procs")
             limit.memory_dir, limit.memory_version = mem, 1
@@ -244,7 +248,8 @@ class CgroupV2Limiter(_CgroupLimiter):
                               env=_top_up(self.share(memory_mb)))
         if self.memory:
             _write(d / "memory.max", str(memory_mb * 2**20))
-            _write(d / "memory.swap.max", "0", missing_ok=True)
+            with contextlib.suppress(CpuLimitError):  # no swap, as on Lambda (see CgroupV1Limiter)
+                _write(d / "memory.swap.max", "0", missing_ok=True)
             limit.memory_dir, limit.memory_version = d, 2
         return limit
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["peak_rss_mb", "reset_peak_rss", "rss_mb"]
+__all__ = ["peak_rss_mb", "pid_alive", "reset_peak_rss", "rss_mb"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -18,6 +18,23 @@ def _status_kb(pid: int | str, field: str) -> float:
     except OSError:
         pass
     return 0.0
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and is not a zombie awaiting its parent's wait() (where /proc
+    is not there, existing is enough). A process of another user counts as running."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
 
 
 def peak_rss_mb(pid: int | str = "self") -> float:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.harness.redis_server import OwnRedis
+from functions.procstat import pid_alive
 
 if TYPE_CHECKING:  # the platform is imported when a deployment starts
     from serving.platform.deploy import ConfigOverrides
@@ -76,12 +77,6 @@ def _terminate_idle(instances: list[InstanceView]) -> int:
     return n
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 class SmallDeployment:
@@ -253,9 +248,9 @@ class SmallDeployment:
         if self.platform is not None:
             self.platform.stop()
         deadline = time.monotonic() + 5
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
-        left["instance_processes"] = sum(1 for p in pids if _alive(p))
+        left["instance_processes"] = sum(1 for p in pids if pid_alive(p))
         left["shm_files"] = sum(1 for p in self._shm_dir.rglob("*") if p.is_file()) if self._shm_dir.exists() else 0
         if self.redis is not None:
             left["redis_keys"] = self.redis.keys()

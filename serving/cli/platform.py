@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from functions.procstat import pid_alive
 from functions.settings import state_dir
 from serving.console import console
 
@@ -30,14 +31,6 @@ def _read_state() -> dict | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @click.group("platform")
@@ -62,7 +55,7 @@ def start(host: str, port: int, profile: str, idle_timeout_s: float, cpu_limit: 
     from serving.platform.client import PlatformClient, PlatformUnavailable
 
     state = _read_state()
-    if state and _alive(int(state["pid"])):
+    if state and pid_alive(int(state["pid"])):
         raise click.ClickException(f"a platform is already running at {state['url']} (pid {state['pid']}); "
                                    f"stop it with `flatpack platform stop`")
     state_dir().mkdir(parents=True, exist_ok=True)
@@ -100,19 +93,19 @@ def start(host: str, port: int, profile: str, idle_timeout_s: float, cpu_limit: 
 def stop(wait_s: float) -> None:
     """Stop the background platform (its function instances stop with it)."""
     state = _read_state()
-    if not state or not _alive(int(state["pid"])):
+    if not state or not pid_alive(int(state["pid"])):
         _state_file().unlink(missing_ok=True)
         raise click.ClickException("no local platform is running; start one with `flatpack platform start`")
     pid = int(state["pid"])
     os.kill(pid, signal.SIGTERM)
     t_end = time.monotonic() + wait_s
-    while _alive(pid) and time.monotonic() < t_end:
+    while pid_alive(pid) and time.monotonic() < t_end:
         time.sleep(0.1)
         try:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
-    if _alive(pid):
+    if pid_alive(pid):
         os.kill(pid, signal.SIGKILL)
     _state_file().unlink(missing_ok=True)
     click.echo(f"stopped the platform at {state['url']} (pid {pid})")

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from functions.procstat import pid_alive
 from functions.settings import state_dir
 
 __all__ = ["DeploymentRecord", "NAME_RE", "state_dir"]
@@ -82,19 +83,7 @@ class DeploymentRecord:
 
     def alive(self) -> bool:
         """Whether the serving process runs (a zombie awaiting its parent's wait() counts as gone)."""
-        if not self.pid:
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        try:
-            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return True
-        return state != "Z"
+        return self.pid is not None and self.pid > 0 and pid_alive(self.pid)
 
     def running(self) -> bool:
         """Local deployments run while their serving process lives; cloud ones until undeployed."""

@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from functions.procstat import pid_alive
+
 __all__ = [
     "CPU_LIMITS",
     "CpuLedger",
@@ -426,7 +428,7 @@ def _sweep_stale(roots: Iterable[Path]) -> None:
         with contextlib.suppress(OSError):
             for d in root.glob("flatpack-*"):
                 pid = d.name.removeprefix("flatpack-")
-                if not pid.isdigit() or _alive(int(pid)):
+                if not pid.isdigit() or pid_alive(int(pid)):
                     continue
                 for child in d.iterdir():
                     if child.is_dir():
@@ -436,14 +438,6 @@ def _sweep_stale(roots: Iterable[Path]) -> None:
                     d.rmdir()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def limiter_env(share: CpuShare) -> Mapping[str, str]:

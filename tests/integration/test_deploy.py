@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
+from functions.procstat import pid_alive
 from functions.session import make_session
 from tests.onnx_builders import conv_stack, mlp
 
@@ -52,12 +53,6 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.parametrize("mode", ["slo", "lo", "mopar"])
@@ -86,8 +81,8 @@ def test_deploy_infer_undeploy(mode: str, env: dict[str, str], tmp_path: Path) -
     finally:
         res = flatpack("undeploy", "v", env=env)
     assert res.returncode == 0, res.stderr
-    assert not _alive(rec["pid"])
-    assert not any(_alive(k) for k in kids)
+    assert not pid_alive(rec["pid"])
+    assert not any(pid_alive(k) for k in kids)
     assert not (Path("/dev/shm/flatpack") / rec["deployment_id"]).exists()
     assert json.loads(flatpack("ls", "--json", env=env).stdout) == []
 

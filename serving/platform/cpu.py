@@ -45,7 +45,7 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -192,14 +192,8 @@ class _CgroupLimiter(CpuLimiter):
 
     def close(self) -> None:
         for base in (self.cpu_base, self.memory_base):
-            if base is None or not base.is_dir():
-                continue
-            for child in base.iterdir():
-                if child.is_dir():
-                    with contextlib.suppress(OSError):
-                        child.rmdir()
-            with contextlib.suppress(OSError):
-                base.rmdir()
+            if base is not None:
+                _remove_cgroups(base)
 
 
 class CgroupV1Limiter(_CgroupLimiter):
@@ -430,16 +424,15 @@ def _sweep_stale(roots: Iterable[Path]) -> None:
                 pid = d.name.removeprefix("flatpack-")
                 if not pid.isdigit() or pid_alive(int(pid)):
                     continue
-                for child in d.iterdir():
-                    if child.is_dir():
-                        with contextlib.suppress(OSError):
-                            child.rmdir()
+                _remove_cgroups(d)
+
+
+def _remove_cgroups(base: Path) -> None:
+    """Remove ``base`` and the instance cgroups in it (a cgroup is removed by rmdir, once it holds no process;
+    one that still does stays, and is swept by a later platform)."""
+    with contextlib.suppress(OSError):
+        for child in base.iterdir():
+            if child.is_dir():
                 with contextlib.suppress(OSError):
-                    d.rmdir()
-
-
-
-
-def limiter_env(share: CpuShare) -> Mapping[str, str]:
-    """The thread settings an instance with ``share`` runs with."""
-    return {"OMP_NUM_THREADS": str(share.threads), "FLATPACK_INTRA_OP_THREADS": str(share.threads)}
+                    child.rmdir()
+        base.rmdir()

@@ -48,10 +48,13 @@ def cpushare_cmd(memories: tuple[int, ...], reference_mb: int | None, samples: i
     """A fixed one-thread computation at each memory size against 1769 MB: measured vs expected slow-down."""
     from serving.console import err_console
 
-    if samples < 1:
-        raise click.BadParameter("give at least one sample", param_hint="--samples")
+    if samples < 3:
+        raise click.BadParameter("give at least 3 samples (a median needs several)", param_hint="--samples")
     with err_console.status("measuring CPU shares") as st:
-        result = measure(memories, reference_mb=reference_mb, samples=samples, layers=layers, cpu_limit=cpu_limit,
-                         say=lambda m: st.update(m))
+        try:
+            result = measure(memories, reference_mb=reference_mb, samples=samples, layers=layers,
+                             cpu_limit=cpu_limit, say=lambda m: st.update(m))
+        except ValueError as e:
+            raise click.ClickException(str(e)) from e
     if not emit(result.to_json(), out=out, as_json=as_json):
         _print(result)

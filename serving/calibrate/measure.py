@@ -342,16 +342,18 @@ def measure_transfer(client: PlatformClient, url: str, noop: _Probe, transport: 
 
 def measure_cpu_share(client: PlatformClient, url: str, settings: CalibrationSettings, workdir: Path, *,
                       mb_per_vcpu: float, memory_range: tuple[int, int], progress: Progress | None = None,
-                      ) -> tuple[CpuShare, ...]:
+                      reference_mb: int | None = None) -> tuple[CpuShare, ...]:
     """The CPU share's real slow-down: a fixed computation (``compute_n`` x ``compute_layers`` MatMuls)
     metered at one vCPU (``mb_per_vcpu``, within ``memory_range``) and at each of ``cpu_share_mb``,
     interleaved so that both see the same machine load; the median metered duration of each.
 
     This is the hook for the local platform's CPU-share emulation: whatever mechanism the platform uses
     to give an instance M / mb_per_vcpu of a core shows here as a measured slow-down next to the
-    expected ``mb_per_vcpu / M``; without one, both sizes run on whole cores and measure about 1."""
+    expected ``mb_per_vcpu / M``; without one, both sizes run on whole cores and measure about 1.
+    ``reference_mb``: compare with that size instead (one thread uses at most one core, so what a size is
+    expected to take is its share up to one core against the reference's)."""
     lo, hi = memory_range
-    ref_mb = int(min(hi, max(lo, round(mb_per_vcpu))))
+    ref_mb = int(min(hi, max(lo, round(mb_per_vcpu) if reference_mb is None else reference_mb)))
     sizes = [int(m) for m in settings.cpu_share_mb if lo <= m <= hi and m != ref_mb]
     if not sizes:
         return ()
@@ -361,7 +363,9 @@ def measure_cpu_share(client: PlatformClient, url: str, settings: CalibrationSet
     times: dict[int, list[float]] = {m: [] for m in (ref_mb, *sizes)}
     try:
         for m in times:
-            probes[m] = _Probe(client, url, bundle, transport="inline", settings=settings, memory_mb=m)
+            # by shared memory: the probe's tensors then cost next to nothing to move, so the metered time is
+            # its compute (inline, a 512 x 512 probe's 1 MB each way added ~4 ms that no share stretches)
+            probes[m] = _Probe(client, url, bundle, transport="shm", settings=settings, memory_mb=m)
             for _ in range(2):
                 probes[m].rtt()
         total = settings.cpu_samples * len(times)
@@ -379,8 +383,10 @@ def measure_cpu_share(client: PlatformClient, url: str, settings: CalibrationSet
         for p in probes.values():
             p.close()
     ref = _median(times[ref_mb])
-    return tuple(CpuShare(m, ref_mb, _median(times[m]), ref, max(1.0, mb_per_vcpu / m), settings.cpu_samples)
-                 for m in sizes)
+    def expected(m: int) -> float:
+        return min(1.0, ref_mb / mb_per_vcpu) / min(1.0, m / mb_per_vcpu)
+
+    return tuple(CpuShare(m, ref_mb, _median(times[m]), ref, expected(m), settings.cpu_samples) for m in sizes)
 
 
 def calibrate_platform(client: PlatformClient, url: str, profile: PlatformProfile,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +90,7 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
     from functions.plan import Plan
     from partitioner.export import export_bundle
     from partitioner.graph import LayerGraph
-    from partitioner.perfmodel import StageChoice
+    from partitioner.perfmodel import PerfModel, StageChoice
     from partitioner.planner import PlanRequest, export_solution
     from partitioner.spec import Split
     from serving.platform.process import PlatformProcess
@@ -109,8 +109,13 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
             name = label(spec)
             say(f"{name}: profiling its units (cached)")
             lg = LayerGraph.load(model_path(spec))
+            # the compute model once per model; each memory size has its own measured invoke latency
+            base, source = perfmodel(lg, None)
+            t1 = sum(u.get(1, 0.0) for u in base.compute.unit_ms)
+            if t1 > 0:
+                gflops.append(sum(base.compute.unit_flops) / t1 / 1e6)
             for mb in memories:
-                pm, source = perfmodel(lg, invoke[mb])
+                pm = PerfModel(lg, replace(base.platform, invoke=invoke[mb]), base.compute, transport="shm")
                 say(f"{name} at {mb} MB: planning")
                 result = lo_plan(pm, max_group or len(lg.units), memory_mb=mb,
                                  max_degree=_max_degree(mb, pm.platform.mb_per_vcpu, cores))
@@ -130,9 +135,6 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
                     after = dict(pp.client.health().get("cpu") or {})
                 # the parts of a stage run at once (the master's among them, or the master waits)
                 demand = max(c.split.degree * min(1.0, mb / pm.platform.mb_per_vcpu) for c in result.choices)
-                t1 = sum(u.get(1, 0.0) for u in pm.compute.unit_ms)
-                if t1 > 0:
-                    gflops.append(sum(pm.compute.unit_flops) / t1 / 1e6)
                 live_lo, live_unsplit = p50(samples["lo"]), p50(samples["unsplit"])
                 pred = result.estimate.latency_ms
                 rows.append(LoRow(

@@ -392,6 +392,17 @@ def s3_endpoint(aws_env: None) -> Iterator[str]:
 # --------------------------------------------------------------------------------------------------------
 
 
+def wait_busy(platform, name: str, timeout_s: float = 30) -> int:
+    """The pid of a busy instance of function ``name`` on ``platform``, polled until one is (or fail)."""
+    t_end = time.monotonic() + timeout_s
+    while time.monotonic() < t_end:
+        for inst in platform.client.function(name)["instances"]:
+            if inst["busy"] and inst["pid"]:
+                return int(inst["pid"])
+        time.sleep(0.005)
+    raise AssertionError(f"no busy instance of {name}")
+
+
 @pytest.fixture(scope="session")
 def platform(shm_root: Path) -> Iterator[object]:
     """One local platform (in a background thread) for the session, on a free loopback port."""

@@ -40,6 +40,7 @@ from functions.compare import rel_err  # noqa: E402
 from serving.platform import LocalPlatform  # noqa: E402
 from serving.platform.deploy import Deployment, deploy_bundle  # noqa: E402
 from serving.platform.master_client import MasterClient  # noqa: E402
+from tests.conftest import wait_busy  # noqa: E402
 
 BUNDLES = ["conv_channel", "conv_channel_master", "matmul_sum", "chain"]
 
@@ -142,16 +143,6 @@ def test_32_concurrent_requests_get_their_own_outputs(platform: LocalPlatform, b
     assert sum(d.leftovers().values()) == 0
 
 
-def _wait_busy(platform: LocalPlatform, name: str, timeout_s: float = 30) -> int:
-    t_end = time.monotonic() + timeout_s
-    while time.monotonic() < t_end:
-        for inst in platform.client.function(name)["instances"]:
-            if inst["busy"] and inst["pid"]:
-                return int(inst["pid"])
-        time.sleep(0.005)
-    raise AssertionError(f"no busy instance of {name}")
-
-
 def test_a_killed_worker_is_retried_and_the_request_succeeds(platform: LocalPlatform, bundles, reference,
                                                              deploy) -> None:
     bundle = bundles.slow
@@ -161,7 +152,7 @@ def test_a_killed_worker_is_retried_and_the_request_succeeds(platform: LocalPlat
     result: dict[str, object] = {}
     t = threading.Thread(target=lambda: result.update(out=client.infer(x)))
     t.start()
-    os.kill(_wait_busy(platform, d.names["worker-1"]), signal.SIGKILL)
+    os.kill(wait_busy(platform, d.names["worker-1"]), signal.SIGKILL)
     t.join(120)
     got = result["out"]["y"]  # type: ignore[index]
     assert rel_err(got, reference(bundle, x)["y"]) <= 1e-4

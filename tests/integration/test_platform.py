@@ -36,6 +36,7 @@ pytest.importorskip("fastapi", reason="the platform tests need flatpack[server]"
 
 from serving.platform import FunctionSpec, LocalPlatform, PlatformConfig  # noqa: E402
 from serving.platform.deploy import Deployment, deploy_bundle  # noqa: E402
+from tests.conftest import wait_busy  # noqa: E402
 
 
 @pytest.fixture
@@ -164,16 +165,6 @@ def test_out_of_memory_is_killed_and_reported(platform: LocalPlatform, bundles, 
         assert json.loads(resp.read())["errorType"] == "Runtime.OutOfMemory"
 
 
-def _wait_busy(platform: LocalPlatform, name: str, timeout_s: float = 30) -> int:
-    t_end = time.monotonic() + timeout_s
-    while time.monotonic() < t_end:
-        for inst in platform.client.function(name)["instances"]:
-            if inst["busy"] and inst["pid"]:
-                return int(inst["pid"])
-        time.sleep(0.005)
-    raise AssertionError(f"no busy instance of {name}")
-
-
 def test_crash_and_timeout_are_reported(platform: LocalPlatform, bundles, deploy) -> None:
     d = deploy(bundles.slow)
     worker = d.names["worker-1"]
@@ -183,7 +174,7 @@ def test_crash_and_timeout_are_reported(platform: LocalPlatform, bundles, deploy
     t = threading.Thread(target=lambda: errors.append(_catch(lambda: inv.invoke(
         worker, part_event(d, x).encode(), timeout_s=60))))
     t.start()
-    os.kill(_wait_busy(platform, worker), signal.SIGKILL)
+    os.kill(wait_busy(platform, worker), signal.SIGKILL)
     t.join(60)
     assert isinstance(errors[0], InstanceCrashed) and "SIGKILL" in str(errors[0]) and errors[0].retryable
 

@@ -44,6 +44,7 @@ __all__ = [
     "PlanEstimate",
     "PlatformFacts",
     "StageChoice",
+    "cpu_stretch",
 ]
 
 MB = 2**20
@@ -103,6 +104,11 @@ class ExGauss:
         return self.quantile(q ** (1.0 / n))
 
 
+def cpu_stretch(vcpu: float) -> float:
+    """How much slower one thread's work runs with ``vcpu`` of a core (1 from one vCPU up)."""
+    return 1.0 / max(min(vcpu, 1.0), 1e-3)
+
+
 @dataclass(frozen=True)
 class PlatformFacts:
     """The numbers of a platform profile that the model uses (see ``from_profile``)."""
@@ -129,10 +135,6 @@ class PlatformFacts:
         mb_per_vcpu`` up to ``max_vcpu``. The local platform enforces the same share per instance (a cgroup
         quota, or dilation: ``serving.platform.cpu``), so one model holds for both."""
         return min(self.max_vcpu, memory_mb / self.mb_per_vcpu)
-
-    def cpu_stretch(self, vcpu: float) -> float:
-        """How much slower one thread's work runs with ``vcpu`` (1 from one vCPU up)."""
-        return 1.0 / max(min(vcpu, 1.0), 1e-3)
 
     def round_memory(self, need_mb: float) -> int:
         """The smallest memory option at least ``need_mb`` (ValueError if none is)."""
@@ -282,7 +284,7 @@ class ComputeModel:
         t = self.unit_ms[unit]
         t1 = t.get(1) or min(t.values()) * max(t)
         if vcpu <= 1.0:
-            return t1 / max(vcpu, 1e-3)
+            return t1 * cpu_stretch(vcpu)
         if len(t) >= 2:
             k = max(t)
             tk = t[k]
@@ -305,7 +307,7 @@ class ComputeModel:
         if stage_flops is None:
             stage_flops = self._sums[key] = sum(self.unit_flops[first:last + 1])
         share = part_flops / stage_flops if stage_flops else 1.0
-        return self.stage_time(first, last, vcpu) * share + self.overhead_ms / max(min(vcpu, 1.0), 1e-3)
+        return self.stage_time(first, last, vcpu) * share + self.overhead_ms * cpu_stretch(vcpu)
 
     def transient_mb(self, first: int, last: int, weight_share: float = 1.0) -> float:
         """The largest transient of units ``first..last``, scaled to a part holding ``weight_share`` of
@@ -444,7 +446,7 @@ class PerfModel:
         #   with a 10 ms period runs a burst shorter than the period's quota at full speed. So the critical
         #   path takes the master's handling unstretched. But its whole CPU time over its share is a floor
         #   for the stage: a master at 0.29 vCPU cannot do 10 ms of work in less than 35 ms.
-        cpu_m, cpu_w = p.cpu_stretch(v_master), p.cpu_stretch(v_worker)
+        cpu_m, cpu_w = cpu_stretch(v_master), cpu_stretch(v_worker)
         io_w = cpu_w if p.cores else 1.0
         worker_ms = [
             (p.transfer_ms(x.input_bytes) * io_w + c.part_time(choice.first, choice.last, x.flops, v_worker) * slow

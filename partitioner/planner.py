@@ -140,10 +140,15 @@ def _record_calibration(path: Path, median_ms: float, *, threads: int, reps: int
 DISAGREEMENT = 1.25
 
 
+#: below this time a model is too small for either check: its repeats differ by timer and scheduler noise
+#: (a 0.05 ms MLP's quartiles 1.5x apart on an idle machine), and a second thread costs what it saves
+MIN_CHECKED_MS = 5.0
+
+
 def timing_problem(times_ms: list[float]) -> str:
-    """Why repeated timings of the same work look disturbed by other load on the machine ("" if they do not):
-    their quartiles disagree by more than :data:`DISAGREEMENT`."""
-    if len(times_ms) < 4:
+    """Why repeated timings of the same work look disturbed by other load on the machine ("" if they do not,
+    or if the work is too short to tell): their quartiles disagree by more than :data:`DISAGREEMENT`."""
+    if len(times_ms) < 4 or float(np.median(times_ms)) < MIN_CHECKED_MS:
         return ""
     q1, q3 = np.percentile(times_ms, [25, 75])
     if q1 > 0 and q3 / q1 > DISAGREEMENT:
@@ -151,15 +156,11 @@ def timing_problem(times_ms: list[float]) -> str:
     return ""
 
 
-#: below this one-thread time a second thread may well buy nothing (thread hand-off costs what it saves)
-THREADS_MIN_MS = 5.0
-
-
 def threads_problem(t1_ms: float, t2_ms: float) -> str:
     """Why a 2-thread timing that is not faster than the 1-thread one is suspect ("" if it is faster, or if
     the model is too small for threads to matter): a model big enough to split has parallel work, so only a
     busy machine makes a second thread buy nothing."""
-    if t1_ms >= THREADS_MIN_MS and t2_ms >= 0.95 * t1_ms:
+    if t1_ms >= MIN_CHECKED_MS and t2_ms >= 0.95 * t1_ms:
         return f"2 threads ({t2_ms:.1f} ms) no faster than 1 ({t1_ms:.1f} ms)"
     return ""
 

@@ -32,6 +32,7 @@ _BENCHMARKS: dict[str, str] = {
     "soak": "bench.commands.soak:soak_cmd",
     "cpushare": "bench.commands.cpushare:cpushare_cmd",
     "lo": "bench.commands.lo:lo_cmd",
+    "mopar": "bench.commands.mopar:mopar_cmd",
 }
 
 

@@ -13,7 +13,10 @@ error                                                 status  why
                                                               (``WWW-Authenticate: Bearer``)
 :class:`ModelNotFound`, :class:`RouteNotFound`        404     no such model / route here
 :class:`MethodNotAllowed`                             405     the route takes another method
-:class:`RequestTooLarge`                              413     the body is over the endpoint's limit
+:class:`RequestTooLarge`                              413     the body (or what it decodes to) is over the
+                                                              endpoint's limit
+:class:`UnsupportedEncoding`                          415     a ``Content-Encoding`` other than gzip, deflate
+                                                              or identity
 :class:`NotReady`                                     503     the model's functions are not up yet
 ``Throttled``                                         503     every instance is busy at the concurrency limit:
                                                               a server-side capacity limit (RFC 9110 §15.6.4),
@@ -57,6 +60,7 @@ __all__ = [
     "RouteNotFound",
     "StatusRule",
     "Unauthorized",
+    "UnsupportedEncoding",
     "UpstreamError",
     "error_body",
     "error_response",
@@ -86,6 +90,10 @@ class ModelNotFound(ApiError, LookupError):
     def named(cls, name: str, served: Sequence[str]) -> ModelNotFound:
         return cls(f"model {name!r} is not served here; models: {list(served)}")
 
+    @classmethod
+    def version(cls, name: str, version: str, versions: Sequence[str]) -> ModelNotFound:
+        return cls(f"model {name!r} has no version {version!r}; versions: {list(versions)}")
+
 
 class RouteNotFound(ApiError, LookupError):
     """No route at that path."""
@@ -111,6 +119,10 @@ class RequestTooLarge(ApiError, ValueError):
         if size is None:
             return cls(f"request body exceeds the {limit} byte limit")
         return cls(f"request body of {size} bytes exceeds the {limit} byte limit")
+
+
+class UnsupportedEncoding(ApiError, ValueError):
+    """The request body's ``Content-Encoding`` is not one the endpoint decodes."""
 
 
 class NotReady(ApiError, RuntimeError):
@@ -140,6 +152,7 @@ STATUS_TABLE: tuple[StatusRule, ...] = (
     StatusRule(RouteNotFound, 404, "no such route"),
     StatusRule(MethodNotAllowed, 405, "the route takes another method"),
     StatusRule(RequestTooLarge, 413, "the body is over the endpoint's limit"),
+    StatusRule(UnsupportedEncoding, 415, "the body's content coding is not gzip, deflate or identity"),
     StatusRule(NotReady, 503, "the model's functions are not up yet"),
     StatusRule(Throttled, 503, "the functions are at their concurrency limit (server-side capacity)", 1),
     StatusRule(InvokeTimeout, 504, "a function did not answer in time (the endpoint is their gateway)"),

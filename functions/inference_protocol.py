@@ -14,8 +14,15 @@ same words, on every target. Standard library and numpy only: a function package
 * :func:`check_inputs` / :func:`check_outputs`: a decoded request against the model: unknown or missing
   inputs, a datatype or shape other than the model's, unknown requested outputs.
 * :func:`encode_response`: outputs as JSON data, or as raw bytes after the JSON header when the request
-  asks for binary outputs (``parameters.binary_data_output``, or an output's ``parameters.binary_data``).
-* :func:`model_metadata`, :func:`server_metadata`: the metadata documents.
+  asks for binary outputs (``parameters.binary_data_output``, or an output's ``parameters.binary_data``);
+  an output asked for as classes as its top-k ``BYTES`` strings.
+* :func:`model_metadata`, :func:`server_metadata`: the metadata documents; :func:`check_version`: every
+  model has one version, ``"1"`` (``/v2/models/{name}/versions/1/...``); another is an unknown model (404).
+* Triton's read-only extensions that clients call first: :func:`model_config` (``GET
+  /v2/models/{name}/config``), :func:`repository_index` (``POST /v2/repository/index``). Statistics:
+  :mod:`functions.inference_stats`.
+
+JSON goes through :mod:`functions.json_codec` (orjson where installed).
 
 Datatypes: ``BOOL``, ``UINT8..64``, ``INT8..64``, ``FP16``, ``FP32``, ``FP64`` (``BYTES`` and ``BF16`` are
 not served: no model flatpack splits takes them).
@@ -23,28 +30,34 @@ not served: no model flatpack splits takes them).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from functions.http_errors import InvalidInput
+from functions import json_codec
+from functions.classification import check_classifiable, class_count, serialize_bytes, top_classes
+from functions.http_errors import InvalidInput, ModelNotFound
 from functions.plan import TensorSpec
 
 __all__ = [
     "DATATYPES",
     "HEADER_LENGTH",
+    "EXTENSIONS",
     "MAX_ELEMENTS",
+    "MODEL_VERSION",
     "SERVER_VERSION",
     "DecodedRequest",
     "check_inputs",
     "check_outputs",
+    "check_version",
     "datatype_of",
     "decode_request",
     "encode_response",
+    "model_config",
     "model_metadata",
+    "repository_index",
     "server_metadata",
 ]
 
@@ -60,6 +73,12 @@ _NAMES = {v: k for k, v in DATATYPES.items()}
 
 #: what ``GET /v2`` says (the distribution's version; a function package has no installed metadata to read)
 SERVER_VERSION = "0.1.0"
+
+#: the one version of every model served (flatpack serves what was deployed; a new version is a new deploy)
+MODEL_VERSION = "1"
+
+#: the protocol extensions ``GET /v2`` lists (Triton's names)
+EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics")
 
 #: No request body holds more elements; a larger count is a malformed shape, refused before any arithmetic
 #: on it.
@@ -79,7 +98,8 @@ class DecodedRequest:
     """An infer request as arrays: what every front-end hands to inference.
 
     ``outputs``: the requested outputs in order (None: every output of the model); ``binary_outputs``:
-    those to send as raw bytes; ``binary_default``: the request's ``binary_data_output``.
+    those to send as raw bytes; ``binary_default``: the request's ``binary_data_output``; ``classes``:
+    the outputs asked for as their top-k classes, and k.
     """
 
     id: str | None
@@ -87,10 +107,7 @@ class DecodedRequest:
     outputs: tuple[str, ...] | None
     binary_outputs: frozenset[str]
     binary_default: bool
-
-
-def _no_constant(name: str) -> float:
-    raise json.JSONDecodeError(f"{name} is not a JSON number (NaN and infinities are not allowed)", name, 0)
+    classes: Mapping[str, int] = field(default_factory=dict)
 
 
 def _field(where: str, problem: str) -> InvalidInput:
@@ -141,13 +158,24 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     return body[:n], memoryview(body)[n:]
 
 
+def _array(data: Any, dtype: np.dtype) -> np.ndarray:
+    """JSON ``data`` as an array: a flat list of floats with ``np.fromiter`` (a fifth faster than
+    ``np.asarray``, which first looks for nesting), anything else as ``np.asarray`` reads it."""
+    if dtype.kind == "f" and isinstance(data, list) and data and isinstance(data[0], float):
+        try:
+            return np.fromiter(data, dtype, len(data))
+        except (ValueError, TypeError):
+            pass  # nested or mixed: np.asarray says what is wrong
+    return np.asarray(data, dtype=dtype)
+
+
 def decode_request(body: bytes, header_length: str | None = None) -> DecodedRequest:
     """Parse an infer request: JSON, or the binary extension when ``header_length`` (the value of the
     ``Inference-Header-Content-Length`` header) is given. Raises :class:`InvalidInput` naming what is wrong."""
     header, binary = _split(body, header_length)
     try:
-        raw = json.loads(header, parse_constant=_no_constant)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raw = json_codec.loads(header)
+    except (json_codec.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise InvalidInput(f"request is not valid JSON: {e}") from None
     doc = _object(raw, "")
     rid = doc.get("id")
@@ -194,7 +222,7 @@ def decode_request(body: bytes, header_length: str | None = None) -> DecodedRequ
             if data is None:
                 raise InvalidInput(f"input {name!r} has neither data nor binary_data_size")
             try:
-                arr = np.asarray(data, dtype=dtype)
+                arr = _array(data, dtype)
             except (ValueError, TypeError, OverflowError) as e:
                 raise InvalidInput(f"input {name!r}: data is not {datatype}: {e}") from None
             if arr.size != count:
@@ -207,21 +235,31 @@ def decode_request(body: bytes, header_length: str | None = None) -> DecodedRequ
         inputs[name] = arr
     if offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
-    wanted = None
+    wanted, binary_out, classes = _requested_outputs(doc.get("outputs"), default_binary)
+    return DecodedRequest(rid, inputs, wanted, binary_out, default_binary, classes)
+
+
+def _requested_outputs(requested: Any, default_binary: bool
+                       ) -> tuple[tuple[str, ...] | None, frozenset[str], dict[str, int]]:
+    """The requested outputs' names (None: all), those to send as binary data, those asked for as classes."""
+    if requested is None:
+        return None, frozenset(), {}
+    if not isinstance(requested, list):
+        raise _field("outputs", f"must be a list of requested outputs, got {type(requested).__name__}")
+    names = []
     binary_out: set[str] = set()
-    requested = doc.get("outputs")
-    if requested is not None:
-        if not isinstance(requested, list):
-            raise _field("outputs", f"must be a list of requested outputs, got {type(requested).__name__}")
-        names = []
-        for i, entry in enumerate(requested):
-            out = _object(entry, f"outputs.{i}")
-            name = _string(out, "name", f"outputs.{i}.")
-            names.append(name)
-            if _parameters(out, f"outputs.{i}.").get("binary_data", default_binary):
-                binary_out.add(name)
-        wanted = tuple(names) or None
-    return DecodedRequest(rid, inputs, wanted, frozenset(binary_out), default_binary)
+    classes: dict[str, int] = {}
+    for i, entry in enumerate(requested):
+        out = _object(entry, f"outputs.{i}")
+        name = _string(out, "name", f"outputs.{i}.")
+        names.append(name)
+        params = _parameters(out, f"outputs.{i}.")
+        if params.get("binary_data", default_binary):
+            binary_out.add(name)
+        k = class_count(name, params)
+        if k is not None:
+            classes[name] = k
+    return tuple(names) or None, frozenset(binary_out), classes
 
 
 def check_inputs(model: str, specs: Sequence[TensorSpec], inputs: Mapping[str, np.ndarray]) -> None:
@@ -242,39 +280,69 @@ def check_inputs(model: str, specs: Sequence[TensorSpec], inputs: Mapping[str, n
             raise InvalidInput(f"input {name!r} has shape {list(arr.shape)}, the model takes {list(spec.shape)}")
 
 
-def check_outputs(model: str, specs: Sequence[TensorSpec], requested: Sequence[str] | None) -> None:
-    """Refuse (:class:`InvalidInput`) requested outputs model ``model`` does not have."""
+def check_outputs(model: str, specs: Sequence[TensorSpec], requested: Sequence[str] | None,
+                  classes: Mapping[str, int] | None = None) -> None:
+    """Refuse (:class:`InvalidInput`) requested outputs model ``model`` does not have, and outputs asked for
+    as classes (``classes``: the classification extension, :mod:`functions.classification`) that cannot be
+    ranked, before the model runs."""
     if requested is None:
         return
-    known = {t.name for t in specs}
-    bad = sorted(set(requested) - known)
+    by_name = {t.name: t for t in specs}
+    bad = sorted(set(requested) - set(by_name))
     if bad:
-        raise InvalidInput(f"unknown output(s) {bad}; model {model!r} has {sorted(known)}")
+        raise InvalidInput(f"unknown output(s) {bad}; model {model!r} has {sorted(by_name)}")
+    for name in classes or {}:
+        check_classifiable(name, by_name[name].dtype, by_name[name].shape)
 
 
-def encode_response(model: str, request: DecodedRequest, outputs: Mapping[str, np.ndarray]
-                    ) -> tuple[bytes, dict[str, str]]:
+def encode_response(model: str, request: DecodedRequest, outputs: Mapping[str, np.ndarray], *,
+                    labels: Mapping[str, Sequence[str]] | None = None) -> tuple[bytes, dict[str, str]]:
     """The response body and its headers (``content-type``, and ``Inference-Header-Content-Length`` when
-    binary outputs follow the JSON header). ``outputs`` are sent in their order."""
+    binary outputs follow the JSON header). ``outputs`` are sent in their order; ``labels``: class labels
+    per output, for outputs asked for as classes."""
     entries = []
     blobs = []
     for name, value in outputs.items():
-        arr = np.ascontiguousarray(value)
-        entry: dict[str, Any] = {"name": name, "datatype": datatype_of(arr.dtype), "shape": list(arr.shape)}
-        if name in request.binary_outputs or (request.outputs is None and request.binary_default):
-            raw = arr.tobytes()
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            blobs.append(raw)
+        binary = name in request.binary_outputs or (request.outputs is None and request.binary_default)
+        k = request.classes.get(name)
+        blob: bytes | memoryview | None
+        if k is not None:
+            entry, blob = _classes_entry(name, value, k, (labels or {}).get(name), binary)
         else:
-            entry["data"] = arr.reshape(-1).tolist()
+            entry, blob = _tensor_entry(name, value, binary)
         entries.append(entry)
-    doc: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": entries}
+        if blob is not None:
+            blobs.append(blob)
+    doc: dict[str, Any] = {"model_name": model, "model_version": MODEL_VERSION, "outputs": entries}
     if request.id is not None:
         doc["id"] = request.id
-    header = json.dumps(doc, separators=(",", ":")).encode()
+    header = json_codec.dumps(doc)
     if not blobs:
         return header, {"content-type": "application/json"}
-    return header + b"".join(blobs), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
+    return b"".join([header, *blobs]), {"content-type": "application/octet-stream",
+                                        HEADER_LENGTH: str(len(header))}
+
+
+def _tensor_entry(name: str, value: np.ndarray, binary: bool) -> tuple[dict[str, Any], bytes | memoryview | None]:
+    arr = np.asarray(value, order="C")  # C order for the bytes and orjson; a 0-d array stays 0-d
+    entry: dict[str, Any] = {"name": name, "datatype": datatype_of(arr.dtype), "shape": list(arr.shape)}
+    if binary:
+        entry["parameters"] = {"binary_data_size": arr.nbytes}
+        return entry, arr.data  # the array's own bytes: copied once, into the response
+    entry["data"] = arr.reshape(-1)
+    return entry, None
+
+
+def _classes_entry(name: str, value: np.ndarray, k: int, labels: Sequence[str] | None, binary: bool
+                   ) -> tuple[dict[str, Any], bytes | None]:
+    strings = top_classes(value, k, labels)
+    entry: dict[str, Any] = {"name": name, "datatype": "BYTES", "shape": [len(strings)]}
+    if binary:
+        raw = serialize_bytes(strings)
+        entry["parameters"] = {"binary_data_size": len(raw)}
+        return entry, raw
+    entry["data"] = strings
+    return entry, None
 
 
 def model_metadata(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], *,
@@ -284,10 +352,54 @@ def model_metadata(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[Te
     def spec(t: TensorSpec) -> dict[str, Any]:
         return {"name": t.name, "datatype": datatype_of(t.dtype), "shape": list(t.shape)}
 
-    return {"name": name, "versions": ["1"], "platform": platform, "inputs": [spec(t) for t in inputs],
+    return {"name": name, "versions": [MODEL_VERSION], "platform": platform, "inputs": [spec(t) for t in inputs],
             "outputs": [spec(t) for t in outputs]}
 
 
 def server_metadata(version: str = SERVER_VERSION) -> dict[str, Any]:
     """``GET /v2``: the server's name, version and protocol extensions."""
-    return {"name": "flatpack", "version": version, "extensions": ["binary_tensor_data"]}
+    return {"name": "flatpack", "version": version, "extensions": list(EXTENSIONS)}
+
+
+def check_version(model: str, version: str | None) -> None:
+    """Refuse (:class:`ModelNotFound`, 404) a version of ``model`` other than :data:`MODEL_VERSION`
+    (None or empty: the route named no version)."""
+    if version and version != MODEL_VERSION:
+        raise ModelNotFound.version(model, version, [MODEL_VERSION])
+
+
+def model_config(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], *,
+                 platform: str = "onnxruntime_onnx") -> dict[str, Any]:
+    """``GET /v2/models/{name}/config``: the model as a Triton ``ModelConfig`` (its JSON form): fixed shapes,
+    no batching (``max_batch_size`` 0: the plan was made for these shapes), one version."""
+
+    def spec(t: TensorSpec, *, output: bool) -> dict[str, Any]:
+        doc: dict[str, Any] = {"name": t.name, "data_type": f"TYPE_{datatype_of(t.dtype)}", "dims": list(t.shape),
+                               "is_shape_tensor": False}
+        if output:
+            doc["label_filename"] = ""
+        else:
+            doc.update(format="FORMAT_NONE", allow_ragged_batch=False, optional=False)
+        return doc
+
+    return {"name": name, "platform": platform, "backend": "onnxruntime",
+            "version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": 0,
+            "input": [spec(t, output=False) for t in inputs], "output": [spec(t, output=True) for t in outputs],
+            "parameters": {}}
+
+
+def repository_index(models: Mapping[str, bool], body: bytes = b"") -> list[dict[str, Any]]:
+    """``POST /v2/repository/index``: every model (name -> ready) with its version and state, or only the
+    ready ones when the body says ``{"ready": true}`` (an empty body, as tritonclient sends: all)."""
+    ready_only = False
+    if body.strip():
+        try:
+            doc = json_codec.loads(body)
+        except (json_codec.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise InvalidInput(f"request is not valid JSON: {e}") from None
+        ready_only = _object(doc, "").get("ready", False)
+        if not isinstance(ready_only, bool):
+            raise _field("ready", f"must be a boolean, got {type(ready_only).__name__}")
+    return [{"name": name, "version": MODEL_VERSION, "state": "READY" if ok else "UNAVAILABLE",
+             "reason": "" if ok else "its functions are not up yet"}
+            for name, ok in models.items() if ok or not ready_only]

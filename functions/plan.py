@@ -234,10 +234,18 @@ class Function:
 
 @dataclass(frozen=True)
 class ModelInfo:
+    """The served model: its source's hash and its tensors with the static shapes the parts were cut for.
+
+    ``dims`` names the symbolic input dimensions of the source model and the sizes they were fixed to
+    (``--dim seq=128``; empty when the source's inputs were static): a request must have exactly ``inputs``'
+    shapes, and the endpoint's model metadata reports them.
+    """
+
     name: str
     sha256: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    dims: Mapping[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -245,6 +253,7 @@ class ModelInfo:
             "sha256": self.sha256,
             "inputs": [t.to_json() for t in self.inputs],
             "outputs": [t.to_json() for t in self.outputs],
+            "dims": dict(self.dims),
         }
 
     @classmethod
@@ -254,6 +263,7 @@ class ModelInfo:
             str(d["sha256"]),
             tuple(TensorSpec.from_json(t) for t in d["inputs"]),
             tuple(TensorSpec.from_json(t) for t in d["outputs"]),
+            {str(k): int(v) for k, v in (d.get("dims") or {}).items()},
         )
 
 

@@ -35,20 +35,29 @@ def make_session(path: str | Path, *, intra_op_threads: int = 0) -> ort.Inferenc
 
 
 class SessionCache:
-    """Sessions keyed by resolved file path; safe to share between threads."""
+    """Sessions keyed by resolved file path; safe to share between threads.
+
+    A path is resolved once: resolving takes a system call per component (tens of microseconds, more
+    than a small part's run), so the path as given is remembered too.
+    """
 
     def __init__(self, *, intra_op_threads: int = 0) -> None:
         self._threads = intra_op_threads
         self._sessions: dict[Path, ort.InferenceSession] = {}
+        self._given: dict[str | Path, ort.InferenceSession] = {}
         self._lock = threading.Lock()
 
     def get(self, path: str | Path) -> ort.InferenceSession:
+        sess = self._given.get(path)
+        if sess is not None:
+            return sess
         key = Path(path).resolve()
         with self._lock:
             sess = self._sessions.get(key)
             if sess is None:
                 sess = make_session(key, intra_op_threads=self._threads)
                 self._sessions[key] = sess
+            self._given[path] = sess
             return sess
 
     def input_names(self, path: str | Path) -> list[str]:

@@ -24,6 +24,7 @@ from functions.plan import JOIN_KINDS, Function, ModelInfo, Part, Plan, Stage, T
 from partitioner.errors import ExportError, NotSplittable, SpecError
 from partitioner.graph import LayerGraph
 from partitioner.model_file import save_model
+from partitioner.normalize import fixed_dims
 from partitioner.parts import PartModel, StageCut, cut_stage
 from partitioner.spec import StageSpec, parse_stages
 
@@ -136,6 +137,7 @@ def build_plan(lg: LayerGraph, stages: Sequence[StageSpec], *, source_sha256: st
         sha256=source_sha256,
         inputs=tuple(TensorSpec(x, lg.tensors[x].dtype.name, lg.tensors[x].shape) for x in lg.inputs),
         outputs=tuple(TensorSpec(x, lg.tensors[x].dtype.name, lg.tensors[x].shape) for x in lg.outputs),
+        dims=fixed_dims(lg.model),
     )
     plan = Plan(model=info, functions=functions, stages=tuple(records), platform=platform, transport=transport,
                 mode=mode, predicted=dict(predicted or {}))
@@ -149,6 +151,7 @@ def export_bundle(
     out: str | Path,
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    dims: Mapping[str, int] | None = None,
     seeds: Sequence[int] = (0, 1),
     tolerance: float = DEFAULT_TOLERANCE,
     overwrite: bool = True,
@@ -165,13 +168,14 @@ def export_bundle(
 
     Raises SpecError for a stage spec that does not fit the model, ExportError if the parts do not
     reproduce the model within ``tolerance`` (relative to max(1, max|output|)); nothing is written then.
-    ``backend`` other than onnxruntime writes the parts in the form that backend imports (``mxnet``: opset
-    13, initializers as graph inputs) and raises UnsupportedByBackend for parts it cannot run; the bundle
-    is still verified with onnxruntime.
+    ``input_shapes`` and ``dims`` fix a model file's dynamic input dimensions (see ``LayerGraph.load``);
+    the plan records the fixed shapes and symbolic dimensions. ``backend`` other than onnxruntime writes
+    the parts in the form that backend imports (``mxnet``: opset 13, initializers as graph inputs) and
+    raises UnsupportedByBackend for parts it cannot run; the bundle is still verified with onnxruntime.
     """
     from partitioner.verify import verify_bundle  # verify imports export's helpers
 
-    lg = model if isinstance(model, LayerGraph) else LayerGraph.load(model, input_shapes)
+    lg = model if isinstance(model, LayerGraph) else LayerGraph.load(model, input_shapes, dims)
     if lg.source_path is not None:
         source_sha = sha256_file(lg.source_path)
     else:

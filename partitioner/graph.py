@@ -23,6 +23,7 @@ from onnx import helper, numpy_helper
 
 from partitioner.errors import ModelError, SpecError
 from partitioner.normalize import load_model
+from partitioner.simplify import fold_reshape_round_trips
 
 __all__ = ["HEAVY_OPS", "LayerGraph", "TensorInfo", "Unit"]
 
@@ -97,9 +98,15 @@ class LayerGraph:
 
     @classmethod
     def load(
-        cls, source: str | Path | onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
+        cls,
+        source: str | Path | onnx.ModelProto,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
+        dims: Mapping[str, int] | None = None,
     ) -> LayerGraph:
-        model = load_model(source, input_shapes)
+        """Load and normalise ``source``; ``input_shapes`` and ``dims`` fix its dynamic input dimensions
+        (whole shapes by input name, symbolic dimensions by name: see :func:`partitioner.normalize.normalize_model`)."""
+        model = load_model(source, input_shapes, dims)
+        fold_reshape_round_trips(model, {n: t.shape for n, t in _tensor_infos(model).items()})
         if isinstance(source, onnx.ModelProto):
             return cls(model, name=source.graph.name or "model")
         path = Path(source)
@@ -127,19 +134,36 @@ class LayerGraph:
         if node.op_type in HEAVY_OPS:
             return True
         if node.op_type == "Gather" and self.is_initializer(node.input[0]):
-            return int(np.prod(self.tensors[node.input[0]].shape)) >= _EMBEDDING_MIN_ELEMENTS
+            return self._is_embedding(node)
         return False
+
+    def _is_embedding(self, node: onnx.NodeProto) -> bool:
+        """A Gather from a large constant table, or rows of a float matrix looked up by computed indices
+        (a small model's word, position or token-type embeddings). Were a small embedding cheap, it would
+        be a side node whose output (the embeddings) every stage reads, and cuts would fall between the
+        first layer's q, k and v projections."""
+        table = self.tensors[node.input[0]]
+        if math.prod(table.shape) >= _EMBEDDING_MIN_ELEMENTS:
+            return True
+        axis = next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == "axis"), 0)
+        rows = len(table.shape) >= 2 and axis == 0 and table.dtype.kind == "f"
+        return rows and not self.is_initializer(node.input[1])
 
     # -- side tensors and units ---------------------------------------------------------------
 
     def _side_nodes(self) -> frozenset[int]:
+        """Cheap nodes that read only model inputs, constants and other side tensors.
+
+        A node that reads no activation at all (a Constant, a Range over constants that normalisation
+        left unfolded) is one too: were its output an activation, it would stay live from its producer
+        to its last reader and no cut could lie between them (a dynamo export's shared mask constants
+        would merge every layer into one unit)."""
         side_tensors = set(self.inputs)
         side: set[int] = set()
         for i, n in enumerate(self.nodes):
             if self.is_heavy(n):
                 continue
-            ins = [x for x in n.input if x and not self.is_initializer(x)]
-            if ins and all(x in side_tensors for x in ins):
+            if all(x in side_tensors for x in self._reads[i]):
                 side.add(i)
                 side_tensors.update(o for o in n.output if o)
         # a side node that produces a model output is part of the main chain

@@ -3,16 +3,21 @@
 The result is a new ModelProto (the caller's model is never touched) with:
 - initializers no longer listed among the graph inputs (IR < 4 style),
 - Constant nodes turned into initializers,
-- every dynamic input dimension fixed (batch defaults to 1, the rest from ``input_shapes``),
-- shape-only and constant-only subgraphs folded into initializers,
+- every dynamic input dimension fixed: a whole input's shape from ``input_shapes``, a symbolic dimension
+  (``seq``) from ``dims`` in every input that names it, a leading batch axis left dynamic defaults to 1,
+- shape-only and constant-only subgraphs folded into initializers, repeatedly with shape inference in
+  between until nothing more folds (a fixpoint: a Shape is only foldable once the Reshape before it has
+  a constant target and its output a static shape, which only the next inference gives),
 - a static shape and dtype known for every tensor.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +27,17 @@ from onnx import helper, numpy_helper, shape_inference
 
 from partitioner.errors import ModelError
 
-__all__ = ["MIN_OPSET", "load_model", "normalize_model", "parse_input_shapes"]
+__all__ = [
+    "DIMS_METADATA_KEY",
+    "MAX_FOLD_ROUNDS",
+    "MIN_OPSET",
+    "ShapeFixes",
+    "fixed_dims",
+    "load_model",
+    "normalize_model",
+    "parse_dims",
+    "parse_input_shapes",
+]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +45,30 @@ MIN_OPSET = 11
 # Folding a node whose output would exceed this many elements is skipped: folding is for shape
 # arithmetic and small constant transforms, not for materialising big tensors.
 _FOLD_MAX_ELEMENTS = 1 << 24
+#: Rounds of (fold constants, infer shapes) before normalisation gives up. Each round that changes
+#: anything folds at least one node; the transformer exports tried (legacy and dynamo, dynamic axes)
+#: settle in one to three.
+MAX_FOLD_ROUNDS = 32
+#: The normalised model's metadata key that records its fixed symbolic dimensions (see :func:`fixed_dims`).
+DIMS_METADATA_KEY = "flatpack.dims"
+
+
+@dataclass(frozen=True)
+class ShapeFixes:
+    """How a model's dynamic input dimensions are fixed: whole shapes by input name (``--input-shape``) and
+    symbolic dimensions by name (``--dim``), as :func:`load_model` and ``LayerGraph.load`` take them."""
+
+    inputs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    dims: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, input_shapes: Sequence[str] = (), dims: Sequence[str] = ()) -> ShapeFixes:
+        """From the CLI's strings (``input_ids=1x128``, ``seq=128``); ModelError names a malformed one."""
+        return cls(parse_input_shapes(input_shapes), parse_dims(dims))
+
+    def __bool__(self) -> bool:
+        """Whether anything is fixed at all."""
+        return bool(self.inputs or self.dims)
 
 
 def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
@@ -46,8 +85,30 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def parse_dims(specs: Sequence[str]) -> dict[str, int]:
+    """Parse ``seq=128`` strings (the CLI's ``--dim``): a symbolic dimension's name and its value."""
+    out: dict[str, int] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        name = name.strip()
+        try:
+            if not sep or not name:
+                raise ValueError
+            size = int(value)
+        except ValueError:
+            raise ModelError(f"bad --dim {spec!r}; write it as NAME=SIZE, e.g. --dim seq=128") from None
+        if size < 1:
+            raise ModelError(f"bad --dim {spec!r}: a dimension is at least 1")
+        if out.get(name, size) != size:
+            raise ModelError(f"--dim {name} is given twice, as {out[name]} and {size}; give it once")
+        out[name] = size
+    return out
+
+
 def load_model(
-    source: str | Path | onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
+    source: str | Path | onnx.ModelProto,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    dims: Mapping[str, int] | None = None,
 ) -> onnx.ModelProto:
     """Load ``source`` (a path or a ModelProto) and return it normalised (see the module docstring)."""
     if isinstance(source, onnx.ModelProto):
@@ -63,7 +124,7 @@ def load_model(
         except (OSError, ValueError) as e:
             raise ModelError(f"{path} could not be loaded: {e}") from e
     try:
-        return normalize_model(model, input_shapes, _inplace=True)
+        return normalize_model(model, input_shapes, dims, _inplace=True)
     except UnicodeDecodeError as e:  # protobuf decodes string fields lazily: a corrupt name surfaces here
         where = "the model" if isinstance(source, onnx.ModelProto) else str(source)
         raise ModelError(f"{where}: a name or string in it is not valid UTF-8 ({e.reason}); the file is "
@@ -73,9 +134,21 @@ def load_model(
 def normalize_model(
     model: onnx.ModelProto,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    dims: Mapping[str, int] | None = None,
     *,
     _inplace: bool = False,
 ) -> onnx.ModelProto:
+    """``model`` in the form the partitioner works on (see the module docstring).
+
+    Args:
+        model: the model; copied unless ``_inplace``.
+        input_shapes: input name -> its whole static shape (``--input-shape``).
+        dims: symbolic dimension name -> size (``--dim``), applied to every input that names it.
+
+    Raises:
+        ModelError: the model cannot be brought into that form; every unfixed input dimension and
+            unknown name is listed in the one error, with the ``--dim`` or ``--input-shape`` that fixes it.
+    """
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"expected onnx.ModelProto, got {type(model).__name__}")
     if not _inplace:
@@ -94,14 +167,14 @@ def normalize_model(
     del g.input[:]
     g.input.extend(real_inputs)
     _constants_to_initializers(g)
-    _fix_input_shapes(g, dict(input_shapes or {}))
+    resolved = _fix_input_shapes(g, dict(input_shapes or {}), dict(dims or {}))
+    _record_dims(model, resolved)
     model = _infer(model)  # first, so that outputs declared without a shape get one before the checker
     try:
         onnx.checker.check_model(_light_copy(model))
     except (onnx.checker.ValidationError, ValueError) as e:  # ValueError: e.g. a name that is not UTF-8
         raise ModelError(f"model fails the ONNX checker: {_first_line(e)}") from e
-    model = _fold_constants(model)
-    model = _infer(model)
+    model = _fold_to_fixpoint(model)
     _require_static_shapes(model)
     _check_dtypes(model)
     _check_ceil_pools(model)
@@ -182,46 +255,153 @@ def _constants_to_initializers(g: onnx.GraphProto) -> None:
     g.node.extend(keep)
 
 
-def _fix_input_shapes(g: onnx.GraphProto, shapes: dict[str, Sequence[int]]) -> None:
+def _fix_input_shapes(g: onnx.GraphProto, shapes: dict[str, Sequence[int]], dims: dict[str, int]
+                      ) -> dict[str, int]:
+    """Give every graph input a static shape, in place, or raise one ModelError listing every problem;
+    returns each symbolic dimension's name and the size it was given.
+
+    Order of precedence per input: its whole shape from ``shapes``; else each symbolic axis from
+    ``dims`` by name; else a leading axis (whose name, if any, is nowhere else) defaults to 1, the batch
+    of a one-request-at-a-time server.
+    """
     names = [i.name for i in g.input]
+    named_at = {(i.name, axis): d.dim_param for i in g.input for axis, d in enumerate(i.type.tensor_type.shape.dim)
+                if d.dim_param and not _is_static(d)}
+    problems: list[str] = []
     unknown = sorted(set(shapes) - set(names))
     if unknown:
-        raise ModelError(f"--input-shape names unknown input(s) {unknown}; the model's inputs are {names}")
+        problems.append(f"--input-shape names unknown input(s) {unknown}; the model's inputs are {names}")
+    symbolic = _symbolic_axes(g)
+    unused = sorted(set(dims) - set(symbolic))
+    if unused:
+        known = ", ".join(sorted(symbolic)) or "none"
+        problems.append(f"--dim {', '.join(unused)}: no input has such a dimension (the inputs' symbolic "
+                        f"dimensions: {known})")
+    unfixed: dict[str, list[str]] = {}  # symbolic name ("" when unnamed) -> "input axis k" for each use
     for inp in g.input:
         tt = inp.type.tensor_type
-        if not tt.HasField("shape"):
-            if inp.name not in shapes:
-                raise ModelError(f"input {inp.name!r} has no shape; give one with --input-shape {inp.name}=...")
-            tt.shape.SetInParent()
-            for _ in shapes[inp.name]:
-                tt.shape.dim.add()
-        dims = tt.shape.dim
         if inp.name in shapes:
-            want = list(shapes[inp.name])
-            if len(want) != len(dims):
-                raise ModelError(
-                    f"--input-shape {inp.name} has rank {len(want)} but the model's input has rank {len(dims)}"
-                )
-            for d, v in zip(dims, want, strict=True):
-                if d.HasField("dim_value") and d.dim_value != v:
-                    raise ModelError(f"--input-shape {inp.name}: dim {d.dim_value} is fixed by the model, not {v}")
-                d.Clear()
-                d.dim_value = int(v)
+            problems += _set_whole_shape(inp, shapes[inp.name], dims)
             continue
-        for axis, d in enumerate(dims):
-            if d.HasField("dim_value") and d.dim_value > 0:
+        if not tt.HasField("shape"):
+            problems.append(f"input {inp.name!r} has no shape; give one with --input-shape {inp.name}=...")
+            continue
+        for axis, d in enumerate(tt.shape.dim):
+            if _is_static(d):
                 continue
-            if axis == 0:
-                d.Clear()
-                d.dim_value = 1  # batch: serving is one request at a time
+            label = d.dim_param
+            if label in dims:
+                _set_dim(d, dims[label])
+            elif axis == 0 and symbolic.get(label, {0}) == {0}:
+                _set_dim(d, 1)  # batch: serving is one request at a time
             else:
-                label = d.dim_param or "?"
-                raise ModelError(
-                    f"input {inp.name!r} has a dynamic dimension {label!r} at axis {axis}; "
-                    f"fix it with --input-shape {inp.name}=" + "x".join(
-                        str(x.dim_value) if x.HasField("dim_value") else "N" for x in dims
-                    )
-                )
+                unfixed.setdefault(label, []).append(f"{inp.name} axis {axis}")
+    if unfixed:
+        problems.append(_unfixed_message(g, unfixed))
+    resolved = _resolved_dims(g, named_at, problems)
+    if problems:
+        raise ModelError("; ".join(problems))
+    return resolved
+
+
+def _resolved_dims(g: onnx.GraphProto, named_at: Mapping[tuple[str, int], str], problems: list[str]
+                   ) -> dict[str, int]:
+    """Symbolic name -> the size its axes were given; a name given two sizes is added to ``problems``."""
+    sizes: dict[str, dict[int, list[str]]] = {}
+    for inp in g.input:
+        for axis, d in enumerate(inp.type.tensor_type.shape.dim):
+            label = named_at.get((inp.name, axis))
+            if label and _is_static(d):
+                sizes.setdefault(label, {}).setdefault(d.dim_value, []).append(inp.name)
+    for label, by_size in sizes.items():
+        if len(by_size) > 1:
+            given = ", ".join(f"{v} in {', '.join(names)}" for v, names in sorted(by_size.items()))
+            problems.append(f"--input-shape gives {label!r} different sizes ({given}); give one size, or --dim "
+                            f"{label}=N")
+    return {label: next(iter(by_size)) for label, by_size in sorted(sizes.items())}
+
+
+def fixed_dims(model: onnx.ModelProto) -> dict[str, int]:
+    """The symbolic input dimensions normalisation fixed, by name (``{"batch": 1, "seq": 128}``); empty for
+    a model whose inputs were static."""
+    for prop in model.metadata_props:
+        if prop.key == DIMS_METADATA_KEY:
+            return {str(k): int(v) for k, v in json.loads(prop.value).items()}
+    return {}
+
+
+def _record_dims(model: onnx.ModelProto, resolved: Mapping[str, int]) -> None:
+    """Keep what the symbolic dimensions were fixed to in the model itself, so that the plan and the bundle's
+    source model say it (the normalised inputs no longer carry the names). A model normalised before (a
+    bundle's source) has static inputs and keeps the record it has."""
+    if not resolved:
+        return
+    keep = [p for p in model.metadata_props if p.key != DIMS_METADATA_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(keep)
+    model.metadata_props.add(key=DIMS_METADATA_KEY, value=json.dumps(dict(resolved)))
+
+
+def _is_static(d: onnx.TensorShapeProto.Dimension) -> bool:
+    return d.HasField("dim_value") and d.dim_value > 0
+
+
+def _set_dim(d: onnx.TensorShapeProto.Dimension, value: int) -> None:
+    d.Clear()
+    d.dim_value = int(value)
+
+
+def _symbolic_axes(g: onnx.GraphProto) -> dict[str, set[int]]:
+    """Symbolic dimension name -> the axes at which the graph's inputs use it (unnamed ones under "")."""
+    out: dict[str, set[int]] = {}
+    for inp in g.input:
+        for axis, d in enumerate(inp.type.tensor_type.shape.dim):
+            if not _is_static(d) and d.dim_param:
+                out.setdefault(d.dim_param, set()).add(axis)
+    return out
+
+
+def _set_whole_shape(inp: onnx.ValueInfoProto, want: Sequence[int], dims: Mapping[str, int]) -> list[str]:
+    """Fix ``inp`` to ``want`` (``--input-shape``); the problems with that, if any, and nothing changed."""
+    tt = inp.type.tensor_type
+    if not tt.HasField("shape"):
+        tt.shape.SetInParent()
+        for _ in want:
+            tt.shape.dim.add()
+    have = tt.shape.dim
+    if len(want) != len(have):
+        return [f"--input-shape {inp.name} has rank {len(want)} but the model's input has rank {len(have)}"]
+    problems = []
+    for d, v in zip(have, want, strict=True):
+        if _is_static(d) and d.dim_value != v:
+            problems.append(f"--input-shape {inp.name}: dim {d.dim_value} is fixed by the model, not {v}")
+        elif d.dim_param in dims and dims[d.dim_param] != v:
+            problems.append(f"--input-shape {inp.name} gives {d.dim_param!r} as {v} but --dim {d.dim_param}="
+                            f"{dims[d.dim_param]}")
+    if not problems:
+        for d, v in zip(have, want, strict=True):
+            _set_dim(d, v)
+    return problems
+
+
+def _unfixed_message(g: onnx.GraphProto, unfixed: Mapping[str, list[str]]) -> str:
+    """One sentence naming every unfixed dimension, where it is used, and the options that fix them all."""
+    named = sorted(k for k in unfixed if k)
+    where = [f"{k!r} ({', '.join(unfixed[k])})" for k in named]
+    if "" in unfixed:
+        where.append(f"unnamed ({', '.join(unfixed[''])})")
+    dynamic = [inp for inp in g.input if not all(_is_static(d) for d in inp.type.tensor_type.shape.dim)]
+    with_unnamed = {use.split(" axis ")[0] for use in unfixed.get("", [])}
+    # an unnamed dimension can only be fixed per input; named ones by name, or per input for those who prefer
+    fixes = [f"--dim {k}=N" for k in named] + [_shape_option(i) for i in dynamic if i.name in with_unnamed]
+    alternative = f" (or per input: {' '.join(_shape_option(i) for i in dynamic)})" if not with_unnamed else ""
+    return f"dynamic input dimensions are not fixed: {', '.join(where)}; pass {' '.join(fixes)}{alternative}"
+
+
+def _shape_option(inp: onnx.ValueInfoProto) -> str:
+    """``--input-shape NAME=1xNx64`` for ``inp``, N where a dimension is still dynamic."""
+    dims = inp.type.tensor_type.shape.dim
+    return f"--input-shape {inp.name}=" + "x".join(str(d.dim_value) if _is_static(d) else "N" for d in dims)
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -274,8 +454,29 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Evaluate nodes whose inputs are all known: constants, or Shape/Size of statically shaped tensors."""
+def _fold_to_fixpoint(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Fold constants and infer shapes again until a round folds nothing (``model`` has been inferred).
+
+    One round is not enough for shapes computed at run time (a transformer exported with dynamic axes):
+    folding ``Shape -> Gather -> Range`` makes the Range's output static only after the next inference,
+    and only then is the ``Shape`` of what it feeds foldable. Each productive round removes nodes, so the
+    loop ends; :data:`MAX_FOLD_ROUNDS` bounds the work on a pathological graph.
+    """
+    folded = 0
+    max_rounds = MAX_FOLD_ROUNDS  # read per call, so that a test can lower it
+    for _ in range(max_rounds):
+        folded = _fold_constants(model)
+        if not folded:
+            return model
+        model = _infer(model)
+    raise ModelError(f"constant folding did not settle: {max_rounds} rounds of folding and shape inference, and "
+                     f"the last still folded {folded} tensors; the model's shape arithmetic is unusually deep "
+                     "(simplify it with onnxsim, or export it with static shapes)")
+
+
+def _fold_constants(model: onnx.ModelProto) -> int:
+    """Evaluate nodes whose inputs are all known (constants, or Shape/Size of statically shaped tensors),
+    in place; returns how many tensors became initializers."""
     from onnx.reference import ReferenceEvaluator
 
     g = model.graph
@@ -358,7 +559,7 @@ def _fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
         g.node.extend(keep)
         g.initializer.extend(new_inits)
         _drop_unused_initializers(g)
-    return model
+    return len(new_inits)
 
 
 def _drop_unused_initializers(g: onnx.GraphProto) -> None:
@@ -369,11 +570,19 @@ def _drop_unused_initializers(g: onnx.GraphProto) -> None:
 
 
 def _require_static_shapes(model: onnx.ModelProto) -> None:
+    """Every tensor has a static shape; the inputs' are fixed by now, so one without depends on values."""
     shapes = _static_shapes(model)
+    missing: dict[str, onnx.NodeProto] = {}
     for node in model.graph.node:
         for name in [*node.input, *node.output]:
             if name and name not in shapes:
-                raise ModelError(
-                    f"tensor {name!r} ({node.op_type} node {node.name!r}) has no static shape after shape "
-                    "inference; fix dynamic input dimensions with --input-shape NAME=1x3x224x224"
-                )
+                missing.setdefault(name, node)
+    if missing:
+        name, node = next(iter(missing.items()))
+        others = f" (and {len(missing) - 1} more tensors)" if len(missing) > 1 else ""
+        raise ModelError(
+            f"tensor {name!r} ({node.op_type} node {node.name!r}) has no static shape after shape inference"
+            f"{others}, although every input dimension is fixed: its size depends on tensor values flatpack "
+            "cannot fold (NonZero, a data-dependent Reshape) or on an op ONNX shape inference does not cover; "
+            "export the model with static shapes"
+        )

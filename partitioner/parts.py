@@ -595,7 +595,7 @@ def _step(lg: LayerGraph, ni: int, opset: int, override: dict[int, Rule] | None,
     outs = [need.get(o) if o else None for o in node.output]
     if all(b is None for b in outs):
         return None
-    rule = (override or {}).get(ni) or rule_for(node)
+    rule = (override or {}).get(ni) or (_side_rule(lg) if ni in lg.side else rule_for(node))
     bw = rule(_ctx(lg, ni, opset), outs)
     for o, want, got in zip(node.output, outs, bw.outputs, strict=True):
         if want is not None and (got is None or union(got, want) != got):
@@ -607,6 +607,20 @@ def _step(lg: LayerGraph, ni: int, opset: int, override: dict[int, Rule] | None,
             raise NotSplittable(f"{node.op_type} {node.name!r} would read an empty region of {x!r}")
         need[x] = union(need.get(x), b)
     return bw
+
+
+def _side_rule(lg: LayerGraph) -> Rule:
+    """The rule for a side node (computed from the model inputs and constants alone: mask arithmetic,
+    position ids): every part computes it whole from whole inputs, whatever its op, and crops what it
+    reads. Side tensors are small, and no op among them (GatherND, Range, Where, ...) then needs a rule."""
+
+    def rule(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+        node = ctx.node
+        ins: list[Box | None] = [full(lg.tensors[x].shape) if x and not lg.is_initializer(x) else None
+                                 for x in node.input]
+        return Backward(ins, [full(lg.tensors[o].shape) if o else None for o in node.output])
+
+    return rule
 
 
 def _build(lg: LayerGraph, sk: _Sketch, targets: dict[str, Box], opset: int,

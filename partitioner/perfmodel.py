@@ -34,6 +34,8 @@ from scipy import stats
 from functions.plan import Split
 from partitioner.graph import LayerGraph
 from partitioner.parts import PartCost, StageCosts
+from partitioner.stage_times import StageTimes, stage_key, with_measured
+from partitioner.tail import DEFAULT_SIGMA, StageShape, plan_quantile, sigma_from_p95, stage_quantile
 from platforms import PlatformProfile
 
 __all__ = [
@@ -81,6 +83,7 @@ class ExGauss:
         sigma = max(self.sigma, 1e-6)
         return stats.exponnorm(max(self.tau, 1e-6) / sigma, loc=self.mu, scale=sigma)
 
+    @lru_cache(maxsize=8192)  # noqa: B019 - instances are frozen and few; a solver asks the same levels often
     def quantile(self, q: float) -> float:
         return float(self._dist().ppf(q))
 
@@ -129,12 +132,21 @@ class PlatformFacts:
     cores: int | None = None  # physical cores shared by every function (the local platform); None = unlimited
     memcpy_gb_s: float = 4.0
     billed_overhead_ms: float = 0.0  # billed per invocation beyond the work the model times
+    # calibrated CPU shares: (nominal vCPU below one, measured slow-down / the nominal 1 / vCPU), by vCPU
+    share_factors: tuple[tuple[float, float], ...] = ()
 
     def vcpu(self, memory_mb: float) -> float:
         """The CPU a function of ``memory_mb`` computes with: the platform's share, ``memory_mb /
         mb_per_vcpu`` up to ``max_vcpu``. The local platform enforces the same share per instance (a cgroup
-        quota, or dilation: ``serving.platform.cpu``), so one model holds for both."""
-        return min(self.max_vcpu, memory_mb / self.mb_per_vcpu)
+        quota, or dilation: ``serving.platform.cpu``), so one model holds for both. Below one vCPU a
+        calibrated profile's measured slow-down corrects the nominal share (interpolated between the
+        calibrated sizes, the nearest one's beyond them): a 512 MB function measured 3.3x slower than one
+        vCPU computes with 1/3.3 of a core, not 512/1769."""
+        v = min(self.max_vcpu, memory_mb / self.mb_per_vcpu)
+        if v >= 1.0 or not self.share_factors:
+            return v
+        xs, fs = zip(*self.share_factors, strict=True)
+        return v / float(np.interp(v, xs, fs))
 
     def round_memory(self, need_mb: float) -> int:
         """The smallest memory option at least ``need_mb`` (ValueError if none is)."""
@@ -208,7 +220,21 @@ class PlatformFacts:
             transfer_latency_ms=(0.28 if shared_host else 1.0) if transfer_latency_ms is None else transfer_latency_ms,
             cores=cpus if shared_host else None,
             billed_overhead_ms=profile.billed_overhead_ms,
+            share_factors=_share_factors(profile),
         )
+
+
+def _share_factors(profile: PlatformProfile) -> tuple[tuple[float, float], ...]:
+    """A calibrated profile's CPU-share slow-downs as (nominal vCPU, measured / nominal slow-down), by
+    vCPU; sizes at or above one vCPU, and implausible figures (a factor outside 0.5-2), left out."""
+    out = []
+    for mb, slowdown in profile.cpu_share.items():
+        v = mb / profile.mb_per_vcpu
+        if 0 < v < 1 and slowdown > 0:
+            factor = slowdown * v
+            if 0.5 <= factor <= 2.0:
+                out.append((v, factor))
+    return tuple(sorted(out))
 
 
 _REDIS_LOOPBACK_MS = 0.12  # a Redis command's round trip over loopback TCP, beyond a shm file's cost
@@ -240,6 +266,9 @@ class ComputeModel:
     # vCPU). Serial in the master: the last of n workers starts (n - 1) of these after the first, which at
     # 0.29 vCPU is 1.7 ms each
     dispatch_ms: float = 0.5
+    # per unit, the run-to-run spread of its compute time (lognormal sigma; partitioner.tail), from the
+    # profile's p95 over median; empty: partitioner.tail.DEFAULT_SIGMA for every unit
+    unit_sigma: tuple[float, ...] = ()
     # stage sums by (kind, first, last[, vcpu]): a planner prices each stage with every split, placement and
     # memory, and a stage of any length would otherwise be summed again for each part of each
     _sums: dict[tuple, float] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -278,6 +307,7 @@ class ComputeModel:
             base_mb=base,
             activation_factor=act,
             unit_transient_mb=transient,
+            unit_sigma=tuple(_unit_sigma(u) for u in units),
         )
 
     def unit_time(self, unit: int, vcpu: float) -> float:
@@ -293,6 +323,20 @@ class ComputeModel:
         else:
             s = 0.15
         return t1 * (s + (1.0 - s) / vcpu)
+
+    def sigma(self, first: int, last: int) -> float:
+        """The compute spread of units ``first..last``: their sigmas weighted by their one-thread times."""
+        if not self.unit_sigma:
+            return DEFAULT_SIGMA
+        key = ("s", first, last)
+        hit = self._sums.get(key)
+        if hit is None:
+            w = [min(t.values()) if t else 0.0 for t in self.unit_ms[first:last + 1]]
+            total = sum(w)
+            sig = self.unit_sigma[first:last + 1]
+            hit = self._sums[key] = (sum(a * b for a, b in zip(w, sig, strict=True)) / total if total
+                                     else DEFAULT_SIGMA)
+        return hit
 
     def stage_time(self, first: int, last: int, vcpu: float) -> float:
         key = ("t", first, last, vcpu)
@@ -332,6 +376,14 @@ class ComputeModel:
                                            + self.activation_factor * (cost.activation_bytes + cost.input_bytes)) / MB
 
 
+def _unit_sigma(u: Any) -> float:
+    """A profiled unit's compute spread from its one-thread (else fewest-thread) median and p95."""
+    if not getattr(u, "p95_ms", None):
+        return DEFAULT_SIGMA
+    t = min(u.time_ms)
+    return sigma_from_p95(float(u.time_ms[t]), float(u.p95_ms.get(t, u.time_ms[t])))
+
+
 @dataclass(frozen=True)
 class StageChoice:
     """One stage of a candidate plan: units, split, whether the master runs part 0, worker memory."""
@@ -359,6 +411,12 @@ class OptionCost:
     master_hold_mb: float  # the master's peak working set for this stage beyond its weights
     worker_need_mb: float  # the largest worker part's memory need
     payload_bytes: int  # largest single tensor passed to or from a worker
+    # what the master's stage timing covers: from the stage's first send until every part's result is in
+    # (the latency without reading the workers' outputs and joining them)
+    stage_ms: float = 0.0
+    measured: bool = False  # stage_ms is a live measurement (partitioner.stage_times), not the model's
+    shape: StageShape | None = None  # what its latency distribution is made of (partitioner.tail)
+    master_cpu_ms: float = 0.0  # the master's CPU for this stage at a whole core (its part and its handling)
 
 
 @dataclass(frozen=True)
@@ -369,6 +427,14 @@ class PlanEstimate:
     master_mb: int
     memory_mb: dict[str, float] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    # the percentile sampled from the plan's latency distribution (PerfModel.plan_quantile); latency_q_ms is
+    # the upper bound the solvers check (a sum of stage quantiles). None until a planner samples it
+    latency_q_sampled_ms: float | None = None
+
+    @property
+    def latency_p_ms(self) -> float:
+        """The plan's predicted percentile: sampled where it was, else the bound."""
+        return self.latency_q_sampled_ms if self.latency_q_sampled_ms is not None else self.latency_q_ms
 
     @property
     def cost_per_1000(self) -> float:
@@ -382,8 +448,14 @@ class PerfModel:
     """
 
     def __init__(self, lg: LayerGraph, platform: PlatformFacts, compute: ComputeModel | None = None, *,
-                 percentile: float | None = None, transport: str = "redis") -> None:
-        """``percentile`` (e.g. 0.99): plan against that latency percentile instead of the mean."""
+                 percentile: float | None = None, transport: str = "redis", hedge: float | None = None,
+                 cold_p: float = 0.0, cold_start_ms: float = 0.0) -> None:
+        """``percentile`` (e.g. 0.99): plan against that latency percentile instead of the mean. ``hedge``
+        (e.g. 0.95): the runtime hedges worker parts at that percentile of their durations. ``cold_p``: the
+        chance an invocation finds no warm instance and waits ``cold_start_ms`` (0 with keep-warm or
+        steady load). See :mod:`partitioner.tail`."""
+        if hedge is not None and not 0 < hedge < 1:
+            raise ValueError(f"hedge percentile {hedge} must lie in (0, 1), e.g. 0.95")
         self.lg = lg
         if platform.cores and transport == "redis":
             # on one host a Redis command adds a loopback TCP round trip to a shm file's cost: measured in
@@ -393,10 +465,20 @@ class PerfModel:
         self.compute = compute or ComputeModel.from_flops(lg)
         self.q = percentile if percentile is not None else 0.99
         self.q_mode = percentile is not None
+        self.hedge = hedge
+        self.cold_p = cold_p
+        self.cold_start_ms = cold_start_ms
         self.transport = transport
         self._costs: dict[tuple[int, int, Split], list[PartCost] | None] = {}
         self._stage_costs = StageCosts(lg)
         self._options: dict[tuple[StageChoice, int], OptionCost | None] = {}
+        self.stage_times: StageTimes | None = None
+
+    def use_stage_times(self, times: StageTimes | None) -> None:
+        """Price the stages ``times`` measured by their measurements, and split stages it did not measure
+        by the model times the measured ratio of their degree (:mod:`partitioner.stage_times`)."""
+        self.stage_times = times
+        self._options.clear()
 
     def part_costs(self, first: int, last: int, split: Split) -> list[PartCost] | None:
         """Per-part costs, or None if the split is not admissible for these units."""
@@ -415,8 +497,18 @@ class PerfModel:
         key = (choice, master_mb if choice.master_part or not choice.worker_mb else 0)
         hit = self._options.get(key, _MISSING)
         if hit is _MISSING:
-            hit = self._options[key] = self._option(choice, master_mb)
+            hit = self._option(choice, master_mb)
+            times = self.stage_times
+            if hit is not None and times is not None:
+                rec = times.get(stage_key(choice.first, choice.last, choice.split, choice.master_part,
+                                          choice.worker_mb, master_mb))
+                hit = with_measured(hit, rec, times.ratio(choice.split.degree))
+            self._options[key] = hit
         return hit
+
+    def model_option(self, choice: StageChoice, master_mb: int) -> OptionCost | None:
+        """The model's figures for one stage choice, measurements left out."""
+        return self._option(choice, master_mb)
 
     def _option(self, choice: StageChoice, master_mb: int) -> OptionCost | None:
         costs = self.part_costs(choice.first, choice.last, choice.split)
@@ -448,11 +540,10 @@ class PerfModel:
         #   for the stage: a master at 0.29 vCPU cannot do 10 ms of work in less than 35 ms.
         cpu_m, cpu_w = cpu_stretch(v_master), cpu_stretch(v_worker)
         io_w = cpu_w if p.cores else 1.0
-        worker_ms = [
-            (p.transfer_ms(x.input_bytes) * io_w + c.part_time(choice.first, choice.last, x.flops, v_worker) * slow
-             + p.transfer_ms(x.output_bytes) * io_w + c.invocation_overhead_ms * cpu_w)
-            for x in theirs
-        ]
+        worker_fixed = tuple((p.transfer_ms(x.input_bytes) + p.transfer_ms(x.output_bytes)) * io_w
+                             + c.invocation_overhead_ms * cpu_w for x in theirs)
+        worker_compute = tuple(c.part_time(choice.first, choice.last, x.flops, v_worker) * slow for x in theirs)
+        worker_ms = [f + t for f, t in zip(worker_fixed, worker_compute, strict=True)]
         put = sum(p.transfer_ms(x.input_bytes) for x in theirs)
         get = sum(p.transfer_ms(x.output_bytes) for x in theirs)
         out_bytes = sum(x.output_bytes for x in costs)
@@ -467,9 +558,14 @@ class PerfModel:
             handling = put + get + join + n * dispatch if p.cores else 0.0
             floor = handling * cpu_m + t_master
             mean = max(put + max(busy, p.invoke.expected_max(n) + lag + slowest) + get + join, floor)
-            q = max(put + max(busy, p.invoke.quantile_of_max(n, self.q) + lag + slowest) + get + join, floor)
+            tail = get + join
         else:
-            mean = q = t_master + join * (cpu_m if p.cores else 1.0)
+            tail = join * (cpu_m if p.cores else 1.0)
+            mean = t_master + tail
+            put = floor = 0.0
+        shape = StageShape(put, t_master, worker_fixed, worker_compute, c.dispatch_ms, tail, floor,
+                           c.sigma(choice.first, choice.last))
+        q = stage_quantile(shape, p.invoke, self.q, self.hedge)
         gb_ms = sum(p.billed_ms(t + p.billed_overhead_ms) for t in worker_ms) * worker_mb / 1024.0
         held = sum(x.input_bytes for x in costs) + out_bytes
         stage_w = sum(self.lg.units[u].weight_bytes for u in range(choice.first, choice.last + 1))
@@ -485,6 +581,9 @@ class PerfModel:
                             if mine else 0.0) + held / MB,
             worker_need_mb=max((c.memory_mb(x, choice.first, choice.last, stage_w) for x in theirs), default=0.0),
             payload_bytes=max([x.input_bytes for x in theirs] + [x.output_bytes for x in theirs] + [0]),
+            stage_ms=mean - tail,
+            shape=shape,
+            master_cpu_ms=(t_master / cpu_m if mine else 0.0) + (put + get + join + n * c.dispatch_ms if n else join),
         )
 
     def request_ms(self) -> tuple[float, float]:
@@ -502,9 +601,24 @@ class PerfModel:
             io += 4 * p.transfer_latency_ms
         return p.invoke.mean + io, p.invoke.quantile(self.q) + io
 
+    def plan_quantile(self, choices: Sequence[StageChoice], master_mb: int, q: float | None = None) -> float:
+        """The ``q`` (default: the model's percentile) quantile of the plan's latency, sampled from its
+        stages' distributions (:func:`partitioner.tail.plan_quantile`; tighter than :meth:`estimate`'s sum
+        of stage quantiles, which is an upper bound)."""
+        shapes = []
+        for ch in choices:
+            oc = self.option(ch, master_mb)
+            if oc is None or oc.shape is None:
+                raise ValueError(f"stage {ch} is not admissible")
+            shapes.append(oc.shape)
+        mean, _ = self.request_ms()
+        inv = self.platform.invoke
+        return plan_quantile(shapes, inv, inv, mean - inv.mean, self.q if q is None else q, hedge=self.hedge,
+                             cold_p=self.cold_p, cold_ms=self.cold_start_ms)
+
     def evaluate(self, choices: Sequence[StageChoice], master_mb: int) -> tuple[float, float, float, bool]:
         """The hot-loop form of :meth:`estimate`: (mean ms, percentile ms, USD, fits in memory)."""
-        lat = lat_q = gb_ms = weights = hold = 0.0
+        lat = lat_q = gb_ms = weights = hold = cpu = 0.0
         inv = 0
         fits = True
         opts = self._options
@@ -517,6 +631,7 @@ class PerfModel:
                 return float("inf"), float("inf"), float("inf"), False
             lat += oc.latency_ms
             lat_q += oc.latency_q_ms
+            cpu += oc.master_cpu_ms
             gb_ms += oc.worker_gb_ms
             inv += oc.invocations
             weights += oc.master_weights_mb
@@ -526,8 +641,35 @@ class PerfModel:
                 fits = False
         if self.compute.base_mb + weights + hold > master_mb:
             fits = False
+        total, total_q, billed = self._request_total(lat, lat_q, cpu, master_mb)
+        return total, total_q, self.cost_usd(billed, master_mb, gb_ms, inv), fits
+
+    def _request_total(self, lat: float, lat_q: float, master_cpu_ms: float, master_mb: int
+                       ) -> tuple[float, float, float]:
+        """A request's latency (mean, percentile) from its stages' sums, and the master's busy time.
+
+        The master's CPU over its share is a floor under the whole request: every stage's part and
+        handling plus receiving the request's inputs and sending its outputs, at the master's share. Where
+        the master computes most of the time (an unsplit model at 512 MB) the request takes that long,
+        though each stage alone would not (its handling bursts run unthrottled, and the local platform's
+        top-up makes the instance's wall time its CPU time over its share, as Lambda's continuous share
+        does): measured on resnet50/w2@224 at 512 MB, 62 ms in the handler and 80 ms at the caller."""
         fixed, fixed_q = self.request_ms()
-        return lat + fixed, lat_q + fixed_q, self.cost_usd(lat, master_mb, gb_ms, inv), fits
+        p = self.platform
+        stretch = cpu_stretch(p.vcpu(master_mb))
+        if stretch <= 1.0 or not p.cores:  # measured on the local platform (its top-up); the solvers' sums hold
+            return lat + fixed, lat_q + fixed_q, lat
+        busy = (master_cpu_ms + self.request_master_cpu_ms()) * stretch
+        floor = p.invoke.mean + busy
+        return max(lat + fixed, floor), max(lat_q + fixed_q, p.invoke.quantile(self.q) + busy), max(lat, busy)
+
+    def request_master_cpu_ms(self) -> float:
+        """The master's CPU per request beside its stages: receiving the inputs, sending the outputs, its
+        own decoding and encoding."""
+        p = self.platform
+        nbytes = sum(self.lg.tensors[x].nbytes for x in (*self.lg.inputs, *self.lg.outputs))
+        moves = 2 * p.transfer_latency_ms if p.cores and self.transport != "inline" else 0.0
+        return nbytes / (p.bandwidth_mb_s * MB) * 1e3 + moves + self.compute.invocation_overhead_ms
 
     def master_need_mb(self, choices: Sequence[StageChoice], master_mb: int) -> float:
         weights = hold = 0.0
@@ -548,7 +690,7 @@ class PerfModel:
 
     def estimate(self, choices: Sequence[StageChoice], master_mb: int) -> PlanEstimate:
         """Figures for a whole plan; memory per function and warnings for limits it breaks."""
-        lat = lat_q = gb_ms = 0.0
+        lat = lat_q = gb_ms = cpu = 0.0
         inv = 0
         warnings: list[str] = []
         mem: dict[str, float] = {}
@@ -556,6 +698,7 @@ class PerfModel:
             oc = self.option(ch, master_mb)
             if oc is None:
                 raise ValueError(f"stage {i} ({ch}) is not admissible")
+            cpu += oc.master_cpu_ms
             lat += oc.latency_ms
             lat_q += oc.latency_q_ms
             gb_ms += oc.worker_gb_ms
@@ -571,6 +714,6 @@ class PerfModel:
         mem["master"] = need
         if need > master_mb:
             warnings.append(f"the master needs {need:.0f} MB, more than its {master_mb} MB")
-        cost = self.cost_usd(lat, master_mb, gb_ms, inv)
-        fixed, fixed_q = self.request_ms()
-        return PlanEstimate(lat + fixed, lat_q + fixed_q, cost, master_mb, mem, tuple(warnings))
+        total, total_q, billed = self._request_total(lat, lat_q, cpu, master_mb)
+        cost = self.cost_usd(billed, master_mb, gb_ms, inv)
+        return PlanEstimate(total, total_q, cost, master_mb, mem, tuple(warnings))

@@ -21,10 +21,10 @@ from functions.plan import Plan, Split
 from partitioner.export import Placement, build_plan, export_bundle
 from partitioner.graph import LayerGraph
 from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts, StageChoice
-from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult
+from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult, memory_options
 from platforms import PlatformProfile, load_profile
 
-__all__ = ["MODES", "SOLVERS", "PlanRequest", "compute_model", "export_solution", "make_perfmodel",
+__all__ = ["MODES", "SOLVERS", "PlanRequest", "compute_model", "export_solution", "make_perfmodel", "mode_problem",
            "plan_for", "solve"]
 
 log = logging.getLogger(__name__)
@@ -39,41 +39,87 @@ class PlanRequest:
     ``percentile``: plan against this latency percentile (e.g. 0.99) instead of the mean (the default).
     ``max_group``: the most units one stage may hold; None (the default): groups of any length, as in
     Gillis, up to a cap derived from the model for very deep ones (``solvers.common.group_limit``; the
-    result's notes say which cap was used and why)."""
+    result's notes say which cap was used and why). ``solver``: the SLO solver (slo mode only; None:
+    ``exact``).
+
+    What each mode does with each option (:func:`mode_problem` refuses the rest): ``lo`` honours
+    ``memory``, ``percentile`` (the latency it minimises), ``max_group`` and ``slo_ms`` (a check: the
+    fastest plan must meet it); ``slo`` honours all; ``mopar`` sizes its functions and slices itself, and
+    honours ``slo_ms`` (a check of MOPAR's plan) and ``percentile`` with it (the latency checked)."""
 
     mode: str = "lo"
     slo_ms: float | None = None
-    solver: str = "exact"
+    solver: str | None = None
     platform: str = "aws-lambda"
     memory: str | int = "auto"
     percentile: float | None = None
     max_group: int | None = None
     transport: str = "redis"
     profile: str = "auto"  # auto | measure | flops
+    # auto: seconds for profiling the units not in the cache now (the rest predicted); 0: the whole model timed
+    # once per thread count instead. Planning for the local platform: also the seconds for timing plans'
+    # stages there (serving.calibrate.stages)
+    profile_budget_s: float = 0.0
+    # the runtime hedges worker parts still running past this percentile of their durations (e.g. 0.95;
+    # None: no hedging); the model prices the cut it makes in the tail (partitioner.tail)
+    hedge: float | None = None
     seed: int = 0
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; use one of {', '.join(MODES)}")
-        if self.solver not in SOLVERS:
+        if self.solver is not None and self.solver not in SOLVERS:
             raise ValueError(f"unknown solver {self.solver!r}; use one of {', '.join(SOLVERS)}")
-        if self.mode == "slo" and (self.slo_ms is None or self.slo_ms <= 0):
+        if self.mode == "slo" and self.slo_ms is None:
             raise ValueError("--mode slo needs a positive --slo, e.g. --slo 200ms")
+        if self.slo_ms is not None and self.slo_ms <= 0:
+            raise ValueError(f"--slo must be positive, got {self.slo_ms:g} ms")
+        problem = mode_problem(self)
+        if problem:
+            raise ValueError(problem)
         if self.percentile is not None and not 0 < self.percentile < 1:
             raise ValueError(f"percentile {self.percentile} must lie in (0, 1), e.g. 0.99")
+        if self.hedge is not None and not 0 < self.hedge < 1:
+            raise ValueError(f"--hedge p{self.hedge * 100:g} must lie between p0 and p100, e.g. p95")
+        if self.profile_budget_s < 0:
+            raise ValueError(f"--profile-budget {self.profile_budget_s:g} must be 0 or more seconds")
         if self.max_group is not None and self.max_group < 1:
             raise ValueError(f"--max-group {self.max_group} must be at least 1 unit; leave it out to search groups "
                              "of any length")
 
 
-def _calibration_path(lg: LayerGraph, threads: int, ort_version: str) -> Path:
+def mode_problem(request: PlanRequest) -> str:
+    """Why ``request`` asks its mode for something the mode does not do ("" if nothing): an option a mode
+    would otherwise ignore is refused, never dropped."""
+    mode = request.mode
+    if request.solver is not None and mode != "slo":
+        return (f"--solver picks the SLO solver of --mode slo; --mode {mode} has one planner "
+                f"({'the latency DP' if mode == 'lo' else 'HyPAD'})")
+    if mode != "mopar":
+        return ""
+    if request.memory != "auto":
+        return "--mode mopar sizes each function's memory itself; --memory applies to --mode lo and slo"
+    if request.max_group is not None:
+        return "--mode mopar chooses its slices itself; --max-group applies to --mode lo and slo"
+    if request.percentile is not None and request.slo_ms is None:
+        return ("--percentile with --mode mopar says which latency --slo bounds; give --slo too (MOPAR minimises "
+                "cost, not a latency percentile)")
+    return ""
+
+
+def units_digest(lg: LayerGraph) -> str:
+    """A short key for a model's units (their FLOPs, weights and outputs): what cached timings of it share."""
     import hashlib
 
     digest = hashlib.sha256()
     for u in lg.units:
         digest.update(f"{u.flops}:{u.weight_bytes}:{u.output}".encode())
-    key = f"{lg.name}-{digest.hexdigest()[:16]}-t{threads}-ort{ort_version}"
+    return digest.hexdigest()[:16]
+
+
+def _calibration_path(lg: LayerGraph, threads: int, ort_version: str) -> Path:
+    key = f"{lg.name}-{units_digest(lg)}-t{threads}-ort{ort_version}"
     return settings.cache_dir() / "calibration" / f"{key}.json"
 
 
@@ -199,13 +245,16 @@ def scale_to_whole(cm: ComputeModel, whole_ms: dict[int, float]) -> tuple[Comput
 
 
 def compute_model(lg: LayerGraph, how: str = "auto", *, progress: Callable[[str], None] | None = None,
-                  fresh: bool = False) -> tuple[ComputeModel, str]:
+                  fresh: bool = False, budget_s: float = 0.0,
+                  unit_progress: Callable[[int, int, str], None] | None = None) -> tuple[ComputeModel, str]:
     """Unit times for the performance model, and where they came from.
 
-    ``measure``: profile every unit now (cached); ``auto``: a cached profile if there is one, else
-    FLOPs at this machine's measured throughput; ``flops``: the latter always. Profiled times are scaled
-    to a whole-model timing (cached; ``fresh`` times the model again, e.g. in a benchmark that compares
-    predictions with runs made now).
+    ``measure``: profile every unit now (cached); ``auto``: a cached profile if there is one, else with
+    ``budget_s`` the units profiled now within that many seconds (the most important first, the rest
+    predicted), else the whole model timed once per thread count with its time spread over the units by
+    FLOPs; ``flops``: FLOPs at a nominal throughput. Profiled times are scaled to a whole-model timing
+    (cached; ``fresh`` times the model again, e.g. in a benchmark that compares predictions with runs made
+    now). ``unit_progress(done, total, key)`` follows the profiling.
     """
     if how in ("auto", "measure"):
         try:
@@ -217,10 +266,17 @@ def compute_model(lg: LayerGraph, how: str = "auto", *, progress: Callable[[str]
                 cached = how == "auto"
                 if progress:
                     progress("profiling units" if not cached else "looking for a cached profile")
-                gp = _profile.profile_graph(lg, cached_only=cached) if cached else _profile.profile_graph(lg)
+                gp = (_profile.profile_graph(lg, cached_only=True) if cached else
+                      _profile.profile_graph(lg, progress=unit_progress))
+                if gp is None and budget_s > 0:
+                    if progress:
+                        progress(f"profiling units (at most {budget_s:.0f} s; the rest predicted)")
+                    gp = _profile.profile_graph(lg, budget_s=budget_s, progress=unit_progress)
                 if gp is not None:
                     cm, note = _whole_model_scaled(ComputeModel.from_profile(gp, lg), lg, fresh=fresh)
-                    return cm, "measured profile" + (f", {note}" if note else "")
+                    part = ("" if gp.measured_units == len(gp.units) else
+                            f" ({gp.measured_units} of {len(gp.units)} units measured, the rest predicted)")
+                    return cm, "measured profile" + part + (f", {note}" if note else "")
             except Exception as e:  # noqa: BLE001 - a broken cache entry must not stop planning
                 log.warning("profile unavailable (%s); using FLOPs", e)
     if how == "flops":
@@ -245,51 +301,88 @@ def compute_model(lg: LayerGraph, how: str = "auto", *, progress: Callable[[str]
     return cm, f"whole-model timing spread by FLOPs ({total_flops / t1 / 1e6:.1f} GFLOP/s on 1 thread)"
 
 
-def make_perfmodel(lg: LayerGraph, request: PlanRequest, compute: ComputeModel | None = None
+def make_perfmodel(lg: LayerGraph, request: PlanRequest, compute: ComputeModel | None = None, *,
+                   progress: Callable[[str], None] | None = None,
+                   unit_progress: Callable[[int, int, str], None] | None = None,
                    ) -> tuple[PerfModel, PlatformProfile, str]:
     profile = load_profile(request.platform)
     facts = PlatformFacts.from_profile(profile)
     source = "given"
     if compute is None:
-        compute, source = compute_model(lg, request.profile)
-    pm = PerfModel(lg, facts, compute, percentile=request.percentile, transport=request.transport)
+        compute, source = compute_model(lg, request.profile, budget_s=request.profile_budget_s, progress=progress,
+                                        unit_progress=unit_progress)
+    pm = PerfModel(lg, facts, compute, percentile=request.percentile, transport=request.transport,
+                   hedge=request.hedge)
     return pm, profile, source
 
 
 def _memories(pm: PerfModel, request: PlanRequest) -> list[int]:
+    """The function sizes to search: the user's, or the platform's real range on a grid whose optimum is
+    within ``GRID_RATIO`` of the optimum over every size (``solvers.common.memory_options``)."""
     if request.memory != "auto":
         mb = int(request.memory)
-        pm.platform.round_memory(mb)  # raises if the platform does not offer it
+        p = pm.platform
+        if not p.memory_min_mb <= mb <= p.memory_max_mb or (mb - p.memory_min_mb) % p.memory_step_mb:
+            raise ValueError(f"--memory {mb} MB is not offered by {p.name}: choose {p.memory_min_mb}.."
+                             f"{p.memory_max_mb} MB in steps of {p.memory_step_mb} MB")
         return [mb]
-    return pm.platform.memory_grid(points=10)
+    return memory_options(pm.platform)
 
 
 def solve(lg: LayerGraph, request: PlanRequest, *, pm: PerfModel | None = None,
           progress: Callable[[str], None] | None = None) -> SolverResult:
     """Plan ``lg`` as ``request`` says. Raises Infeasible (with the fastest plan attached) if the SLO
-    cannot be met, or if the model does not fit the platform's functions at all."""
-    from partitioner.solvers.dp import latency_dp, slo_dp
-    from partitioner.solvers.mopar import hypad
-
+    cannot be met, or if the model does not fit the platform's functions at all. A plan never breaks
+    the performance model's memory limits: one that would is an error here, not a warning."""
     if pm is None:
         pm, _, _ = make_perfmodel(lg, request)
     mems = _memories(pm, request)
     if request.mode == "mopar":
-        return _merged(pm, hypad(pm))
-    if request.mode == "lo":
-        top = max(mems)
-        space = SearchSpace(pm, max_group=request.max_group, worker_memories=[top])
-        return _stated(space, _merged(pm, latency_dp(space, top)))
-    space = SearchSpace(pm, max_group=request.max_group, worker_memories=mems)
+        from partitioner.solvers.mopar import hypad
+
+        result = _merged(pm, hypad(pm, slo_ms=request.slo_ms))
+    elif request.mode == "lo":
+        result = _fastest(pm, request, mems)
+    else:
+        result = _cheapest(pm, request, mems)
+    _check_memory(result)
+    if request.slo_ms is not None and _latency(pm, result) > request.slo_ms + 1e-9:
+        # lo: even the fastest plan misses it; mopar: MOPAR's plan does
+        fastest = result if request.mode == "lo" else _fastest(pm, request, mems)
+        raise Infeasible(f"the {request.mode} plan takes {_latency(pm, result):.1f} ms, more than the "
+                         f"{request.slo_ms:g} ms SLO; the fastest plan takes {_latency(pm, fastest):.1f} ms",
+                         fastest=fastest)
+    return result
+
+
+def _latency(pm: PerfModel, result: SolverResult) -> float:
+    """The latency an SLO bounds: the planned percentile, or the mean."""
+    return result.estimate.latency_q_ms if pm.q_mode else result.estimate.latency_ms
+
+
+def _fastest(pm: PerfModel, request: PlanRequest, mems: list[int]) -> SolverResult:
+    from partitioner.solvers.dp import latency_dp
+
+    top = max(mems)
+    space = SearchSpace(pm, max_group=request.max_group, worker_memories=[top])
+    return _stated(space, _merged(pm, latency_dp(space, top)))
+
+
+def _cheapest(pm: PerfModel, request: PlanRequest, mems: list[int]) -> SolverResult:
+    """The SLO solver's plan; when a heuristic finds none, what the exact solver says about the SLO."""
+    from partitioner.solvers.dp import slo_dp
+
     assert request.slo_ms is not None
+    space = SearchSpace(pm, max_group=request.max_group, worker_memories=mems)
+    solver = request.solver or "exact"
     try:
-        if request.solver == "exact":
+        if solver == "exact":
             result = slo_dp(space, request.slo_ms, mems)
-        elif request.solver == "bruteforce":
+        elif solver == "bruteforce":
             from partitioner.solvers.bruteforce import bruteforce
 
             result = bruteforce(space, request.slo_ms, mems)
-        elif request.solver == "rl":
+        elif solver == "rl":
             from partitioner.solvers.rl import rl_solver
 
             result = rl_solver(space, request.slo_ms, mems, seed=request.seed)
@@ -298,12 +391,42 @@ def solve(lg: LayerGraph, request: PlanRequest, *, pm: PerfModel | None = None,
 
             result = bo_solver(space, request.slo_ms, mems, seed=request.seed)
     except Infeasible as e:
-        top = max(mems)
-        fast_space = SearchSpace(pm, max_group=request.max_group, worker_memories=[top])
-        fastest = _stated(fast_space, _merged(pm, latency_dp(fast_space, top)))
-        metric = fastest.estimate.latency_q_ms if pm.q_mode else fastest.estimate.latency_ms
-        raise Infeasible(f"{e}: the fastest plan takes {metric:.1f} ms", fastest=fastest) from e
+        fastest = _fastest(pm, request, mems)
+        if solver in ("rl", "bo") and not e.proven:
+            raise Infeasible(f"{e}. {_exact_says(space, request.slo_ms, mems)}", fastest=fastest,
+                             proven=False) from e
+        raise Infeasible(f"{e}: the fastest plan takes {_latency(pm, fastest):.1f} ms", fastest=fastest) from e
     return _stated(space, _merged(pm, result))
+
+
+def with_sampled_tail(pm: PerfModel, result: SolverResult) -> SolverResult:
+    """``result`` with its percentile sampled from the plan's latency distribution (the estimate's own
+    figure is the bound the solvers checked; see :mod:`partitioner.tail`)."""
+    try:
+        sampled = pm.plan_quantile(result.choices, result.master_mb)
+    except ValueError:
+        return result
+    return replace(result, estimate=replace(result.estimate, latency_q_sampled_ms=sampled))
+
+
+def _exact_says(space: SearchSpace, slo_ms: float, mems: list[int]) -> str:
+    """What the exact solver says about an SLO a heuristic search found no plan for."""
+    from partitioner.solvers.dp import slo_dp
+
+    try:
+        r = slo_dp(space, slo_ms, mems)
+    except Infeasible as e:
+        return f"The exact solver agrees: {e}"
+    return (f"The exact solver finds one: {r.estimate.latency_ms:.1f} ms, {r.estimate.cost_usd * 1000:.6f} USD per "
+            f"1000 requests (--solver exact)")
+
+
+def _check_memory(result: SolverResult) -> None:
+    """Refuse a plan that breaks its own memory model (a solver's bug, never the user's)."""
+    problems = [w for w in result.estimate.warnings if "needs" in w]
+    if problems:
+        raise ValueError(f"the {result.solver} solver returned a plan that does not fit its functions' memory: "
+                           f"{'; '.join(problems)}")
 
 
 def _stated(space: SearchSpace, result: SolverResult) -> SolverResult:
@@ -338,7 +461,9 @@ def _predicted(result: SolverResult, request: PlanRequest, source: str) -> dict:
     e = result.estimate
     return {
         "latency_ms": round(e.latency_ms, 3),
-        "latency_p_ms": round(e.latency_q_ms, 3),
+        "latency_p_ms": round(e.latency_p_ms, 3),
+        "latency_p_bound_ms": round(e.latency_q_ms, 3),
+        "hedge": request.hedge,
         "percentile": request.percentile or 0.99,
         "cost_usd": e.cost_usd,
         "cost_per_1000_usd": e.cost_usd * 1000,

@@ -90,6 +90,14 @@ class OptionResult:
     rel_err: float | None  # None: not admissible
     reason: str = ""
 
+    def as_dict(self) -> dict[str, object]:
+        """The option as a report line: ``{"units": "2-2", "family": "heads", "split": "heads=2", ...}``."""
+        out: dict[str, object] = {"units": f"{self.first}-{self.last}", "family": self.split.family,
+                                  "split": str(self.split), "rel_err": self.rel_err}
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
 
 def candidate_options(lg: LayerGraph, *, group_sizes: Sequence[int] = (2, 3), group_stride: int | None = None
                       ) -> list[tuple[int, int, Split]]:

@@ -77,8 +77,8 @@ class PlatformProfile:
     ``transports``: per transport name (``shm``, ``redis``, ``inline``) the cost of one put or get;
     ``cold_start_ms``: what a cold invocation takes beyond a warm one; ``cpu_share``: per function
     memory (MB), how many times longer a fixed computation takes than at ``mb_per_vcpu`` (one vCPU).
-    The performance model does not read these three yet (it takes ``bandwidth_mb_s``, which calibrate
-    sets from the platform's default transport).
+    The performance model reads ``cpu_share`` (it corrects the nominal share below one vCPU) but not the
+    other two (it takes ``bandwidth_mb_s``, which calibrate sets from the platform's default transport).
     """
 
     name: str

@@ -33,6 +33,10 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # instances whole cores: the tests are about behaviour, and a 128 MB function's emulated 0.07 vCPU would make
 # every cold start take seconds. tests/integration/test_cpu_share.py exercises each CPU-share mechanism.
 os.environ.setdefault("FLATPACK_PLATFORM_CPU_LIMIT", "off")
+# Planning commands that tests run measure nothing before planning (no unit profiling, no plans deployed and
+# timed on the local platform): they plan from the cached profile or one whole-model timing, as before the
+# budget existed. tests/integration/test_stage_times_live.py and tests/serving/test_cli_plan.py measure.
+os.environ.setdefault("FLATPACK_PROFILE_BUDGET", "0")
 
 # --------------------------------------------------------------------------------------------------------
 # Hand-built bundles (no partitioner needed): tiny ONNX models and plans written inline.

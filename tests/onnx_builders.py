@@ -101,3 +101,14 @@ def mlp(d_in: int = 12, hidden: int = 10, d_out: int = 6, seed: int = 0) -> onnx
         helper.make_node("Add", ["m", "b1"], ["output"], name="bias1"),
     ]
     return make_model(nodes, [("input", (1, d_in))], ["output"], inits)
+
+
+def shared_seq(features: int = 4, seed: int = 0) -> onnx.ModelProto:
+    """``(a + b) @ w`` with inputs ``[batch, seq, features]`` whose batch and seq are symbolic, as in a
+    model exported with dynamic axes: one ``--dim seq=N`` fixes both inputs."""
+    rng = np.random.default_rng(seed)
+    return make_model(
+        [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("MatMul", ["s", "w"], ["output"])],
+        [("a", ("batch", "seq", features)), ("b", ("batch", "seq", features))], ["output"],
+        {"w": rng.standard_normal((features, features)).astype(np.float32)},
+    )

@@ -1,24 +1,27 @@
-"""A BERT encoder (Devlin et al., 2019) with hand-written attention and static shapes.
+"""A BERT encoder (Devlin et al., 2019), with static shapes or exported the usual way (dynamic axes).
 
-Embeddings (word + learned position + the constant token-type-0 row, then LayerNorm; the position table
-has ``seq_len`` rows rather than BERT-base's 512, a 0.3% smaller model at the defaults) followed by
-``layers`` post-LN transformer layers: self-attention (q/k/v Linear, scaled dot product, additive mask of
--10000 on padding, softmax, output Linear, residual, LayerNorm) and a GELU feed-forward of width
-``4 * hidden`` (residual, LayerNorm). The output is the last hidden state ``[1, seq_len, hidden]``.
+Embeddings (word + learned position + token type, then LayerNorm; the position table has ``seq_len``
+rows rather than BERT-base's 512, a 0.3% smaller model at the defaults) followed by ``layers`` post-LN
+transformer layers: self-attention (q/k/v Linear, scaled dot product, additive mask of -10000 on padding,
+softmax, output Linear, residual, LayerNorm) and a GELU feed-forward of width ``4 * hidden`` (residual,
+LayerNorm). The output is the last hidden state ``[B, S, hidden]``. Inputs: ``input_ids``,
+``attention_mask`` and ``token_type_ids``, all int64 ``[B, S]``.
 
-Every ``view``/``reshape`` uses Python ints from the configuration, never ``tensor.size()``, so the
-exported graph has constant shapes and no Shape/Gather chains for the partitioner to trace. Attention is
-written out (no ``nn.MultiheadAttention``, no ``scaled_dot_product_attention``) so both exporters emit
-plain MatMul/Softmax nodes.
+Two attention implementations, as Hugging Face offers them (see :mod:`zoo.attention`): ``eager`` and
+``sdpa``.
+
+With static shapes every ``view`` uses Python ints from the configuration and the position embeddings are
+the whole table, so the graph has constant shapes. With ``dynamic_axes`` the model is written the way
+people write it: sizes come from ``tensor.shape`` and the positions from ``torch.arange``, so the export
+has symbolic ``batch`` and ``seq`` axes and Shape/Gather/Range chains (``seq`` at most ``seq_len``).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
+from zoo.attention import MultiHeadAttention, Sizing, init_transformer
 from zoo.errors import ZooError
 from zoo.options import BuildOptions, scaled
 from zoo.torch_model import TorchModel
@@ -31,34 +34,24 @@ BERT_DEFAULTS: dict[str, int] = {"layers": 12, "hidden": 768, "heads": 12, "seq_
 _LN_EPS = 1e-12
 _MASK_VALUE = -10000.0
 _BATCH = 1
+# torch.export specialises a size-1 example axis to the constant 1: dynamic exports trace batch 2.
+_DYNAMIC_EXAMPLE_BATCH = 2
 
 
 class _SelfAttention(nn.Module):
-    def __init__(self, hidden: int, heads: int, seq_len: int) -> None:
+    def __init__(self, hidden: int, heads: int, sizing: Sizing, attention: str) -> None:
         super().__init__()
-        self.query = nn.Linear(hidden, hidden)
-        self.key = nn.Linear(hidden, hidden)
-        self.value = nn.Linear(hidden, hidden)
-        self.output = nn.Linear(hidden, hidden)
+        self.attend = MultiHeadAttention(hidden, heads, sizing, attention)
         self.norm = nn.LayerNorm(hidden, eps=_LN_EPS)
-        self.heads, self.head_dim, self.hidden, self.seq_len = heads, hidden // heads, hidden, seq_len
-        self.scale = math.sqrt(self.head_dim)
-
-    def _split(self, x: torch.Tensor) -> torch.Tensor:
-        return x.view(_BATCH, self.seq_len, self.heads, self.head_dim).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, mask_bias: torch.Tensor) -> torch.Tensor:
-        q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
-        scores = torch.matmul(q, k.transpose(-1, -2)) / self.scale + mask_bias
-        context = torch.matmul(torch.softmax(scores, dim=-1), v)
-        context = context.transpose(1, 2).reshape(_BATCH, self.seq_len, self.hidden)
-        return self.norm(x + self.output(context))
+        return self.norm(x + self.attend(x, mask_bias))
 
 
 class _Layer(nn.Module):
-    def __init__(self, hidden: int, heads: int, seq_len: int) -> None:
+    def __init__(self, hidden: int, heads: int, sizing: Sizing, attention: str) -> None:
         super().__init__()
-        self.attention = _SelfAttention(hidden, heads, seq_len)
+        self.attention = _SelfAttention(hidden, heads, sizing, attention)
         self.intermediate = nn.Linear(hidden, 4 * hidden)
         self.gelu = nn.GELU()
         self.ffn_out = nn.Linear(4 * hidden, hidden)
@@ -70,45 +63,50 @@ class _Layer(nn.Module):
 
 
 class _Bert(nn.Module):
-    def __init__(self, *, vocab: int, hidden: int, heads: int, layers: int, seq_len: int) -> None:
+    def __init__(self, *, vocab: int, hidden: int, heads: int, layers: int, sizing: Sizing, attention: str) -> None:
         super().__init__()
         self.word = nn.Embedding(vocab, hidden)
-        # One row per position actually used (BERT-base has 512): no Slice left in the exported graph.
-        self.position = nn.Embedding(seq_len, hidden)
+        # One row per position the model takes (BERT-base has 512): a static export adds the whole table.
+        self.position = nn.Embedding(sizing.seq, hidden)
         self.token_type = nn.Embedding(2, hidden)
         self.norm = nn.LayerNorm(hidden, eps=_LN_EPS)
-        self.layers = nn.ModuleList(_Layer(hidden, heads, seq_len) for _ in range(layers))
-        self.seq_len = seq_len
+        self.layers = nn.ModuleList(_Layer(hidden, heads, sizing, attention) for _ in range(layers))
+        self.sizing = sizing
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        # Adding the tables (not looking up an arange of position ids) leaves constants, not Range/Gather.
-        x = self.word(input_ids) + self.position.weight + self.token_type.weight[0]
+    def _positions(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if not self.sizing.dynamic:
+            return self.position.weight
+        return self.position(torch.arange(input_ids.shape[1], device=input_ids.device))
+
+    def _mask_bias(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        # As Hugging Face's mask utilities build it: key positions from an arange, looked up in the mask,
+        # compared, broadcast to [B, 1, S, S] and turned into an additive bias. Every op here reads the
+        # inputs alone (Range, Gather, Equal, Expand, Where): the partitioner must recompute them per stage.
+        batch, seq = self.sizing.batch_seq(attention_mask)
+        keys = torch.arange(seq, device=attention_mask.device)
+        keep = attention_mask[:, keys] == 1
+        keep = keep[:, None, None, :].expand(batch, 1, seq, seq)
+        zero = torch.zeros((), dtype=torch.float32)
+        return torch.where(keep, zero, torch.full((), _MASK_VALUE, dtype=torch.float32))
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        x = self.word(input_ids) + self._positions(input_ids) + self.token_type(token_type_ids)
         x = self.norm(x)
-        mask_bias = (1.0 - attention_mask[:, None, None, :].float()) * _MASK_VALUE
+        mask_bias = self._mask_bias(attention_mask)
         for layer in self.layers:
             x = layer(x, mask_bias)
         return x
 
 
-@torch.no_grad()
-def _init_bert(module: nn.Module) -> None:
-    # BERT's N(0, 0.02) weights. Biases and LayerNorm affines are perturbed from BERT's zeros/ones so that
-    # no two initializers are equal: the legacy exporter would de-duplicate them behind Identity nodes.
-    for m in module.modules():
-        if isinstance(m, nn.Linear | nn.Embedding):
-            nn.init.normal_(m.weight, 0.0, 0.02)
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.bias, 0.0, 0.02)
-        if isinstance(m, nn.LayerNorm):
-            m.weight.normal_(1.0, 0.02)
-            m.bias.normal_(0.0, 0.02)
-
-
 def make_bert(name: str, options: BuildOptions) -> TorchModel:
-    """Build the encoder; inputs ``input_ids``/``attention_mask`` int64 ``[1, S]``, output ``[1, S, hidden]``.
+    """Build the encoder; inputs ``input_ids``/``attention_mask``/``token_type_ids`` int64 ``[1, S]``,
+    output ``[1, S, hidden]`` (``[batch, seq]`` and ``[batch, seq, hidden]`` with ``dynamic_axes``).
 
     ``width_div`` divides ``hidden`` (and so the FFN width); ``heads`` must divide the result.
-    The example mask pads the last quarter of the sequence so the mask path is exercised.
+    The example mask pads the last quarter of the sequence so the mask path is exercised, and the second
+    half of the sequence is token type 1.
 
     Raises:
         ZooError: ``heads`` does not divide the hidden size.
@@ -121,16 +119,25 @@ def make_bert(name: str, options: BuildOptions) -> TorchModel:
             f"{name}: heads={heads} does not divide hidden={hidden} (after width_div={options.width_div}); "
             f"use heads in {divisors} or another hidden size"
         )
+    batch = _DYNAMIC_EXAMPLE_BATCH if options.dynamic_axes else _BATCH
+    sizing = Sizing(_BATCH, seq_len, options.dynamic_axes)
     with seeded(options.seed):
-        module = _Bert(vocab=vocab, hidden=hidden, heads=heads, layers=options.size("layers"), seq_len=seq_len)
-        _init_bert(module)
-        ids = torch.randint(0, vocab, (1, seq_len), dtype=torch.int64)
-    mask = torch.ones(1, seq_len, dtype=torch.int64)
+        module = _Bert(vocab=vocab, hidden=hidden, heads=heads, layers=options.size("layers"), sizing=sizing,
+                       attention=options.attention)
+        init_transformer(module)
+        ids = torch.randint(0, vocab, (batch, seq_len), dtype=torch.int64)
+    mask = torch.ones(batch, seq_len, dtype=torch.int64)
     mask[:, seq_len - seq_len // 4 :] = 0
+    token_types = torch.zeros(batch, seq_len, dtype=torch.int64)
+    token_types[:, seq_len // 2 :] = 1
     module.eval()
+    names = ("input_ids", "attention_mask", "token_type_ids")
+    axes = {n: {0: "batch", 1: "seq"} for n in (*names, "output")} if options.dynamic_axes else {}
     return TorchModel(
         module=module,
-        example_inputs=(ids, mask),
-        input_names=("input_ids", "attention_mask"),
+        example_inputs=(ids, mask, token_types),
+        input_names=names,
         output_names=("output",),
+        dynamic_axes=axes,
+        dynamic_max={"seq": seq_len},
     )

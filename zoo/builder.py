@@ -13,7 +13,7 @@ import onnx
 from zoo.errors import ZooError
 from zoo.export import export_torch_model, save_model, tensor_bytes
 from zoo.options import BuildOptions, resolve_options
-from zoo.registry import ZooEntry, resolve
+from zoo.registry import TRANSFORMER_FAMILIES, ZooEntry, resolve
 from zoo.torch_model import TorchModel
 
 __all__ = [
@@ -52,6 +52,8 @@ def build_torch(
     seed: int = 0,
     exporter: str = "legacy",
     opset: int = 17,
+    attention: str = "eager",
+    dynamic_axes: bool = False,
 ) -> TorchModel:
     """The eval-mode torch module :func:`build` would export, with its example inputs.
 
@@ -64,6 +66,7 @@ def build_torch(
     requested = BuildOptions(
         width_div=width_div, input_size=input_size, layers=layers, hidden=hidden, heads=heads,
         seq_len=seq_len, vocab=vocab, nodes=nodes, seed=seed, exporter=exporter, opset=opset,
+        attention=attention, dynamic_axes=dynamic_axes,
     )  # fmt: skip
     entry, make, options = _resolve(name, requested)
     return make(entry.name, options)
@@ -76,7 +79,8 @@ def _resolve(name: str, requested: BuildOptions) -> tuple[ZooEntry, _Maker, Buil
             f"{entry.name} takes its layer count from its name, not from layers={requested.layers}; "
             f"build lstm-{requested.layers} instead"
         )
-    return entry, make, resolve_options(entry.name, requested, dict(entry.defaults))
+    transformer = entry.family in TRANSFORMER_FAMILIES
+    return entry, make, resolve_options(entry.name, requested, dict(entry.defaults), transformer=transformer)
 
 
 def build(
@@ -93,19 +97,22 @@ def build(
     seed: int = 0,
     exporter: str = "legacy",
     opset: int = 17,
+    attention: str = "eager",
+    dynamic_axes: bool = False,
 ) -> onnx.ModelProto:
     """Build zoo model ``name`` with random (or, for ``digits-cnn``, trained) weights and export it to ONNX.
 
     Nothing is downloaded. The same name, options and seed give byte-identical initializers. Batch size is
-    1 and every shape is static.
+    1 and every shape is static, unless ``dynamic_axes``.
 
     Args:
         name: a name from :func:`zoo.list_models`, or any ``wrn-34-K``/``wrn-50-K``/``lstm-N``.
         width_div: divide every channel/feature width by this (at least 1 channel) for small variants.
-        input_size: image side (vgg: a multiple of 32; resnet/wrn >= 32; mobilenet >= 16; digits >= 8).
-        layers: bert encoder layers or gcn layers.
-        hidden: bert/lstm hidden size, gcn hidden width.
-        heads: bert attention heads (must divide the hidden size).
+        input_size: image side (vgg: a multiple of 32; resnet/wrn, mobilenetv3, efficientnet >= 32; mobilenet
+            >= 16; vit >= 16, cropped to a multiple of 16; digits >= 8).
+        layers: bert/vit encoder layers or gcn layers.
+        hidden: bert/vit/lstm hidden size, gcn hidden width.
+        heads: bert/vit attention heads (must divide the hidden size).
         seq_len: bert/lstm sequence length.
         vocab: bert vocabulary size.
         nodes: gcn node count.
@@ -113,12 +120,16 @@ def build(
         exporter: ``"legacy"`` (``torch.onnx.export(dynamo=False)``) or ``"dynamo"`` (``dynamo=True``,
             ``optimize=True``).
         opset: ONNX opset to export at (13..23).
+        attention: bert/vit attention: ``"eager"`` (MatMul, Softmax, MatMul written out) or ``"sdpa"``
+            (``torch.nn.functional.scaled_dot_product_attention``, decomposed by the exporter).
+        dynamic_axes: bert/vit only: export with symbolic ``batch`` (and bert's ``seq``) axes, the way
+            people export transformers (sizes from ``tensor.shape``); the partitioner needs them fixed.
 
     Size options a model does not take must stay ``None``; see ``ZooEntry.options``.
 
     Returns:
         A checked, self-contained ModelProto (no external data) with graph inputs ``input`` (bert:
-        ``input_ids``, ``attention_mask``) and output ``output``, ``doc_string`` set to the model's
+        ``input_ids``, ``attention_mask``, ``token_type_ids``) and output ``output``, ``doc_string`` set to the model's
         description and ``metadata_props`` holding :data:`ZOO_KEY`, :data:`PARAMETERS_KEY` and, for
         ``digits-cnn``, its test accuracy and split seed. A model over about 2 GB cannot be serialised
         in one piece; write it with :func:`build_to_file`.
@@ -130,6 +141,7 @@ def build(
     requested = BuildOptions(
         width_div=width_div, input_size=input_size, layers=layers, hidden=hidden, heads=heads,
         seq_len=seq_len, vocab=vocab, nodes=nodes, seed=seed, exporter=exporter, opset=opset,
+        attention=attention, dynamic_axes=dynamic_axes,
     )  # fmt: skip
     entry, make, options = _resolve(name, requested)
     start = time.perf_counter()
@@ -170,6 +182,8 @@ def build_to_file(
     seed: int = 0,
     exporter: str = "legacy",
     opset: int = 17,
+    attention: str = "eager",
+    dynamic_axes: bool = False,
 ) -> Path:
     """:func:`build` ``name`` with the same options and save it to ``path``; returns the path.
 
@@ -182,6 +196,7 @@ def build_to_file(
     model = build(
         name, width_div=width_div, input_size=input_size, layers=layers, hidden=hidden, heads=heads,
         seq_len=seq_len, vocab=vocab, nodes=nodes, seed=seed, exporter=exporter, opset=opset,
+        attention=attention, dynamic_axes=dynamic_axes,
     )  # fmt: skip
     return save_model(model, path)
 

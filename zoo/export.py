@@ -16,6 +16,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import onnx
 import onnx.version_converter
@@ -70,6 +71,8 @@ def _quiet() -> Iterator[None]:
 
 
 _DYNAMO_MIN_OPSET = 18
+# torch.export's default upper bound for a symbolic size is "unbounded" spelled as a large int.
+_UNBOUNDED_DIM = 1 << 20
 
 
 def _export_legacy(tm: TorchModel, path: Path, opset: int) -> None:
@@ -82,7 +85,24 @@ def _export_legacy(tm: TorchModel, path: Path, opset: int) -> None:
         output_names=list(tm.output_names),
         opset_version=opset,
         do_constant_folding=True,
+        dynamic_axes={name: dict(axes) for name, axes in tm.dynamic_axes.items()} or None,
     )
+
+
+def _dynamic_shapes(tm: TorchModel) -> tuple[dict[int, Any], ...] | None:
+    """torch.export's form of ``tm.dynamic_axes``: one ``Dim`` per dimension name, shared by the inputs."""
+    if not tm.dynamic_axes:
+        return None
+    dims: dict[str, Any] = {}
+    shapes = []
+    for name in tm.input_names:
+        axes = {}
+        for axis, dim in tm.dynamic_axes.get(name, {}).items():
+            if dim not in dims:
+                dims[dim] = torch.export.Dim(dim, min=1, max=tm.dynamic_max.get(dim, _UNBOUNDED_DIM))
+            axes[axis] = dims[dim]
+        shapes.append(axes)
+    return tuple(shapes)
 
 
 def _export_dynamo(tm: TorchModel, path: Path, opset: int) -> None:
@@ -95,6 +115,7 @@ def _export_dynamo(tm: TorchModel, path: Path, opset: int) -> None:
         report=False,
         input_names=list(tm.input_names),
         output_names=list(tm.output_names),
+        dynamic_shapes=_dynamic_shapes(tm),
         # Below its minimum the exporter would try its own down-conversion, which gives up on graphs
         # onnx's converter handles; export at 18 and let _convert_opset do it once.
         opset_version=max(opset, _DYNAMO_MIN_OPSET),
@@ -105,7 +126,9 @@ def _export_dynamo(tm: TorchModel, path: Path, opset: int) -> None:
 
 
 def export_torch_model(tm: TorchModel, *, exporter: str, opset: int, label: str) -> onnx.ModelProto:
-    """Export ``tm`` with static shapes and return the model with every weight inside the proto.
+    """Export ``tm`` and return the model with every weight inside the proto.
+
+    Shapes are static unless ``tm`` names dynamic axes (both exporters then make those axes symbolic).
 
     Args:
         tm: the module, example inputs and names.

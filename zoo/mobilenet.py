@@ -20,10 +20,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zoo.errors import ZooError
+from zoo.mbconv import make_image_model
 from zoo.options import BuildOptions, scaled
 from zoo.torch_model import TorchModel
-from zoo.weights import init_conv_linear, randomize_batchnorm, seeded
 
 __all__ = ["MOBILENET_DEFAULTS", "MOBILENET_STAGES", "make_mobilenet"]
 
@@ -42,7 +41,7 @@ MOBILENET_STAGES: tuple[tuple[int, int, int, int, int, int], ...] = (
 
 _GROUPS_MULTIPLE = 4
 _NUM_CLASSES = 1000
-_MIN_INPUT = 16
+_MIN_INPUT = 16  # the output stride
 
 
 def _conv_bn(
@@ -111,12 +110,4 @@ def make_mobilenet(name: str, options: BuildOptions) -> TorchModel:
     Raises:
         ZooError: an input smaller than 16 (the output stride).
     """
-    size = options.size("input_size")
-    if size < _MIN_INPUT:
-        raise ZooError(f"{name} needs an input size of at least {_MIN_INPUT} (output stride 16), got {size}")
-    with seeded(options.seed):
-        module = _MobileNet(options.width_div)
-        init_conv_linear(module)
-        randomize_batchnorm(module)
-        example = torch.rand(1, 3, size, size)
-    return TorchModel(module=module, example_inputs=(example,))
+    return make_image_model(name, options, _MobileNet, output_stride=_MIN_INPUT)

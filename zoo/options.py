@@ -14,10 +14,13 @@ from typing import TypedDict
 
 from zoo.errors import ZooError
 
-__all__ = ["EXPORTERS", "SIZED_OPTIONS", "BuildKwargs", "BuildOptions", "resolve_options", "scaled"]
+__all__ = ["ATTENTIONS", "EXPORTERS", "SIZED_OPTIONS", "BuildKwargs", "BuildOptions", "resolve_options", "scaled"]
 
 #: Exporters a build can use: the TorchScript-based one and the torch.export-based one.
 EXPORTERS: tuple[str, ...] = ("legacy", "dynamo")
+
+#: Attention implementations a transformer can be written with: out in ops, or torch's fused SDPA.
+ATTENTIONS: tuple[str, ...] = ("eager", "sdpa")
 
 #: Options whose ``None`` means "the family's default"; a family accepts a subset of these.
 SIZED_OPTIONS: tuple[str, ...] = ("input_size", "layers", "hidden", "heads", "seq_len", "vocab", "nodes")
@@ -45,6 +48,8 @@ class BuildOptions:
     seed: int = 0
     exporter: str = "legacy"
     opset: int = 17
+    attention: str = "eager"
+    dynamic_axes: bool = False
 
     def as_dict(self) -> dict[str, int | str | None]:
         """The options as a plain dict (for metadata), leaving out sized options that stayed ``None``."""
@@ -78,6 +83,8 @@ class BuildKwargs(TypedDict, total=False):
     seed: int
     exporter: str
     opset: int
+    attention: str
+    dynamic_axes: bool
 
 
 def _check_int(model: str, name: str, value: object, *, minimum: int) -> None:
@@ -87,7 +94,9 @@ def _check_int(model: str, name: str, value: object, *, minimum: int) -> None:
         raise ZooError(f"{model}: option {name} must be >= {minimum}, got {value}")
 
 
-def resolve_options(model: str, options: BuildOptions, defaults: Mapping[str, int]) -> BuildOptions:
+def resolve_options(
+    model: str, options: BuildOptions, defaults: Mapping[str, int], *, transformer: bool = False
+) -> BuildOptions:
     """Validate ``options`` for one family and fill in its defaults.
 
     Args:
@@ -95,13 +104,16 @@ def resolve_options(model: str, options: BuildOptions, defaults: Mapping[str, in
         options: what the caller passed.
         defaults: the sized options this family accepts, with their defaults. Sized options not in it must
             be ``None``.
+        transformer: the family takes ``attention`` and ``dynamic_axes``; others must leave them at their
+            defaults.
 
     Returns:
         A copy of ``options`` with every accepted sized option set.
 
     Raises:
         ZooError: an option the family does not take, a non-integer or non-positive size, an unknown
-            exporter or an opset outside the supported range.
+            exporter or an opset outside the supported range, ``attention``/``dynamic_axes`` for a model
+            that is not a transformer.
     """
     given = [n for n in SIZED_OPTIONS if getattr(options, n) is not None and n not in defaults]
     if given:
@@ -117,6 +129,7 @@ def resolve_options(model: str, options: BuildOptions, defaults: Mapping[str, in
         raise ZooError(f"{model}: opset {options.opset} is newer than supported; use {_MIN_OPSET}..{_MAX_OPSET}")
     if options.exporter not in EXPORTERS:
         raise ZooError(f"{model}: unknown exporter {options.exporter!r}; use one of: {', '.join(EXPORTERS)}")
+    _check_transformer_options(model, options, transformer)
     filled = {}
     for name, default in defaults.items():
         value = getattr(options, name)
@@ -125,6 +138,19 @@ def resolve_options(model: str, options: BuildOptions, defaults: Mapping[str, in
         _check_int(model, name, value, minimum=1)
         filled[name] = value
     return replace(options, **filled)
+
+
+def _check_transformer_options(model: str, options: BuildOptions, transformer: bool) -> None:
+    if options.attention not in ATTENTIONS:
+        raise ZooError(f"{model}: unknown attention {options.attention!r}; use one of: {', '.join(ATTENTIONS)}")
+    if not isinstance(options.dynamic_axes, bool):
+        raise ZooError(f"{model}: option dynamic_axes must be True or False, got {options.dynamic_axes!r}")
+    if transformer:
+        return
+    if options.attention != "eager":
+        raise ZooError(f"{model} has no attention; attention={options.attention!r} is for bert and vit")
+    if options.dynamic_axes:
+        raise ZooError(f"{model} is built with static shapes only; dynamic_axes is for bert and vit")
 
 
 def scaled(width: int, width_div: int, *, multiple: int = 1) -> int:

@@ -11,16 +11,22 @@ from dataclasses import dataclass
 
 from zoo.bert import BERT_DEFAULTS, make_bert
 from zoo.digits import DIGITS_DEFAULTS, make_digits_cnn
+from zoo.efficientnet import EFFICIENTNET_DEFAULTS, make_efficientnet
 from zoo.errors import ZooError
 from zoo.gcn import GCN_DEFAULTS, make_gcn
 from zoo.lstm import LSTM_DEFAULTS, LSTM_PATTERN, lstm_layers, make_lstm
 from zoo.mobilenet import MOBILENET_DEFAULTS, make_mobilenet
+from zoo.mobilenetv3 import MOBILENETV3_DEFAULTS, make_mobilenetv3
 from zoo.options import BuildOptions
 from zoo.resnet import RESNET_DEFAULTS, WRN_PATTERN, make_resnet, resnet_layout
 from zoo.torch_model import TorchModel
 from zoo.vgg import VGG_CONFIGS, VGG_DEFAULTS, make_vgg
+from zoo.vit import VIT_DEFAULTS, make_vit
 
-__all__ = ["ZooEntry", "list_models", "lookup", "resolve"]
+__all__ = ["TRANSFORMER_FAMILIES", "ZooEntry", "list_models", "lookup", "resolve"]
+
+#: Families that take ``attention`` and ``dynamic_axes``.
+TRANSFORMER_FAMILIES: frozenset[str] = frozenset({"bert", "vit"})
 
 _Maker = Callable[[str, BuildOptions], TorchModel]
 
@@ -31,8 +37,8 @@ class ZooEntry:
 
     Attributes:
         name: what :func:`zoo.build` takes, e.g. ``"wrn-50-2"``.
-        family: ``vgg``, ``resnet``, ``wide-resnet``, ``mobilenet``, ``lstm``, ``bert``, ``gcn`` or
-            ``digits``.
+        family: ``vgg``, ``resnet``, ``wide-resnet``, ``mobilenet``, ``mobilenetv3``, ``efficientnet``,
+            ``lstm``, ``bert``, ``vit``, ``gcn`` or ``digits``.
         description: one line for people.
         options: the size options this model accepts besides ``width_div``, ``seed``, ``exporter`` and
             ``opset`` (which every model accepts).
@@ -104,13 +110,37 @@ def _fixed_entries() -> dict[str, _Resolved]:
         ),
         make_mobilenet,
     )
+    out["mobilenetv3-large"] = _Resolved(
+        _entry(
+            "mobilenetv3-large",
+            "mobilenetv3",
+            "MobileNetV3-Large; squeeze-excitation, hard-swish, depthwise convs",
+            MOBILENETV3_DEFAULTS,
+            image,
+        ),
+        make_mobilenetv3,
+    )
+    out["efficientnet-b0"] = _Resolved(
+        _entry(
+            "efficientnet-b0",
+            "efficientnet",
+            "EfficientNet-B0; MBConv with squeeze-excitation, SiLU, depthwise convs",
+            EFFICIENTNET_DEFAULTS,
+            image,
+        ),
+        make_efficientnet,
+    )
+    out["vit"] = _Resolved(
+        _entry("vit", "vit", "ViT-B/16; eager or sdpa attention, static or dynamic batch", VIT_DEFAULTS, image),
+        make_vit,
+    )
     out["bert"] = _Resolved(
         _entry(
             "bert",
             "bert",
-            "BERT-base encoder, static shapes",
+            "BERT-base encoder; eager or sdpa attention, static or dynamic axes",
             BERT_DEFAULTS,
-            "input_ids i64[1,128], attention_mask i64[1,128]",
+            "input_ids, attention_mask, token_type_ids i64[1,128]",
         ),
         make_bert,
     )
@@ -163,9 +193,9 @@ def _lstm(name: str) -> _Resolved:
 def _all_listed_names() -> list[str]:
     names = [n for n in _FIXED if n.startswith(("vgg", "resnet"))]
     names += [f"wrn-{d}-{k}" for d in (34, 50) for k in _LISTED_WRN_K]
-    names.append("mobilenet")
+    names += ["mobilenet", "mobilenetv3-large", "efficientnet-b0"]
     names += [f"lstm-{n}" for n in _LISTED_LSTM_N]
-    names += ["bert", "gcn", "digits-cnn"]
+    names += ["bert", "vit", "gcn", "digits-cnn"]
     return names
 
 

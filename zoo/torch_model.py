@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +21,10 @@ class TorchModel:
         input_names: ONNX graph input names, one per example input.
         output_names: ONNX graph output names, one per module output.
         metadata: extra ``metadata_props`` entries (e.g. a trained model's test accuracy).
+        dynamic_axes: per input or output name, its symbolic axes (axis -> dimension name, as the legacy
+            exporter takes them); empty for a static export.
+        dynamic_max: the largest size a symbolic dimension may take (e.g. ``seq``: the position table's
+            rows); unbounded where absent.
     """
 
     module: nn.Module
@@ -27,6 +32,8 @@ class TorchModel:
     input_names: tuple[str, ...] = ("input",)
     output_names: tuple[str, ...] = ("output",)
     metadata: tuple[tuple[str, str], ...] = field(default=())
+    dynamic_axes: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+    dynamic_max: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def parameter_count(self) -> int:

@@ -1,5 +1,6 @@
 """``flatpack bench chaos [DEPLOYMENT]``: faults injected while a closed-loop load runs
-(:mod:`bench.reliability.chaos`). Exits 1 unless nothing was lost or wrong and >= 99 % was correct."""
+(:mod:`bench.reliability.chaos`). Exits 1 unless nothing was lost or wrong, >= 99 % was correct and no
+tensor was left in the transports after any phase."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def _print(result: ChaosResult, console: Any) -> None:
                   "invocations")
     for k, v in result.phases.items():
         o = v.outcomes
-        counts = {"sent": o.sent, "correct": o.correct, "clear_errors": o.clear_errors, "lost": o.lost}
+        counts = {"sent": o.sent, "correct": o.correct, "clear_errors": o.clear_errors, "lost": o.lost,
+                  "tensors_left": v.tensors_left}
         console.print(f"  {k}: {json.dumps(counts)} p50 {v.p50_ms:.1f} p99 {v.p99_ms:.1f} ms")
 
 
@@ -43,6 +45,8 @@ def _print(result: ChaosResult, console: Any) -> None:
 @click.option("--kill-rate", default=0.10, show_default=True, help="Fraction of worker invocations killed.")
 @click.option("--straggler-rate", default=0.01, show_default=True, help="Fraction of worker invocations stalled.")
 @click.option("--straggler-ms", default=250.0, show_default=True, help="How long a straggler is stalled.")
+@click.option("--master-kills", type=click.IntRange(min=0), default=4, show_default=True,
+              help="Busy master instances killed mid-request in the disruption phase (their requests are sent again).")
 @click.option("--transport", type=click.Choice(["shm", "redis", "inline"]), default="shm", show_default=True,
               help="Own deployment only: redis starts a redis-server of its own (and restarts it).")
 @click.option("--hedge-percentile", type=float, default=95.0, show_default=True,
@@ -52,9 +56,11 @@ def _print(result: ChaosResult, console: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def chaos_cmd(deployment: str | None, clients: int, requests: int, fault_free_requests: int,
               disruption_requests: int, rounds: int, think_ms: float, kill_rate: float, straggler_rate: float,
-              straggler_ms: float, transport: str, hedge_percentile: float, seed: int, out: str, as_json: bool) -> None:
-    """Faults under load: kill and stall worker instances, reap all instances, restart Redis (its own only);
-    count requests sent / answered / correct / failed with a clear error / lost, p99 vs fault-free.
+              straggler_ms: float, master_kills: int, transport: str, hedge_percentile: float, seed: int, out: str,
+              as_json: bool) -> None:
+    """Faults under load: kill and stall worker instances, kill busy masters, reap all instances, restart Redis
+    (its own only); count requests sent / answered / correct / failed with a clear error / lost, p99 vs
+    fault-free, and the tensors left in the transports after each phase.
 
     DEPLOYMENT: a running `flatpack deploy` deployment; without it a small vgg11 is deployed and removed."""
     from serving.console import console, err_console
@@ -64,7 +70,7 @@ def chaos_cmd(deployment: str | None, clients: int, requests: int, fault_free_re
                                  ">= 0)")
     spec = ChaosSpec(clients=clients, requests=requests, fault_free_requests=fault_free_requests,
                      disruption_requests=disruption_requests, rounds=rounds, think_ms=think_ms, kill_rate=kill_rate,
-                     straggler_rate=straggler_rate, straggler_ms=straggler_ms, seed=seed)
+                     straggler_rate=straggler_rate, straggler_ms=straggler_ms, seed=seed, master_kills=master_kills)
 
     def say(msg: str) -> None:
         err_console.print(f"[dim]{msg}[/]")
@@ -81,5 +87,5 @@ def chaos_cmd(deployment: str | None, clients: int, requests: int, fault_free_re
         _print(result, console)
         err_console.print(f"wrote {path}")
     t = result.targets
-    if not (t["lost_zero"] and t["correct_ge_99pct"]):
+    if not (t["lost_zero"] and t["correct_ge_99pct"] and t["no_tensors_left"]):
         raise SystemExit(1)

@@ -28,11 +28,14 @@ def _spec(arg: str) -> tuple[str, int, int | None]:
               help="Memory of every function (MB); repeat.")
 @click.option("--rounds", type=int, default=20, show_default=True, help="Interleaved requests per arm.")
 @click.option("--max-group", type=int, default=None, help="Units per stage at most (default: any).")
+@click.option("--measure-budget", type=float, default=120.0, show_default=True, metavar="SECONDS",
+              help="Per model and memory: time for deploying plans and timing their stages before the one compared "
+                   "(0: compare the plan the model makes).")
 @click.option("--no-lambda", is_flag=True, help="Leave out the predicted full-size rows on the aws-lambda profile.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also save the JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def lo_cmd(models: tuple[str, ...], memories: tuple[int, ...], rounds: int, max_group: int | None, no_lambda: bool,
-           out: Path | None, as_json: bool) -> None:
+def lo_cmd(models: tuple[str, ...], memories: tuple[int, ...], rounds: int, max_group: int | None,
+           measure_budget: float, no_lambda: bool, out: Path | None, as_json: bool) -> None:
     """Unsplit vs latency-optimal plan at the same memory per function, live on the local platform with each
     function's CPU share emulated; the prediction's error; full-size VGGs on the Lambda profile beside Gillis."""
     from bench.harness.provenance import machine
@@ -41,7 +44,8 @@ def lo_cmd(models: tuple[str, ...], memories: tuple[int, ...], rounds: int, max_
 
     specs = tuple(_spec(m) for m in models) or LIVE_MODELS
     with err_console.status("bench lo") as st:
-        rows, cpu, gflops = live_rows(specs, memories, rounds=rounds, max_group=max_group, say=st.update)
+        rows, cpu, gflops = live_rows(specs, memories, rounds=rounds, max_group=max_group, say=st.update,
+                                      measure_budget_s=measure_budget)
         lam = [] if no_lambda else lambda_rows(LAMBDA_MODELS, (1769, 3008), gflops_per_thread=gflops,
                                                max_group=max_group, say=st.update)
     doc = {"cpu_limit": cpu.get("cpu_limit"), "cpu": cpu, "machine": machine(), "rounds": rounds,
@@ -54,11 +58,13 @@ def lo_cmd(models: tuple[str, ...], memories: tuple[int, ...], rounds: int, max_
     from serving.console import console
 
     t = Table(title=f"lo vs unsplit, live on the local platform ({cpu.get('cpu_limit')}), p50 of {rounds}")
-    for c in ("model", "MB", "functions", "unsplit ms", "lo ms", "speed-up", "predicted", "error", "note"):
+    for c in ("model", "MB", "functions", "unsplit ms", "lo ms", "speed-up", "predicted", "error", "measured",
+              "note"):
         t.add_column(c, justify="left" if c in ("model", "note") else "right")
     for r in rows:
         t.add_row(r.model, str(r.memory_mb), str(r.functions), f"{r.unsplit_p50_ms:.1f}", f"{r.lo_p50_ms:.1f}",
                   f"{r.speedup:.2f}x", f"{r.predicted_lo_p50_ms:.1f}", f"{r.error:+.1%}",
+                  f"{r.measured_stages}/{len(r.stages)}",
                   "oversubscribed" if r.oversubscribed else "")
     console.print(t)
     if lam:

@@ -31,6 +31,10 @@ def _print(result: PerfModelResult) -> None:
     console.print(f"mean latency error {result.mean_latency_error:.1%}, mean cost error {cost}, memory "
                   f"under-predicted by at most {result.max_memory_under_prediction:.1%}; invoke round trip median "
                   f"{result.invoke_median_ms:.2f} ms")
+    for t in result.tails:
+        console.print(f"p99 plan of {t.model} at {t.memory_mb} MB ({t.plan}): live p99 {t.measured_ms:.1f} ms of "
+                      f"{t.requests} requests vs predicted {t.predicted_ms:.1f} (bound {t.predicted_bound_ms:.1f}): "
+                      f"error {t.error:.1%}")
 
 
 @click.command("perfmodel")

@@ -36,11 +36,11 @@ def _print(result: SolversResult) -> None:
 @click.option("--quick", is_flag=True, help="vgg11 only, fewer RL steps and BO trials.")
 @click.option("--models", default=None, help="Comma-separated zoo names (default: vgg11,vgg16,wrn-50-4,bert).")
 @click.option("--seed", default=0, show_default=True)
-@click.option("--solvers", "which", default="exact,rl,bo,bruteforce", show_default=True,
+@click.option("--solvers", "which", default="exact,rl,bo,mopar,bruteforce", show_default=True,
               help="Comma-separated solvers (brute force runs on vgg11 only).")
 @click.option("--out", type=click.Path(file_okay=False), default="bench/results", show_default=True)
 def solvers_cmd(as_json: bool, quick: bool, models: str | None, seed: int, which: str, out: str) -> None:
-    """Cost, latency, SLO attainment and wall time of exact, rl, bo and brute force (aws-lambda profile)."""
+    """Cost, latency, SLO attainment and wall time of exact, rl, bo, mopar and brute force (aws-lambda profile)."""
     from serving.console import err_console
 
     names = models.split(",") if models else (["vgg11"] if quick else list(MODELS_FULL))

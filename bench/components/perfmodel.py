@@ -10,6 +10,9 @@
    latency and the billed GB-s per request read from the platform's meter. Platform facts are measured
    in the same run, as the planner would measure them on the platform it deploys to; nothing is fitted
    to the plan's own latencies.
+3. Tails: for the first model, at each memory size, the plan made for its p99 (``lo`` with ``--percentile
+   99``) sent sequential requests (steady load, instances warm); its live p99 against the p99 the model
+   samples for it (``partitioner.tail``): ``p99_error``, the largest over the sizes.
 Errors are absolute percentage errors, as fractions.
 """
 
@@ -35,7 +38,7 @@ from zoo import BuildKwargs
 if TYPE_CHECKING:  # the partitioner is imported when a run starts
     from partitioner.perfmodel import PerfModel, StageChoice
 
-__all__ = ["CASES", "PerfModelResult", "PlanCheck", "fit_invoke_latency", "run_perfmodel"]
+__all__ = ["CASES", "PerfModelResult", "PlanCheck", "TailCheck", "fit_invoke_latency", "run_perfmodel"]
 
 # (zoo name, build options, [(label, stage spec or planner mode, transport)])
 CASES: list[tuple[str, BuildKwargs, list[tuple[str, str, str]]]] = [
@@ -52,7 +55,7 @@ CASES: list[tuple[str, BuildKwargs, list[tuple[str, str, str]]]] = [
     ]),
     ("bert", {"layers": 2, "hidden": 256, "heads": 4, "seq_len": 64}, [
         ("single", "0-:none", "shm"),
-        ("heads-2", "0:none,1:heads=2,2-:none", "shm"),
+        ("heads-2", "0-1:none,2:heads=2,3-:none", "shm"),
     ]),
     ("mobilenet", {"width_div": 1, "input_size": 96}, [
         ("single", "0-:none", "shm"),
@@ -159,11 +162,38 @@ class PlanCheck:
 
 
 @dataclass(frozen=True)
+class TailCheck:
+    """A plan made for a percentile SLO (``--percentile``), under steady load: its live percentile of
+    ``requests`` sequential requests against the percentile the model samples for it."""
+
+    model: str
+    plan: str
+    memory_mb: int
+    percentile: float
+    requests: int
+    predicted_ms: float
+    measured_ms: float
+    predicted_bound_ms: float
+    measured_p50_ms: float
+
+    @property
+    def error(self) -> float:
+        return abs(self.predicted_ms - self.measured_ms) / self.measured_ms
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: round(v, 3) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
+        out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True)
 class PerfModelResult:
-    """Every plan checked, and the invoke round trips of the whole run (an ex-Gaussian fitted to them)."""
+    """Every plan checked, the percentile plans' tails, and the invoke round trips of the whole run (an
+    ex-Gaussian fitted to them)."""
 
     plans: tuple[PlanCheck, ...]
     invoke_samples_ms: tuple[float, ...]
+    tails: tuple[TailCheck, ...] = ()
 
     @property
     def mean_latency_error(self) -> float:
@@ -191,6 +221,8 @@ class PerfModelResult:
             "mean_latency_error": self.mean_latency_error,
             "mean_cost_error": self.mean_cost_error,
             "max_memory_under_prediction": self.max_memory_under_prediction,
+            "p99_error": max((t.error for t in self.tails), default=None),
+            "tails": [t.to_json() for t in self.tails],
             "plans": [r.to_json() for r in self.plans],
         }
 
@@ -218,6 +250,8 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
     say = say or (lambda _m: None)
     cases = CASES[:2] if quick else CASES
     rows: list[PlanCheck] = []
+    tails: list[TailCheck] = []
+    tails_done = False
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flatpack-perf-")))
         local = stack.enter_context(LocalPlatform(PlatformConfig.from_env(port=0)))
@@ -297,7 +331,48 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
                     est.latency_ms, statistics.median(lat), predicted_gb_s, (after - before) / n,
                     dict(est.memory_mb), {k: rss[k] for k in est.memory_mb if k in rss},
                     (facts[mb].invoke.mu, facts[mb].invoke.sigma, facts[mb].invoke.tau), noop_ms, source))
-    return PerfModelResult(tuple(rows), tuple(all_samples))
+            if not tails_done:
+                tails_done = True
+                # the unit times of its last plan: scaled to whole-model runs taken between that plan's requests
+                tails = [_tail_check(local, lg, model, facts[mb], cm, tmp / f"{model}-p99-{mb}", mb,
+                                     requests=max(10 * n, 300), say=say) for mb in memories]
+    return PerfModelResult(tuple(rows), tuple(all_samples), tuple(tails))
+
+
+def _tail_check(local: Any, lg: Any, model: str, facts: Any, cm: Any, out: Path, memory_mb: int, *, requests: int,
+                say: Callable[[str], None]) -> TailCheck:
+    """Plan ``lg`` for its p99 at ``memory_mb`` (the fastest plan by p99: ``lo`` with ``--percentile 99``),
+    deploy it, send ``requests`` sequential requests after a warm-up (steady load: every instance warm),
+    and compare their p99 with the p99 the model samples for the plan."""
+    from functions.bundle import Bundle
+    from partitioner.inputs import random_inputs
+    from partitioner.perfmodel import PerfModel
+    from partitioner.planner import PlanRequest, export_solution, solve
+    from serving.platform.deploy import deploy_bundle
+    from serving.platform.master_client import MasterClient
+
+    req = PlanRequest(mode="lo", platform="local", memory=memory_mb, transport="shm", percentile=0.99)
+    pm = PerfModel(lg, facts, cm, transport="shm", percentile=0.99)
+    result = solve(lg, req, pm=pm)
+    export_solution(lg, result, req, out)
+    say(f"{model} p99 plan at {memory_mb} MB: {requests} requests under steady load")
+    dep = deploy_bundle(local.client, out, transport="shm")
+    client = MasterClient(dep, local.url, timeout_s=60)
+    x = random_inputs(Bundle.load(out).source, 0)
+    lat = []
+    try:
+        for _ in range(10):
+            client.infer(x)
+        for _ in range(requests):
+            t = time.perf_counter()
+            client.infer(x)
+            lat.append((time.perf_counter() - t) * 1e3)
+    finally:
+        client.close()
+        dep.remove()
+    return TailCheck(model, " ".join(str(c) for c in result.choices), memory_mb, 0.99, requests,
+                     pm.plan_quantile(result.choices, result.master_mb, 0.99), float(np.percentile(lat, 99)),
+                     result.estimate.latency_q_ms, float(np.median(lat)))
 
 
 def _worker_invocations(pm: PerfModel, choices: Sequence[StageChoice], master_mb: int) -> int:

@@ -2,8 +2,11 @@
 force, plus the performance model's plan-evaluation rate and the big-model solve times.
 
 On the aws-lambda profile, for each model and each SLO (1.15, 1.6 and 3 x the fastest plan's latency):
-``exact`` (the DP), ``rl``, ``bo`` and, on vgg11 only, brute force; cost, latency, whether the SLO is met,
-and wall time of each.
+``exact`` (the DP), ``rl``, ``bo``, ``mopar`` (MOPAR's plan, whatever its latency) and, on vgg11 only, brute
+force; cost, latency, whether the SLO is met, and wall time of each. Every solver searches the platform's
+whole memory range on the grid the planner uses (``solvers.common.memory_options``: within 10 % of the optimum
+over every size), masters and workers alike, and groups of any length (the planner's default), so MOPAR's
+plans lie in the space the others search.
 """
 
 from __future__ import annotations
@@ -18,42 +21,46 @@ from typing import Any
 
 from bench.harness.provenance import git_revision
 
-__all__ = ["BIG_MODEL", "MEMS", "MODELS_FULL", "SLO_FACTORS", "SOLVERS", "SolverRow", "SolversResult",
+__all__ = ["BIG_MODEL", "MODELS_FULL", "SLO_FACTORS", "SOLVERS", "SolverRow", "SolversResult",
            "run_solvers"]
 
 MODELS_FULL = ("vgg11", "vgg16", "wrn-50-4", "bert")
 BIG_MODEL = "wrn-50-5"  # the full run also times lo and exact on it
 SLO_FACTORS = (1.15, 1.6, 3.0)  # x the fastest plan's latency
-MEMS = [1024, 1769, 3538, 5307]
-SOLVERS = ("exact", "rl", "bo", "bruteforce")
+SOLVERS = ("exact", "rl", "bo", "mopar", "bruteforce")
 
 
-def _space(pm: Any, max_group: int) -> Any:
-    from partitioner.solvers.common import SearchSpace
+def _space(pm: Any, max_group: int | None) -> Any:
+    from partitioner.solvers.common import SearchSpace, memory_options
 
-    return SearchSpace(pm, worker_memories=MEMS, max_group=max_group)
+    return SearchSpace(pm, worker_memories=memory_options(pm.platform), max_group=max_group)
 
 
 def _run(name: str, space: Any, slo: float, seed: int, quick: bool) -> Any:
     from partitioner.solvers.dp import slo_dp
 
+    mems = list(space.worker_memories)
     if name == "exact":
-        return slo_dp(space, slo, MEMS, nl=2000)
+        return slo_dp(space, slo, mems, nl=2000)
+    if name == "mopar":
+        from partitioner.planner import PlanRequest, solve
+
+        return solve(space.pm.lg, PlanRequest(mode="mopar", platform=space.pm.platform.name), pm=space.pm)
     if name == "bruteforce":
         from partitioner.solvers.bruteforce import bruteforce
 
-        return bruteforce(space, slo, MEMS, time_limit_s=120 if quick else 600)
+        return bruteforce(space, slo, mems, time_limit_s=120 if quick else 600)
     if name == "rl":
         from partitioner.solvers.rl import rl_solver
 
         if quick:
-            return rl_solver(space, slo, MEMS, seed=seed, timesteps=4000)
-        return rl_solver(space, slo, MEMS, seed=seed)
+            return rl_solver(space, slo, mems, seed=seed, timesteps=4000)
+        return rl_solver(space, slo, mems, seed=seed)
     from partitioner.solvers.bo import bo_solver
 
     if quick:
-        return bo_solver(space, slo, MEMS, seed=seed, trials=25)
-    return bo_solver(space, slo, MEMS, seed=seed)
+        return bo_solver(space, slo, mems, seed=seed, trials=25)
+    return bo_solver(space, slo, mems, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,7 @@ def _at_slo(model: str, space: Any, slo: float, solvers: Sequence[str], seed: in
             cost, latency = r.estimate.cost_usd, r.estimate.latency_ms
         except Infeasible:
             pass
-        except (ImportError, TimeoutError) as e:
+        except (ImportError, TimeoutError, ValueError) as e:  # ValueError: a plan its solver could not honour
             error = str(e)
         rows.append(SolverRow(model, slo, solver, cost, latency, latency is not None and latency <= slo + 1e-9,
                               round(time.perf_counter() - t0, 3), error))
@@ -167,10 +174,10 @@ def run_solvers(models: Sequence[tuple[str, Path]], *, quick: bool = False, seed
     for name, path in models:
         lg = LayerGraph.load(path)
         pm, _, source = make_perfmodel(lg, PlanRequest(platform="aws-lambda"))
-        space = _space(pm, 3)
-        fastest = latency_dp(_space(pm, 3), max(MEMS)).estimate.latency_ms
+        space = _space(pm, None)
+        fastest = latency_dp(space, max(space.worker_memories)).estimate.latency_ms
         rate[name] = _plans_per_second(pm, len(lg.units))
-        chosen = [s for s in ("exact", "rl", "bo") if s in solvers] + (
+        chosen = [s for s in ("exact", "rl", "bo", "mopar") if s in solvers] + (
             ["bruteforce"] if name == "vgg11" and "bruteforce" in solvers else [])
         for factor in SLO_FACTORS:
             rows += _at_slo(name, space, round(fastest * factor, 1), chosen, seed, quick, say)

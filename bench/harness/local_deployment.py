@@ -11,7 +11,8 @@ free port (so a benchmark may restart it without touching anyone else's Redis).
 
 Both expose the endpoint (a :class:`bench.load.targets.EndpointTarget`), an :class:`InstanceSource` (which
 function instances exist, their pids, whether they are busy), the worker functions, and ``leftovers()``
-(tensors still in the transports, shared-memory files, instance processes).
+(tensors still in the transports, shared-memory files, instance processes), and ``tensors()`` (the
+tensors in its transports now).
 """
 
 from __future__ import annotations
@@ -227,6 +228,10 @@ class SmallDeployment:
             time.sleep(0.002)
         return None
 
+    def tensors(self) -> int:
+        """Tensors of this deployment in its transports now (requests in flight hold some)."""
+        return sum(self.deployment.leftovers().values())
+
     def leftovers(self) -> dict[str, int]:
         """Tensors in the transports, files in this deployment's shared-memory directory, instance processes."""
         out = {f"{k}_keys": v for k, v in self.deployment.leftovers().items()}
@@ -303,6 +308,12 @@ class ExistingDeployment:
     def squeeze_memory(self, timeout_s: float = 5.0) -> dict[str, object] | None:
         """Not possible from outside the platform's process: its instances' limits are not ours to change."""
         return None
+
+    def tensors(self) -> int:
+        """Tensors of this deployment in shared memory now (its other transports are not ours to read)."""
+        if not self._shm.is_dir():
+            return 0
+        return sum(1 for e in os.scandir(self._shm) if e.is_file() and not e.name.startswith("."))
 
     def leftovers(self) -> dict[str, int]:
         """Files in the deployment's shared-memory directory (its other transports are not ours to read)."""

@@ -14,7 +14,13 @@ Phases, each a closed loop of ``clients`` clients over real HTTP to the OIP v2 e
    benchmark did not start is never touched. Then one busy worker instance exceeds its memory (its limit
    lowered below what it holds; the platform's watchdog kills it as Lambda would, and its request ends with
    the platform's out-of-memory error: a clear error, not retried, since a deterministic OOM would fail
-   again). Only for the deployment the benchmark made itself.
+   again). Only for the deployment the benchmark made itself. Before all that, ``master_kills`` busy
+   master instances are SIGKILLed mid-request, one after another: the endpoint sends each request again
+   and discards what the dead attempt stored.
+
+After each block of requests, once they are all answered, the tensors still in the deployment's
+transports are counted (polled for a few seconds, while dead attempts' last workers finish): a phase's
+``tensors_left`` is the most seen after its blocks, and must be 0.
 
 Each client pauses ``think_ms`` (250 ms) after every response: an interactive closed loop that keeps
 this 2-core machine below saturation. At saturation the figure would measure CPU contention, not
@@ -43,7 +49,7 @@ from bench.load.generators import closed_loop
 from bench.load.inputs import InputPool
 from bench.load.latency import Sample, percentile
 from bench.load.usage import UsageSummary, meter_delta, usage_summary
-from bench.reliability.faults import FaultCounts, FaultInjector, Outcomes
+from bench.reliability.faults import FaultCounts, FaultInjector, Outcomes, kill_busy
 
 __all__ = ["ChaosResult", "ChaosSpec", "Disruptions", "PhaseStats", "run_chaos"]
 
@@ -51,7 +57,8 @@ __all__ = ["ChaosResult", "ChaosSpec", "Disruptions", "PhaseStats", "run_chaos"]
 @dataclass(frozen=True)
 class ChaosSpec:
     """What to run. ``requests``: per client in the fault phase; ``fault_free_requests``: per client in the
-    baseline phase; ``disruption_requests``: per client in the disruption phase (0: skip it)."""
+    baseline phase; ``disruption_requests``: per client in the disruption phase (0: skip it);
+    ``master_kills``: busy master instances killed in the disruption phase."""
 
     clients: int = 4
     requests: int = 60
@@ -65,6 +72,7 @@ class ChaosSpec:
     straggler_ms: float = 250.0
     pool: int = 8
     seed: int = 0
+    master_kills: int = 4
 
 
 _PLATFORM_COUNTERS = ("invocations", "function_errors", "cold_starts")
@@ -72,8 +80,9 @@ _PLATFORM_COUNTERS = ("invocations", "function_errors", "cold_starts")
 
 @dataclass(frozen=True)
 class PhaseStats:
-    """One phase's requests by outcome, latency of the answered ones, its five most frequent errors, and the
-    platform's invocations, function errors and cold starts meanwhile (when read)."""
+    """One phase's requests by outcome, latency of the answered ones, its five most frequent errors, the
+    platform's invocations, function errors and cold starts meanwhile (when read), and the tensors left in
+    the transports after it (when counted)."""
 
     outcomes: Outcomes
     p50_ms: float
@@ -83,17 +92,20 @@ class PhaseStats:
     wall_s: float
     errors: Mapping[str, int]
     platform: Mapping[str, int] | None = None
+    tensors_left: int | None = None
 
     @property
     def rps(self) -> float:
         return self.outcomes.sent / self.wall_s if self.wall_s > 0 else float("nan")
 
     @classmethod
-    def of(cls, samples: Sequence[Sample], wall_s: float, platform: Mapping[str, int] | None = None) -> PhaseStats:
+    def of(cls, samples: Sequence[Sample], wall_s: float, platform: Mapping[str, int] | None = None,
+           tensors_left: int | None = None) -> PhaseStats:
         lat = [s.latency_ms for s in samples if s.error is None]
         errors = Counter((s.error or "")[:160] for s in samples if s.error is not None)
         return cls(Outcomes.of(samples), percentile(lat, 50), percentile(lat, 95), percentile(lat, 99),
-                   tuple(round(x, 1) for x in sorted(lat)[-5:]), wall_s, dict(errors.most_common(5)), platform)
+                   tuple(round(x, 1) for x in sorted(lat)[-5:]), wall_s, dict(errors.most_common(5)), platform,
+                   tensors_left)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -102,22 +114,27 @@ class PhaseStats:
         }
         if self.platform:
             out["platform"] = dict(self.platform)
+        if self.tensors_left is not None:
+            out["tensors_left"] = self.tensors_left
         return out
 
 
 @dataclass(frozen=True)
 class Disruptions:
     """What the disruption phase did: every idle instance stopped (how many, when), one busy worker pushed
-    over its memory (or why not), Redis restarted (how long it was away, or why not)."""
+    over its memory (or why not), Redis restarted (how long it was away, or why not), busy masters killed
+    (how many of how many asked)."""
 
     reap_all: Mapping[str, Any]
     memory: Mapping[str, Any] | str
     redis_restart: Mapping[str, Any] | str
+    master_kills: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"reap_all": dict(self.reap_all), "redis_restart": self.redis_restart if isinstance(
             self.redis_restart, str) else dict(self.redis_restart),
-                "memory": self.memory if isinstance(self.memory, str) else dict(self.memory)}
+                "memory": self.memory if isinstance(self.memory, str) else dict(self.memory),
+                "master_kills": dict(self.master_kills)}
 
 
 @dataclass(frozen=True)
@@ -155,10 +172,12 @@ class ChaosResult:
 
     @property
     def targets(self) -> dict[str, bool]:
-        """The issue's: nothing lost or wrong, >= 99 % correct, p99 under faults at most twice fault-free."""
+        """The issues': nothing lost or wrong, >= 99 % correct, p99 under faults at most twice fault-free, no
+        tensor left after any phase."""
         return {"lost_zero": self.total.outcomes.lost == 0 and self.total.outcomes.wrong == 0,
                 "correct_ge_99pct": self.correct_fraction >= 0.99,
-                "p99_le_2x_fault_free": self.p99_ratio <= 2.0}
+                "p99_le_2x_fault_free": self.p99_ratio <= 2.0,
+                "no_tensors_left": all(not p.tensors_left for p in self.phases.values())}
 
     def to_json(self) -> dict[str, Any]:
         s = self.spec
@@ -208,23 +227,80 @@ def _platform(meters: Sequence[UsageSummary]) -> dict[str, int]:
     return {k: sum(getattr(m, k) for m in meters) for k in _PLATFORM_COUNTERS}
 
 
+def _tensors_left(dep: Any, *, limit_s: float = 5.0) -> int:
+    """Tensors in the deployment's transports once every request is answered: polled until none is left
+    (a dead attempt's workers may still be finishing, and their outputs are dropped as they are stored)
+    or ``limit_s`` passed; the last count."""
+    t_end = time.monotonic() + limit_s
+    n = dep.tensors()
+    while n and time.monotonic() < t_end:
+        time.sleep(0.05)
+        n = dep.tensors()
+    return n
+
+
+class _Answered:
+    """Which load clients had a response since :meth:`reset`: a closed-loop client's next response after a
+    kill answers the request it had in flight, so once every client answered, a killed request has been
+    sent again and answered (and killing its retry too, which the endpoint does not send a third time, is
+    not what the benchmark asks)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: set[int] = set()
+
+    def note(self, _n: int) -> None:  # closed_loop's progress callback, called in each client's thread
+        with self._lock:
+            self._clients.add(threading.get_ident())
+
+    def reset(self) -> None:
+        with self._lock:
+            self._clients.clear()
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._clients)
+
+
+def _kill_masters(dep: Any, n: int, answered: _Answered, clients: int, load: threading.Thread) -> dict[str, Any]:
+    """SIGKILL ``n`` busy master instances mid-request while ``load`` runs, one at a time: the next only
+    once every client had an answer since (so the killed request was sent again and answered)."""
+    masters = [f for f in dep.functions if f not in dep.workers]
+    killed: list[int] = []
+    while len(killed) < n and load.is_alive():
+        v = kill_busy(dep.instances, masters, spare=killed, poll_s=dep.poll_s)
+        if v is None:
+            break
+        answered.reset()  # after the kill: the killed request cannot be answered before its retry ran
+        killed.append(v.pid)
+        while answered.count() < clients and load.is_alive():
+            time.sleep(0.01)
+    return {"asked": n, "killed": len(killed)}
+
+
 def _disruptions(dep: Any, target: Any, pool: InputPool, spec: ChaosSpec, base_wall: float,
                  say: Callable[[str], None]) -> tuple[list[Sample], PhaseStats, Disruptions]:
-    """The disruption phase: the load goes on while every idle instance is stopped, a busy worker is pushed
-    over its memory and (its own only) Redis is restarted."""
-    say("disruption phase: all idle instances reaped" + (", Redis restarted" if dep.redis else ""))
+    """The disruption phase: the load goes on while busy masters are killed, every idle instance is stopped,
+    a busy worker is pushed over its memory and (its own only) Redis is restarted."""
+    say(f"disruption phase: {spec.master_kills} busy masters killed, all idle instances reaped"
+        + (", Redis restarted" if dep.redis else ""))
     box: dict[str, Any] = {}
+    answered = _Answered()
 
     def load() -> None:
         box["samples"], box["wall"] = closed_loop(target, pool, clients=spec.clients, think_s=spec.think_ms / 1000,
-                                                  requests=spec.disruption_requests, first_index=2_000_000)
+                                                  requests=spec.disruption_requests, first_index=2_000_000,
+                                                  progress=answered.note)
 
     u = target.usage()
     t = threading.Thread(target=load, name="flatpack-chaos-load", daemon=True)
     t.start()
+    t0 = time.monotonic()
     expected = max(1.0, spec.disruption_requests * base_wall / max(1, spec.fault_free_requests))
-    time.sleep(expected / 3)
-    reap = {"instances_stopped": dep.reap_all(), "at_s": round(expected / 3, 2)}
+    time.sleep(expected / 6)
+    masters = _kill_masters(dep, spec.master_kills, answered, spec.clients, t)
+    time.sleep(max(0.0, t0 + expected / 3 - time.monotonic()))
+    reap = {"instances_stopped": dep.reap_all(), "at_s": round(time.monotonic() - t0, 2)}
     time.sleep(expected / 6)
     memory = dep.squeeze_memory() or "skipped: no worker instance of this process's platform was busy"
     redis: Mapping[str, Any] | str = "skipped: the benchmark did not start this deployment's Redis"
@@ -232,8 +308,8 @@ def _disruptions(dep: Any, target: Any, pool: InputPool, spec: ChaosSpec, base_w
         time.sleep(expected / 6)
         redis = {"down_s": round(dep.redis.restart(), 3)}
     t.join()
-    return (box["samples"], PhaseStats.of(box["samples"], box["wall"], _platform([_meter(target, u)])),
-            Disruptions(reap, memory, redis))
+    stats = PhaseStats.of(box["samples"], box["wall"], _platform([_meter(target, u)]), _tensors_left(dep))
+    return box["samples"], stats, Disruptions(reap, memory, redis, masters)
 
 
 def run_chaos(dep: Any, spec: ChaosSpec, *, say: Callable[[str], None] | None = None) -> ChaosResult:
@@ -256,6 +332,8 @@ def run_chaos(dep: Any, spec: ChaosSpec, *, say: Callable[[str], None] | None = 
     counts = FaultCounts()
     m_base: list[UsageSummary] = []
     m_faults: list[UsageSummary] = []
+    left_base: list[int] = []
+    left_faults: list[int] = []
     for r in range(spec.rounds):
         say(f"round {r + 1}/{spec.rounds}: fault-free block")
         u = target.usage()
@@ -264,6 +342,7 @@ def run_chaos(dep: Any, spec: ChaosSpec, *, say: Callable[[str], None] | None = 
         base += s
         base_wall += w
         m_base.append(_meter(target, u))
+        left_base.append(_tensors_left(dep))
         say(f"round {r + 1}/{spec.rounds}: {spec.kill_rate:.0%} of worker invocations killed, "
             f"{spec.straggler_rate:.0%} stalled")
         u = target.usage()
@@ -279,9 +358,10 @@ def run_chaos(dep: Any, spec: ChaosSpec, *, say: Callable[[str], None] | None = 
         wall += w
         m_faults.append(_meter(target, u))
         _settle(dep)  # replacements of the last killed instances finish starting before the next block
+        left_faults.append(_tensors_left(dep))
         counts += c
-    phases = {"fault_free": PhaseStats.of(base, base_wall, _platform(m_base)),
-              "faults": PhaseStats.of(faulty, wall, _platform(m_faults))}
+    phases = {"fault_free": PhaseStats.of(base, base_wall, _platform(m_base), max(left_base)),
+              "faults": PhaseStats.of(faulty, wall, _platform(m_faults), max(left_faults))}
     disrupted: list[Sample] = []
     events = None
     if spec.disruption_requests:

@@ -15,14 +15,14 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bench.harness.local_deployment import InstanceSource, InstanceView
 from bench.load.latency import Sample
 
-__all__ = ["FaultCounts", "FaultInjector", "Outcomes", "classify"]
+__all__ = ["FaultCounts", "FaultInjector", "Outcomes", "classify", "kill_busy"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,14 @@ class FaultCounts:
                 "kill_fraction": self.kill_fraction, "straggler_fraction": self.straggler_fraction}
 
 
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
 class FaultInjector:
     """Kills and stalls busy worker instances (real processes, real signals) at a rate of their invocations.
 
@@ -135,24 +143,16 @@ class FaultInjector:
         if self._thread is not None:
             self._thread.join(10)
         for pid in list(self._stopped):
-            self._signal(pid, signal.SIGCONT)
+            _signal(pid, signal.SIGCONT)
         self._stopped.clear()
         return self.counts
-
-    @staticmethod
-    def _signal(pid: int, sig: int) -> bool:
-        try:
-            os.kill(pid, sig)
-            return True
-        except ProcessLookupError:
-            return False
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
             now = time.monotonic()
             for pid, due in list(self._stopped.items()):
                 if now >= due:
-                    self._signal(pid, signal.SIGCONT)
+                    _signal(pid, signal.SIGCONT)
                     del self._stopped[pid]
             try:
                 views = self._workers_now()
@@ -168,11 +168,24 @@ class FaultInjector:
             self._rng.shuffle(busy)
             while busy and self._kills < self.kill_rate * self._invocations:
                 v = busy.pop()
-                if self._signal(v.pid, signal.SIGKILL):
+                if _signal(v.pid, signal.SIGKILL):
                     self._hit.add((v.function, v.instance))
                     self._kills += 1
             while busy and self._stragglers < self.straggler_rate * self._invocations:
                 v = busy.pop()
-                if self._signal(v.pid, signal.SIGSTOP):
+                if _signal(v.pid, signal.SIGSTOP):
                     self._stopped[v.pid] = now + self.straggler_ms / 1000
                     self._stragglers += 1
+
+
+def kill_busy(source: InstanceSource, functions: Collection[str], *, spare: Collection[int] = (),
+              timeout_s: float = 5.0, poll_s: float = 0.002) -> InstanceView | None:
+    """SIGKILL one busy instance of ``functions`` (none whose pid is in ``spare``), polling ``source``
+    until one is busy; the instance killed, or None if none was busy within ``timeout_s``."""
+    t_end = time.monotonic() + timeout_s
+    while time.monotonic() < t_end:
+        for v in source():
+            if v.function in functions and v.busy and v.pid not in spare and _signal(v.pid, signal.SIGKILL):
+                return v
+        time.sleep(poll_s)
+    return None

@@ -4,13 +4,16 @@ A stage's work comes from the performance model (:mod:`partitioner.perfmodel`): 
 at its function's CPU share (``ComputeModel.part_time``), the transfers of its input regions and output
 (``PlatformFacts.transfer_ms``), and the master's join (a memcpy of the joined tensor). Contention for a
 shared machine's cores is *not* folded in here (the perf model's ``slow`` factor): the simulator's
-processor-sharing CPU produces it. On the local platform a function runs ``threads(memory)`` onnxruntime
-threads at full speed; in the cloud a function below one vCPU gets a share of one, which stretches its
-time (as the perf model says).
+processor-sharing CPU produces it. On the local platform a function of M MB runs ceil(M / mb_per_vcpu)
+onnxruntime threads limited to M / mb_per_vcpu of a core's time (the platform's CPU quota): its work is
+its CPU time at those threads and the simulator applies the share (``SimPlan.shares``), so that queueing
+for the cores and the quota combine as they do live. In the cloud each function has its own CPU: below
+one vCPU its share stretches its time (as the perf model says).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,12 +51,15 @@ def sim_platform(profile: Any, *, cores: float | None = None, background: float 
     )
 
 
-def _threads_and_vcpu(pm: PerfModel, memory_mb: int, shared: bool) -> tuple[int, float]:
+def _threads_vcpu_share(pm: PerfModel, memory_mb: int, shared: bool) -> tuple[int, float, float]:
+    """A function's threads, the vCPU its work is priced at, and the share of its threads' time the
+    simulator lets it use. On shared cores (the local platform) its work is CPU time at whole threads and
+    the quota is the share; with its own CPU (the cloud) the work is already stretched by the share."""
     v = pm.platform.vcpu(memory_mb)
+    threads = max(1, min(int(pm.platform.max_vcpu), math.ceil(v - 1e-9)))
     if shared:
-        threads = max(1, min(int(pm.platform.max_vcpu), round(v)))
-        return threads, float(threads)
-    return max(1, round(v)), v
+        return threads, float(threads), min(1.0, v / threads)
+    return max(1, round(v)), v, 1.0
 
 
 def sim_plan(pm: PerfModel, stages: Sequence[tuple[StageChoice, Sequence[str]]], functions: dict[str, int], *,
@@ -63,7 +69,7 @@ def sim_plan(pm: PerfModel, stages: Sequence[tuple[StageChoice, Sequence[str]]],
     ``functions``: memory MB per function name.
     """
     c, p = pm.compute, pm.platform
-    tv = {f: _threads_and_vcpu(pm, mb, shared_cores) for f, mb in functions.items()}
+    tv = {f: _threads_vcpu_share(pm, mb, shared_cores) for f, mb in functions.items()}
     out: list[SimStage] = []
     used: dict[str, float] = {}
     for ch, owners in stages:
@@ -89,7 +95,8 @@ def sim_plan(pm: PerfModel, stages: Sequence[tuple[StageChoice, Sequence[str]]],
     master_mb = functions[master]
     choices = [ch for ch, _ in stages]
     used[master] = pm.master_need_mb(choices, master_mb)
-    return SimPlan(name, master, {f: (mb, tv[f][0]) for f, mb in functions.items()}, tuple(out), used)
+    return SimPlan(name, master, {f: (mb, tv[f][0]) for f, mb in functions.items()}, tuple(out), used,
+                   shares={f: tv[f][2] for f in functions if tv[f][2] < 1.0})
 
 
 def sim_plan_for_choices(pm: PerfModel, choices: Sequence[StageChoice], master_mb: int, *, shared_cores: bool,

@@ -16,6 +16,10 @@ What it models (times in ms):
   + background))`` of a core). Either can add ``background`` always-busy threads standing for other load.
   Processor sharing gets the mean right but puts a closed loop's requests in step, every worker running
   while the others' do, which bills workers half as long again as a real machine does under load.
+  A function below one vCPU (``SimPlan.shares``: M / mb_per_vcpu of its thread's time, as Lambda sells
+  it and the local platform's quota enforces it) runs at that share, and the cores slow it down further
+  only when the busy functions' shares add up to more than they have (capped processor sharing in
+  :class:`CpuPool`; a plan with shares is simulated there, time slices model whole-core functions).
 * **Billing**: each invocation is billed for its duration rounded up to the granularity, times its
   memory (the master for the whole request, each worker for its own part), plus a fee per invocation;
   start-up is not billed (as the local meter).
@@ -164,46 +168,49 @@ TIME_SLICE_MS = 3.0
 
 
 class CpuPool:
-    """Processor sharing over ``cores`` cores (None: unlimited, every job at full speed).
+    """Processor sharing over ``cores`` cores (None: unlimited, every job at full speed), with CPU shares.
 
     A job is ``work_ms`` of CPU time at its own thread count (the time it takes when it has its threads to
-    itself). While ``n`` threads are busy, each runs at ``min(1, cores / (n + background))`` of a core.
-    ``busy_ms`` integrates busy cores over time (for utilisation).
+    itself) and a ``cap``: the fraction of its threads' time its function may use (a function of M MB on a
+    platform whose CPU follows memory gets M / mb_per_vcpu of a core: a quota). A job demands ``threads x
+    cap`` cores; while the busy jobs demand D cores (plus ``background``), each runs at ``cap x min(1, cores
+    / D)`` of its threads' speed. Uncapped (cap 1) that is egalitarian sharing, ``min(1, cores / (busy
+    threads + background))`` of a core each. ``busy_ms`` integrates busy cores over time (for utilisation).
     """
 
     def __init__(self, kernel: Kernel, cores: float | None, *, background: float = 0.0) -> None:
         self.k = kernel
         self.cores = cores
         self.background = background
-        self._jobs: dict[int, list[Any]] = {}  # id -> [remaining work, threads, event]
+        self._jobs: dict[int, list[Any]] = {}  # id -> [remaining work, demand (cores), event, cap]
         self._ids = itertools.count()
         self._last = 0.0
         self._version = 0
         self.busy_core_ms = 0.0
 
-    def _speed(self) -> float:
+    def _factor(self) -> float:
+        """What every job gets of its cap now: 1 unless the busy jobs demand more than the cores."""
         if self.cores is None:
             return 1.0
-        n = sum(j[1] for j in self._jobs.values())
-        return min(1.0, self.cores / (n + self.background)) if n else 1.0
+        demand = sum(j[1] for j in self._jobs.values())
+        return min(1.0, self.cores / (demand + self.background)) if demand else 1.0
 
     def _advance(self) -> None:
         dt = self.k.now - self._last
         if dt > 0 and self._jobs:
-            s = self._speed()
-            n = sum(j[1] for j in self._jobs.values())
-            self.busy_core_ms += dt * s * n
+            f = self._factor()
+            self.busy_core_ms += dt * f * sum(j[1] for j in self._jobs.values())
             for j in self._jobs.values():
-                j[0] -= dt * s
+                j[0] -= dt * f * j[3]
         self._last = self.k.now
 
     def _reschedule(self) -> None:
         self._version += 1
         if not self._jobs:
             return
-        s = self._speed()
-        jid, job = min(self._jobs.items(), key=lambda kv: kv[1][0])
-        self.k.call_at(self.k.now + max(0.0, job[0]) / s, self._finish, self._version)
+        f = self._factor()
+        eta = min(max(0.0, j[0]) / (f * j[3]) for j in self._jobs.values())
+        self.k.call_at(self.k.now + eta, self._finish, self._version)
 
     def _finish(self, version: int) -> None:
         if version != self._version:
@@ -214,18 +221,19 @@ class CpuPool:
             self._jobs.pop(jid)[2].succeed()
         self._reschedule()
 
-    def work(self, work_ms: float, threads: int = 1, owner: object = None) -> Event:
-        """An event that succeeds once ``work_ms`` of CPU at ``threads`` threads is done (``owner``: unused,
-        as :meth:`TimeSliceCpu.work`)."""
+    def work(self, work_ms: float, threads: int = 1, owner: object = None, cap: float = 1.0) -> Event:
+        """An event that succeeds once ``work_ms`` of CPU at ``threads`` threads is done, at most ``cap`` of
+        those threads' time (``owner``: unused, as :meth:`TimeSliceCpu.work`)."""
         ev = Event(self.k)
         if work_ms <= 0:
             return ev.succeed()
+        cap = min(1.0, max(cap, 1e-6))
         if self.cores is None:
-            self.k.call_at(self.k.now + work_ms, ev.succeed, None)
+            self.k.call_at(self.k.now + work_ms / cap, ev.succeed, None)
             self.busy_core_ms += work_ms * threads
             return ev
         self._advance()
-        self._jobs[next(self._ids)] = [work_ms, max(1, threads), ev]
+        self._jobs[next(self._ids)] = [work_ms, max(1, threads) * cap, ev, cap]
         self._reschedule()
         return ev
 
@@ -278,7 +286,10 @@ class TimeSliceCpu:
         self.wake_after_ms = wake_after_ms
         self.busy_core_ms = 0.0
 
-    def work(self, work_ms: float, threads: int = 1, owner: object = None) -> Event:
+    def work(self, work_ms: float, threads: int = 1, owner: object = None, cap: float = 1.0) -> Event:
+        """As :meth:`CpuPool.work`; time slices model whole-core functions only (``cap`` 1)."""
+        if cap < 1.0:
+            raise ValueError("TimeSliceCpu schedules whole-core functions; a CPU share below one needs CpuPool")
         ev = Event(self.k)
         if work_ms <= 0:
             return ev.succeed()
@@ -411,9 +422,11 @@ class SimFunction:
 
     def __init__(self, kernel: Kernel, name: str, memory_mb: int, *, threads: int = 1, concurrency: int = 1000,
                  idle_timeout_ms: float = 600_000.0, cold_start_ms: float = 0.0, used_mb: float | None = None,
-                 cpu: CpuPool | TimeSliceCpu | None = None, cold_start_cpu_ms: float = 0.0) -> None:
+                 cpu: CpuPool | TimeSliceCpu | None = None, cold_start_cpu_ms: float = 0.0, share: float = 1.0
+                 ) -> None:
         self.k = kernel
         self.cpu = cpu
+        self.share = share  # the fraction of its threads' time the function may use (its memory's CPU)
         self.cold_start_cpu_ms = cold_start_cpu_ms
         self.name = name
         self.memory_mb = memory_mb
@@ -461,7 +474,8 @@ class SimFunction:
             rest = self.cold_start_ms - cpu_ms
             if cpu_ms > 0:
                 assert self.cpu is not None
-                self.cpu.work(cpu_ms).on(lambda _: self.k.timeout(rest).on(started))
+                # an instance starts inside its CPU share (the local platform starts it in its cgroup)
+                self.cpu.work(cpu_ms, 1, None, self.share).on(lambda _: self.k.timeout(rest).on(started))
             else:
                 self.k.timeout(rest).on(started)
             return ev
@@ -507,7 +521,8 @@ class SimStage:
 class SimPlan:
     """A plan as the simulator sees it. ``functions``: name -> (memory MB, threads); the master is
     ``master``. ``used_mb``: memory each function needs (for utilisation), if known. ``request_ms``: the
-    master's fixed work per request (receive the input, send the output)."""
+    master's fixed work per request (receive the input, send the output). ``shares``: per function, the
+    fraction of its threads' time its memory buys (missing: 1, whole threads)."""
 
     name: str
     master: str
@@ -515,6 +530,7 @@ class SimPlan:
     stages: tuple[SimStage, ...]
     used_mb: dict[str, float] = field(default_factory=dict)
     request_ms: float = 0.0
+    shares: dict[str, float] = field(default_factory=dict)
 
     def scaled(self, factor: float, *, name: str | None = None) -> SimPlan:
         """Every CPU work multiplied by ``factor`` (calibration against a measurement)."""
@@ -524,7 +540,7 @@ class SimPlan:
             for s in self.stages
         )
         return SimPlan(name or self.name, self.master, dict(self.functions), stages, dict(self.used_mb),
-                       self.request_ms * factor)
+                       self.request_ms * factor, dict(self.shares))
 
     def with_worker_scales(self, factors: Mapping[str, float]) -> SimPlan:
         """Each worker part of function ``f`` with its work multiplied by ``factors[f]`` (default 1)."""
@@ -533,7 +549,8 @@ class SimPlan:
                      tuple(SimWorker(w.function, w.work_ms * factors.get(w.function, 1.0)) for w in s.workers))
             for s in self.stages
         )
-        return SimPlan(self.name, self.master, dict(self.functions), stages, dict(self.used_mb), self.request_ms)
+        return SimPlan(self.name, self.master, dict(self.functions), stages, dict(self.used_mb), self.request_ms,
+                       dict(self.shares))
 
     def total_work_ms(self) -> float:
         return self.request_ms + sum(s.master_ms + s.put_ms + s.join_ms + sum(w.work_ms for w in s.workers)
@@ -640,7 +657,8 @@ def simulate(plan: SimPlan, platform: SimPlatform, *, arrivals_ms: Iterable[floa
     k = Kernel()
     rng = np.random.default_rng(seed)
     cpu: CpuPool | TimeSliceCpu
-    if platform.cores is not None and platform.time_slice_ms:
+    capped = any(v < 1.0 for v in plan.shares.values())
+    if platform.cores is not None and platform.time_slice_ms and not capped:
         cpu = TimeSliceCpu(k, max(1, round(platform.cores)), time_slice_ms=platform.time_slice_ms,
                            background=platform.background, wake_ms=platform.wake_ms,
                            wake_after_ms=platform.wake_after_ms)
@@ -649,7 +667,8 @@ def simulate(plan: SimPlan, platform: SimPlatform, *, arrivals_ms: Iterable[floa
     fns = {
         name: SimFunction(k, name, mem, threads=threads, concurrency=platform.concurrency,
                           idle_timeout_ms=platform.idle_timeout_ms, cold_start_ms=platform.cold_start_ms,
-                          used_mb=plan.used_mb.get(name), cpu=cpu, cold_start_cpu_ms=platform.cold_start_cpu_ms)
+                          used_mb=plan.used_mb.get(name), cpu=cpu, cold_start_cpu_ms=platform.cold_start_cpu_ms,
+                          share=plan.shares.get(name, 1.0))
         for name, (mem, threads) in plan.functions.items()
     }
     for name, f in fns.items():
@@ -682,7 +701,7 @@ def simulate(plan: SimPlan, platform: SimPlatform, *, arrivals_ms: Iterable[floa
         yield cpu.work(quarter)
         inst, cold = yield fn.acquire()
         t = k.now
-        yield cpu.work(quarter + w.work_ms * spread() + quarter, fn.threads, inst)
+        yield cpu.work(quarter + w.work_ms * spread() + quarter, fn.threads, inst, fn.share)
         dur = k.now - t
         fn.release(inst, dur, platform.billed_ms(dur))
         bill(fn, dur, cold)
@@ -702,18 +721,19 @@ def simulate(plan: SimPlan, platform: SimPlatform, *, arrivals_ms: Iterable[floa
         inst, cold = yield master.acquire()
         t = k.now
         x = spread()
-        yield cpu.work(quarter + x * plan.request_ms / 2, master.threads, inst)
+        cap = master.share
+        yield cpu.work(quarter + x * plan.request_ms / 2, master.threads, inst, cap)
         for st in plan.stages:
             if st.workers:
-                yield cpu.work(x * st.put_ms, master.threads, inst)
+                yield cpu.work(x * st.put_ms, master.threads, inst, cap)
                 calls = [k.process(worker_call(w)) for w in st.workers]
                 if st.master_ms:
-                    yield cpu.work(x * st.master_ms, master.threads, inst)
+                    yield cpu.work(x * st.master_ms, master.threads, inst, cap)
                 yield k.all_of(calls)
-                yield cpu.work(x * st.join_ms, master.threads, inst)
+                yield cpu.work(x * st.join_ms, master.threads, inst, cap)
             elif st.master_ms:
-                yield cpu.work(x * st.master_ms, master.threads, inst)
-        yield cpu.work(x * plan.request_ms / 2 + quarter, master.threads, inst)
+                yield cpu.work(x * st.master_ms, master.threads, inst, cap)
+        yield cpu.work(x * plan.request_ms / 2 + quarter, master.threads, inst, cap)
         dur = k.now - t
         master.release(inst, dur, platform.billed_ms(dur))
         bill(master, dur, cold)

@@ -35,6 +35,7 @@ class SuiteConfig:
     pipeline_cap_fraction: float = 0.85
     max_group: int | None = None  # units per stage at most; None: lo's default, groups of any length (Gillis)
     slo_factor: float = 3.0  # the SLO of the cost comparison, x the fastest plan's predicted latency
+    measure_budget_s: float = 60.0  # lo plans: seconds for deploying plans and timing their stages first
 
     @classmethod
     def full(cls) -> SuiteConfig:
@@ -46,7 +47,7 @@ class SuiteConfig:
             slo_model=("vgg11", 2, 64),
             mopar_models=(("vgg16", 2, 224), ("vgg16", 1, 224), ("resnet50", 1, 224), ("bert", 1, None)),
             rounds=60, pipeline_rounds=15, mopar_rounds=30, transport_rounds=40,
-            rl_timesteps=30_000, bo_trials=60, bruteforce_s=600.0,
+            rl_timesteps=30_000, bo_trials=60, bruteforce_s=600.0, measure_budget_s=180.0,
         )
 
 

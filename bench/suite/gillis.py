@@ -33,7 +33,7 @@ from bench.load.usage import meter_delta, usage_summary
 from bench.suite.comparison import Comparison, bad, first_error, latency_comparison, p50
 from bench.suite.config import MEMORY_MB, ModelSpec, SuiteConfig, label, model_path
 from bench.suite.deployments import deployments, interleaved
-from bench.suite.planning import lo_plan, load_model
+from bench.suite.planning import load_model, measured_lo_plan
 
 __all__ = ["lo_vs_default", "lo_vs_pipeline", "slo_cost"]
 
@@ -46,7 +46,10 @@ def lo_vs_default(pp: Any, spec: ModelSpec, cfg: SuiteConfig, work: Path, invoke
     say(f"lo vs default: {label(spec)}: planning")
     name, lg, pm, source = load_model(spec, invoke)
     req = PlanRequest(mode="lo", platform="local", memory=MEMORY_MB, transport="shm", max_group=cfg.max_group)
-    result = lo_plan(pm, cfg.max_group)
+    # bench lo's method: the plan refined by timing its stages live before it is compared
+    refined = measured_lo_plan(pp, lg, pm, memory_mb=MEMORY_MB, max_group=cfg.max_group, work=work / "stages",
+                               budget_s=cfg.measure_budget_s, say=say)
+    result = refined.result
     lo = export_solution(lg, result, req, work / f"lo-{name.replace('/', '_')}", source=source)
     default = export_bundle(lg, "0-:none", work / f"default-{name.replace('/', '_')}", master_mb=MEMORY_MB)
     pool = InputPool.from_bundle(default, 8)
@@ -58,7 +61,7 @@ def lo_vs_default(pp: Any, spec: ModelSpec, cfg: SuiteConfig, work: Path, invoke
         "lo_vs_default", name, "default", "lo", samples, keep_samples=True,
         notes=[f"every function {MEMORY_MB} MB (1 onnxruntime thread); lo planned with {result.notes[0]} and "
                f"splits of at most {usable_cores()} parts (this machine's cores); "
-               f"compute times: {source}; invoke latency measured now"],
+               f"compute times: {source}; invoke latency measured now; {refined.summary()}"],
         plan=[str(c) for c in result.choices], functions_at_mb=MEMORY_MB,
         max_parts_per_stage=max(c.split.degree for c in result.choices),
         predicted_lo_ms=result.estimate.latency_ms,

@@ -15,7 +15,6 @@ live rows' models on one thread), next to what Gillis measured on Lambda.
 
 from __future__ import annotations
 
-import math
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -53,6 +52,8 @@ class LoRow:
     platform_oversubscribed: bool  # the platform saw shares of instances with a request in flight exceed them
     errors: int
     compute: str
+    measured_stages: int  # stages whose time the prediction takes from a live measurement of that stage
+    measure_rounds: int  # plans deployed and timed before this one stood on measurements
 
     def to_json(self) -> dict[str, Any]:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -73,20 +74,17 @@ class LambdaRow:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
-def _max_degree(memory_mb: int, mb_per_vcpu: float, cores: int) -> int:
-    """Parts that run at once within this machine's cores (the master runs one of them, or it waits)."""
-    vcpu = min(1.0, memory_mb / mb_per_vcpu)
-    return max(1, math.floor(cores / vcpu + 1e-9))
-
-
 def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: int, max_group: int | None,
-              say: Callable[[str], None]) -> tuple[list[LoRow], dict[str, Any], float]:
+              say: Callable[[str], None], measure_budget_s: float = 120.0, measure_samples: int = 10,
+              ) -> tuple[list[LoRow], dict[str, Any], float]:
     """The live rows, the platform's CPU description (``cpu_limit``, cores), and the one-thread GFLOP/s of
-    the measured unit times (median over the models)."""
+    the measured unit times (median over the models). Each plan is refined by timing its stages live
+    (:func:`partitioner.stage_times.refine`, ``measure_budget_s`` per model and memory) before it is
+    compared."""
     from bench.harness.provenance import usable_cores
     from bench.load.inputs import InputPool
     from bench.suite.deployments import deployments, interleaved
-    from bench.suite.planning import invoke_facts, lo_plan, perfmodel
+    from bench.suite.planning import invoke_facts, measured_lo_plan, perfmodel
     from functions.plan import Plan
     from partitioner.export import export_bundle
     from partitioner.graph import LayerGraph
@@ -117,12 +115,13 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
             for mb in memories:
                 pm = PerfModel(lg, replace(base.platform, invoke=invoke[mb]), base.compute, transport="shm")
                 say(f"{name} at {mb} MB: planning")
-                result = lo_plan(pm, max_group or len(lg.units), memory_mb=mb,
-                                 max_degree=_max_degree(mb, pm.platform.mb_per_vcpu, cores))
-                whole = [StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0)]
-                predicted_unsplit = pm.estimate(whole, mb).latency_ms
                 req = PlanRequest(mode="lo", platform="local", memory=mb, transport="shm",
                                   max_group=max_group or len(lg.units))
+                whole = [StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0)]
+                predicted_unsplit = pm.estimate(whole, mb).latency_ms
+                refined = measured_lo_plan(pp, lg, pm, memory_mb=mb, max_group=req.max_group, work=work / "stages",
+                                           budget_s=measure_budget_s, samples=measure_samples, say=say)
+                result = refined.result
                 slug = f"{name.replace('/', '_').replace('@', '-')}-{mb}"
                 lo = export_solution(lg, result, req, work / f"lo-{slug}", source=source)
                 unsplit = export_bundle(lg, "0-:none", work / f"unsplit-{slug}", master_mb=mb)
@@ -148,6 +147,9 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
                     platform_oversubscribed=(int(after.get("oversubscribed_invocations", 0))
                                              > int(before.get("oversubscribed_invocations", 0))),
                     errors=bad(samples["lo"]) + bad(samples["unsplit"]), compute=source,
+                    measured_stages=sum(1 for c in result.choices
+                                        if (o := pm.option(c, result.master_mb)) is not None and o.measured),
+                    measure_rounds=refined.rounds,
                 ))
                 say(f"{name} at {mb} MB: unsplit {live_unsplit:.1f} ms, lo {live_lo:.1f} ms "
                     f"(predicted {pred:.1f})")

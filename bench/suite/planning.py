@@ -17,7 +17,7 @@ from bench.suite.comparison import bad
 from bench.suite.config import MEMORY_MB, ModelSpec, label, model_path
 from bench.suite.deployments import deployments
 
-__all__ = ["InvokeFacts", "invoke_facts", "lo_plan", "load_model", "perfmodel"]
+__all__ = ["InvokeFacts", "invoke_facts", "lo_plan", "load_model", "max_degree", "measured_lo_plan", "perfmodel"]
 
 
 @dataclass(frozen=True)
@@ -109,3 +109,27 @@ def lo_plan(pm: Any, max_group: int | None = None, *, memory_mb: int = MEMORY_MB
             merged.append(ch)
     return SolverResult(tuple(merged), r.master_mb, pm.estimate(merged, r.master_mb), r.solver, r.seconds,
                         notes=(space.group_note,), max_group=space.group_limit)
+
+
+def max_degree(memory_mb: int, mb_per_vcpu: float, cores: int) -> int:
+    """Parts that run at once within this machine's cores (the master runs one of them, or it waits)."""
+    vcpu = min(1.0, memory_mb / mb_per_vcpu)
+    return max(1, int(cores / vcpu + 1e-9))
+
+
+def measured_lo_plan(pp: Any, lg: Any, pm: Any, *, memory_mb: int, max_group: int | None, work: Path,
+                     budget_s: float, samples: int = 10, say: Any = None) -> Any:
+    """Gillis's latency-optimal plan at ``memory_mb`` per function (:func:`lo_plan`, splits within this
+    machine's cores at that share), refined by deploying plans on the platform process ``pp`` and timing
+    their stages until the plan stands on measurements or ``budget_s`` is spent
+    (:func:`partitioner.stage_times.refine`). Measured now, not taken from earlier plans' cache: the
+    comparison says what this run saw. Returns the ``Refined``; ``pm`` keeps the stage times applied."""
+    from partitioner.planner import PlanRequest
+    from partitioner.stage_times import StageTimes, refine
+    from serving.calibrate.stages import StageTimer
+
+    req = PlanRequest(mode="lo", platform="local", memory=memory_mb, transport="shm", max_group=max_group)
+    degree = max_degree(memory_mb, pm.platform.mb_per_vcpu, usable_cores())
+    timer = StageTimer(pp.client, pp.url, lg, req, pm, work, samples=samples)
+    return refine(lambda: lo_plan(pm, max_group, memory_mb=memory_mb, max_degree=degree), timer.measure,
+                  StageTimes(), pm.use_stage_times, budget_s=budget_s, progress=say)

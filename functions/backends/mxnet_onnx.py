@@ -13,6 +13,9 @@ rewrites a model into that form (a new model; the caller's is not touched):
   undone where its value is the default (or a constant, for ``axes``); where it is not, the model is
   refused with :class:`MXNetIncompatible` naming the node.
 * every initializer is re-listed as a graph input (the legacy exporter's ``keep_initializers_as_inputs``).
+* a Gemm without its optional C gets a zero C: the importer reads ``inputs[2]`` unconditionally ("list
+  index out of range"), and a reduction split's parts are exactly such Gemms (the bias is added once, at
+  the join). A Gemm whose output width cannot be read from its B or its inferred shape is refused.
 
 This module needs only ``onnx``: the partitioner calls it at export (``--backend mxnet``), the MXNet
 function runtime at load (so a bundle exported for onnxruntime runs under MXNet as well).
@@ -24,6 +27,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
@@ -129,6 +133,9 @@ def mxnet_problems(model: onnx.ModelProto, *, where: str = "") -> list[str]:
             problems.append(f"{label} pads only some axes (opset 18 'axes'), which opset 13 cannot express")
         if node.op_type == "Pad" and _attr(node, "mode") in (b"wrap", "wrap"):
             problems.append(f"{label} uses mode='wrap' (opset 19), which the importer lacks")
+        if node.op_type == "Gemm" and _gemm_lacks_c(node) and _gemm_width(model, node) is None:
+            problems.append(f"{label} has no C and an output width that cannot be read from B; the importer "
+                            "needs a C")
         for name, default in _DROP_IF_DEFAULT.get(node.op_type, {}).items():
             if not _is_default(_attr(node, name), default):
                 problems.append(f"{label} sets {name}={_attr(node, name)!r}, which opset 13 cannot express")
@@ -157,12 +164,55 @@ def to_mxnet_onnx(model: onnx.ModelProto) -> onnx.ModelProto:
     if _opset(out) > MXNET_OPSET:
         out = _downgrade(out)
     graph = out.graph
+    _give_gemms_a_c(out)
     listed = {i.name for i in graph.input}
     for init in graph.initializer:
         if init.name not in listed:
             graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
             listed.add(init.name)
     return out
+
+
+def _gemm_lacks_c(node: onnx.NodeProto) -> bool:
+    return len(node.input) < 3 or not node.input[2]
+
+
+def _gemm_width(model: onnx.ModelProto, node: onnx.NodeProto) -> int | None:
+    """The output width N of a Gemm (its output is M x N): from a constant B, else from inferred shapes."""
+    b = next((t for t in model.graph.initializer if t.name == node.input[1]), None)
+    if b is not None and len(b.dims) == 2:
+        return int(b.dims[0] if _attr(node, "transB") else b.dims[1])
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - a model shape inference cannot read: the width is unknown
+        return None
+    for vi in (*inferred.graph.value_info, *inferred.graph.output):
+        if vi.name == node.output[0]:
+            dims = vi.type.tensor_type.shape.dim
+            if len(dims) == 2 and dims[1].HasField("dim_value"):
+                return int(dims[1].dim_value)
+    return None
+
+
+def _give_gemms_a_c(model: onnx.ModelProto) -> None:
+    """Give every Gemm without C a zero C of its output width (the importer reads C unconditionally)."""
+    graph = model.graph
+    names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)}
+    for node in graph.node:
+        if node.op_type != "Gemm" or not _gemm_lacks_c(node):
+            continue
+        width = _gemm_width(model, node)
+        if width is None:  # not reached: mxnet_problems refused it
+            raise MXNetIncompatible(f"Gemm node {node.name or node.output[0]!r} has no C and an unknown width")
+        b = next((t for t in graph.initializer if t.name == node.input[1]), None)
+        dtype = helper.tensor_dtype_to_np_dtype(b.data_type) if b is not None else np.dtype(np.float32)
+        name = f"{node.output[0]}_zero_c"
+        while name in names:
+            name += "_"
+        names.add(name)
+        graph.initializer.append(numpy_helper.from_array(np.zeros(width, dtype=dtype), name))
+        del node.input[2:]
+        node.input.append(name)
 
 
 def _downgrade(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -30,6 +30,7 @@ from functions.errors import FunctionError, PartError
 from functions.event import Reply, now_ms
 from functions.handlers.cold_start import retire, start_runtime
 from functions.handlers.routes import HttpRequest, HttpResponse, InferenceRoutes
+from functions.inference_stats import InferenceStats
 from functions.runtime import FunctionRuntime
 from functions.settings import api_token
 
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 REPLY_MARGIN_MS = 250
 
 _runtime: FunctionRuntime | None = None
+
+#: this instance's inference statistics (Triton's statistics extension), by model, as long as it lives
+_stats: dict[str, InferenceStats] = {}
 
 
 def runtime() -> FunctionRuntime:
@@ -97,7 +101,7 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     deadline_ms = _deadline_ms(context)
     if _is_http(event):
         try:
-            routes = InferenceRoutes(runtime, token=api_token())
+            routes = InferenceRoutes(runtime, token=api_token(), stats=_stats)
             return _http_response(routes.handle(_http_request(event), deadline_ms=deadline_ms))
         except Exception as e:  # noqa: BLE001 - a malformed event still gets an HTTP answer, never an escape
             log.exception("HTTP event failed")

@@ -30,6 +30,7 @@ from functions.event import Reply
 from functions.handlers.cold_start import retire, start_runtime
 from functions.handlers.routes import HttpRequest, HttpResponse, InferenceRoutes
 from functions.http_errors import RequestTooLarge, RouteNotFound
+from functions.inference_stats import InferenceStats
 from functions.runtime import FunctionRuntime
 from functions.settings import api_token, log_level
 
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 _DEFAULT_MAX_BODY = 256 * 2**20
 
 _runtime: FunctionRuntime | None = None
+
+#: this instance's inference statistics (Triton's statistics extension), by model, as long as it lives
+_stats: dict[str, InferenceStats] = {}
 
 
 def runtime() -> FunctionRuntime:
@@ -138,13 +142,13 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self._send(HttpResponse.json(200, {"ready": True, "error": None}))
             return
-        body = self._body() if method == "POST" else b""
+        body = self._body()  # any method's body, read whole, so that the connection stays usable
         if body is None:
             return
         if path.startswith("/v2/") or path == "/v2":
             request = HttpRequest(method, path, {k.lower(): v for k, v in self.headers.items()}, body)
             try:
-                self._send(InferenceRoutes(runtime, token=api_token()).handle(request))
+                self._send(InferenceRoutes(runtime, token=api_token(), stats=_stats).handle(request))
             finally:
                 _after_event()
             return
@@ -158,6 +162,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         self._serve("POST")
+
+    # the other methods get the routes' answer (405 or 404 with an error body), not http.server's 501 page
+    def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
+        self._serve("PUT")
+
+    def do_DELETE(self) -> None:  # noqa: N802 - http.server's naming
+        self._serve("DELETE")
+
+    def do_PATCH(self) -> None:  # noqa: N802 - http.server's naming
+        self._serve("PATCH")
 
 
 def main() -> None:

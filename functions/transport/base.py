@@ -107,6 +107,26 @@ class Transport(ABC):
     def purge(self, deployment: str, request_id: str | None = None) -> int:
         """Remove every tensor of a request (or of a whole deployment); returns how many there were."""
 
+    def discard(self, deployment: str, request_id: str) -> int:
+        """Remove every tensor of an abandoned request, and any it is still to receive; returns how many
+        the purge found.
+
+        A request is abandoned when its master died mid-request and the caller sends it again under
+        another id. The dead attempt's workers may still be running and store their outputs after this
+        returns; nobody will read them. So the request is first *marked discarded* (a mark that expires
+        like a tensor), then purged, and every ``put`` looks for the mark *after* its tensor is stored
+        and removes the tensor when the mark is there. Whichever comes first, nothing is left: a tensor
+        stored before the purge looked is purged; one stored after it finds the mark, which was set
+        before the purge began. (A put's check costs one ``stat`` on shared memory, one pipelined
+        ``EXISTS`` in the same round trip on Redis, one ``HEAD`` on S3.)
+        """
+        self._mark_discarded(deployment, request_id)
+        return self.purge(deployment, request_id)
+
+    @abstractmethod
+    def _mark_discarded(self, deployment: str, request_id: str) -> None:
+        """Record that ``request_id`` is abandoned, so that later puts of its tensors drop them."""
+
     @abstractmethod
     def count(self, deployment: str) -> int:
         """How many tensors of ``deployment`` are stored now (leak checks)."""

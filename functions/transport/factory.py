@@ -86,6 +86,11 @@ class TransportSet:
         for scheme, rs in by_scheme.items():
             self.transport(scheme).delete(rs)
 
+    def discard(self, deployment: str, request_id: str) -> int:
+        """:meth:`Transport.discard` on every reference transport of this function (an abandoned request
+        may have tensors in any of them); returns how many tensors were removed."""
+        return sum(self.transport(s).discard(deployment, request_id) for s in self.schemes)
+
     def close(self) -> None:
         with self._lock:
             opened, self._open = list(self._open.values()), {}

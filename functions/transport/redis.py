@@ -1,7 +1,9 @@
 """Redis transport: one key per tensor, ``flatpack:<deployment>:<request>:<tensor>``, with a TTL.
 
 Values are codec bytes. A read with ``delete=True`` is one GETDEL (Redis >= 6.2; older servers get
-GET + DEL in a transaction). Connection and socket timeouts are short, so an unreachable server is a
+GET + DEL in a transaction). A discarded request (:meth:`Transport.discard`) is marked by the key
+``flatpack-discarded:<deployment>:<request>`` (with the same TTL); every SET is pipelined with an EXISTS
+of its request's mark. Connection and socket timeouts are short, so an unreachable server is a
 :class:`TransportError` naming the URL within about a second, never a hang.
 """
 
@@ -118,8 +120,9 @@ class RedisTransport(Transport):
         except self._errors as e:
             raise self._fail("ping", e) from e
 
-    def _resp(self, *args: bytes, value: tuple = (), tail: tuple = ()) -> object:
-        """One command on this thread's RESP connection; a dropped connection is retried once."""
+    def _resp(self, *args: bytes, value: tuple = (), tail: tuple = (), then: tuple = ()) -> object:
+        """One command on this thread's RESP connection (with ``then`` pipelined after it: its reply is
+        returned instead); a dropped connection is retried once."""
         assert self._fast is not None
         for attempt in range(2):
             conn = getattr(self._local, "conn", None)
@@ -129,6 +132,8 @@ class RedisTransport(Transport):
                     conn = RespConnection(**self._fast, connect_timeout_s=self._timeouts[0],
                                           timeout_s=self._timeouts[1])
                     self._local.conn = conn
+                if then:
+                    return conn.call_then(*args, value=value or None, tail=tail, then=then)
                 return conn.call(*args, value=value or None, tail=tail)
             except RespError:
                 raise
@@ -144,14 +149,33 @@ class RedisTransport(Transport):
     def put(self, key: TensorKey, array: np.ndarray, *, compression: Compression = "none") -> str:
         head, payload = encode_parts(array, compression)
         name = self._name(key)
+        mark = self._mark(key.deployment, key.request_id)
         try:
+            # the SET and the check for a discard mark in one round trip; the server runs them in order
             if self._fast is not None:
-                self._resp(b"SET", name.encode(), value=(head, payload), tail=(b"EX", b"%d" % self._ttl))
+                discarded = self._resp(b"SET", name.encode(), value=(head, payload),
+                                       tail=(b"EX", b"%d" % self._ttl), then=(b"EXISTS", mark.encode()))
             else:
-                self._client.set(name, b"".join((head, payload)), ex=self._ttl)
+                pipe = self._client.pipeline(transaction=False)
+                pipe.set(name, b"".join((head, payload)), ex=self._ttl)
+                pipe.exists(mark)
+                discarded = pipe.execute()[1]
+            if discarded:
+                self._client.unlink(name)  # see Transport.discard
+                log.debug("dropped %s: request %s was discarded", name, key.request_id)
         except self._command_errors as e:
             raise self._fail(f"store tensor {key}", e) from e
         return self.ref(key)
+
+    def _mark(self, deployment: str, request_id: str) -> str:
+        # outside the tensors' key space, so counts and purges of tensors never see it
+        return f"{self._prefix}-discarded:{deployment}:{request_id}"
+
+    def _mark_discarded(self, deployment: str, request_id: str) -> None:
+        try:
+            self._client.set(self._mark(deployment, request_id), b"1", ex=self._ttl)
+        except self._errors as e:
+            raise self._fail(f"mark request {request_id} discarded", e) from e
 
     def get(self, ref: str, *, delete: bool = False) -> np.ndarray:
         name = self._name(self.key_of(ref))

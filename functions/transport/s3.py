@@ -1,7 +1,9 @@
 """S3 transport: one object per tensor, ``<prefix><deployment>/<request>/<tensor>``, via boto3.
 
 The bucket and its lifecycle rule (expire ``<prefix>`` objects after a day: the TTL backstop) are the
-deployer's job. Objects are deleted after they are read. ``endpoint_url`` points the client at another
+deployer's job. Objects are deleted after they are read. A discarded request (:meth:`Transport.discard`)
+is marked by an empty object ``<prefix>.discarded/<deployment>/<request>``, which every put looks for
+(a HEAD) after storing its tensor. ``endpoint_url`` points the client at another
 S3 (moto's server in the tests, MinIO on OpenFaaS).
 """
 
@@ -75,11 +77,35 @@ class S3Transport(Transport):
 
     def put(self, key: TensorKey, array: np.ndarray, *, compression: Compression = "none") -> str:
         head, payload = encode_parts(array, compression)
+        name = self._name(key)
         try:
-            self._client.put_object(Bucket=self.bucket, Key=self._name(key), Body=b"".join((head, payload)))
+            self._client.put_object(Bucket=self.bucket, Key=name, Body=b"".join((head, payload)))
         except self._errors as e:
             raise self._fail(f"store tensor {key}", e) from e
+        if self._exists(self._mark(key.deployment, key.request_id)):
+            self._delete_names([name])  # see Transport.discard
         return self.ref(key)
+
+    def _mark(self, deployment: str, request_id: str) -> str:
+        # outside every deployment's prefix, so counts and purges of tensors never see it
+        return f"{self._prefix}.discarded/{deployment}/{request_id}"
+
+    def _mark_discarded(self, deployment: str, request_id: str) -> None:
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=self._mark(deployment, request_id), Body=b"")
+        except self._errors as e:
+            raise self._fail(f"mark request {request_id} discarded", e) from e
+
+    def _exists(self, name: str) -> bool:
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=name)
+        except self._client_error as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return False
+            raise self._fail(f"look for {name}", e) from e
+        except self._errors as e:
+            raise self._fail(f"look for {name}", e) from e
+        return True
 
     def get(self, ref: str, *, delete: bool = False) -> np.ndarray:
         name = self._name(self.key_of(ref))

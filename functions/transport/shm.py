@@ -14,7 +14,11 @@ removed when it was read), so a recycled file is never written while someone rea
 be mapped elsewhere are only ever unlinked, never truncated (truncating a mapped file would SIGBUS its
 readers).
 
-The backstop: :meth:`ShmTransport.sweep` unlinks files older than an age (the local platform runs it).
+A discarded request (:meth:`Transport.discard`: its master died) leaves an empty mark file,
+``.dead/<request>``; a put that finds its request's mark after writing unlinks what it wrote.
+
+The backstop: :meth:`ShmTransport.sweep` unlinks files older than an age (the local platform runs it),
+marks included.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ log = logging.getLogger(__name__)
 
 _FREE = ".free"
 _HELD = ".held"
+_DEAD = ".dead"  # marks of discarded requests, one empty file per request id
 _MIN_CLASS = 64 * 1024
 _PAGE = 4096
 
@@ -123,9 +128,18 @@ class ShmTransport(Transport):
 
     def put(self, key: TensorKey, array: np.ndarray, *, compression: Compression = "none") -> str:
         head, payload = encode_parts(array, compression)
-        size = len(head) + memoryview(payload).nbytes
         path = self._path(key)
-        fd = self._claim(key.deployment, size, path)
+        self._store(key.deployment, path, head, payload)
+        if os.path.exists(self._mark(key.deployment, key.request_id)):
+            # the request was discarded while (or before) this was written: see Transport.discard
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            log.debug("dropped %s: request %s was discarded", path, key.request_id)
+        return self.ref(key)
+
+    def _store(self, deployment: str, path: str, head: bytes, payload: Buffer) -> None:
+        size = len(head) + memoryview(payload).nbytes
+        fd = self._claim(deployment, size, path)
         if fd is not None:
             try:
                 self._write_recycled(fd, head, payload)
@@ -135,7 +149,7 @@ class ShmTransport(Transport):
                 raise TransportError(f"cannot write {size} bytes to {path}: {e}") from e
             finally:
                 os.close(fd)
-            return self.ref(key)
+            return
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         except FileExistsError as e:
@@ -150,7 +164,6 @@ class ShmTransport(Transport):
             raise TransportError(f"cannot write {size} bytes to {path}: {e} (is /dev/shm full?)") from e
         finally:
             os.close(fd)
-        return self.ref(key)
 
     def get(self, ref: str, *, delete: bool = False) -> np.ndarray:
         key = self.key_of(ref)
@@ -197,6 +210,38 @@ class ShmTransport(Transport):
                 p.unlink()
                 n += 1
         return n
+
+    def discard(self, deployment: str, request_id: str) -> int:
+        """:meth:`Transport.discard`, and the held files of processes that are gone are unlinked: a master
+        killed mid-request leaves the outputs it had read (held for recycling, see the module docstring)
+        with no one left to recycle them."""
+        n = super().discard(deployment, request_id)
+        self._unlink_orphans(deployment)
+        return n
+
+    def _mark(self, deployment: str, request_id: str) -> str:
+        return f"{self._dir(deployment)}/{_DEAD}/{request_id}"
+
+    def _mark_discarded(self, deployment: str, request_id: str) -> None:
+        path = self._mark(deployment, request_id)
+        try:
+            _mkdir_private(os.path.dirname(path))  # a directory made before marks existed has none
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        except OSError as e:
+            raise TransportError(f"cannot mark request {request_id} discarded ({path}): {e}") from e
+
+    def _unlink_orphans(self, deployment: str) -> None:
+        held = f"{self._dir(deployment)}/{_HELD}"
+        try:
+            names = os.listdir(held)
+        except FileNotFoundError:
+            return
+        for name in names:
+            pid = name.split("-", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                # unlinking (never truncating) is safe even if another process still maps the file
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{held}/{name}")
 
     def close(self) -> None:
         with self._lock:
@@ -325,6 +370,17 @@ def _recycle(held: str, free: str, limit: int) -> None:
         pass
     with contextlib.suppress(OSError):
         os.unlink(held)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a process of another user counts: it may hold the file)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _mkdir_private(path: str) -> None:

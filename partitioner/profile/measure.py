@@ -332,7 +332,8 @@ def measure_many(
     process's time still fits (so the overrun is at most one process, and a positive budget always
     measures the first model). Items not reached are absent from the result. Order items most important
     first so that the budget goes where it matters. ``stats``, if given, receives counts: ``cached``,
-    ``measured``, ``skipped`` (left out by the budget) and ``processes``.
+    ``measured``, ``skipped`` (left out by the budget) and ``processes``, and ``disturbed``: measurements
+    whose runs spread as only other load makes them (:func:`disturbed`), used but never cached.
 
     ``isolation``: "fork" (the default where the OS has fork) measures each model in a child of a fork
     server that has already imported numpy and onnxruntime (see :class:`_ForkServer`): a process of its
@@ -385,7 +386,12 @@ def measure_many(
             counts["measured"] += len(got)
             for (key, th), m in zip(members, got, strict=True):
                 out[key] = m
-                if cache is not None:
+                why = disturbed(m)
+                if why:
+                    counts["disturbed"] = counts.get("disturbed", 0) + 1
+                    log.warning("%s at %d thread(s) looks disturbed by other load (%s): used for this profile, "
+                                "not cached; profile again on a quieter machine", key, th, why)
+                elif cache is not None:
                     cache.put(ckey(key, th), m, item=key)
                 done += 1
                 if progress:
@@ -395,6 +401,19 @@ def measure_many(
             server.close()
     counts["skipped"] = total - done
     return out
+
+
+#: a measurement whose p95 is more than this times its median was disturbed by other load on the machine
+DISTURBED_P95 = 1.5
+#: below this median, timer and scheduler noise alone spread the runs that much (as the planner's check)
+_MIN_CHECKED_MS = 5.0
+
+
+def disturbed(m: Measurement) -> str:
+    """Why a measurement looks disturbed by other load ("" if it does not, or is too short to tell)."""
+    if m.median_ms >= _MIN_CHECKED_MS and m.p95_ms > DISTURBED_P95 * m.median_ms:
+        return f"p95 {m.p95_ms:.1f} ms is {m.p95_ms / m.median_ms:.2f}x the median {m.median_ms:.1f} ms"
+    return ""
 
 
 def _can_fork() -> bool:

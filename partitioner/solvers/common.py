@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from functions.plan import Split
-from partitioner.perfmodel import OptionCost, PerfModel, PlanEstimate, StageChoice
+from partitioner.perfmodel import OptionCost, PerfModel, PlanEstimate, PlatformFacts, StageChoice
 
-__all__ = ["GROUP_BUDGET", "SPLITS", "Infeasible", "SearchSpace", "SolverResult", "group_limit"]
+__all__ = ["GRID_RATIO", "GROUP_BUDGET", "SPLITS", "Infeasible", "SearchSpace", "SolverResult", "group_limit",
+           "memory_options", "pareto_options"]
 
 # The splits a planner tries for a group, smallest first. Admissibility is checked per group.
 SPLITS: tuple[Split, ...] = (
@@ -59,12 +61,71 @@ def group_limit(n_units: int, max_group: int | None = None) -> tuple[int, str]:
                    f"default; --max-group {n_units} searches them all)")
 
 
-class Infeasible(ValueError):  # noqa: N818 - "Infeasible" is the word planners use
-    """No plan meets the constraints. ``fastest`` is the fastest plan there is, when one exists."""
+_T = TypeVar("_T")
 
-    def __init__(self, message: str, fastest: SolverResult | None = None) -> None:
+#: consecutive sizes of the memory grid the SLO solvers search differ by at most this factor: the grid's optimum
+#: costs at most this much more than the optimum over every size the platform offers (:func:`memory_options`)
+GRID_RATIO = 1.1
+
+
+def memory_options(platform: PlatformFacts, ratio: float = GRID_RATIO) -> list[int]:
+    """The function sizes the SLO solvers search: geometric from the platform's smallest to its largest,
+    each at most ``ratio`` x the one before, plus every vCPU breakpoint (a multiple of ``mb_per_vcpu``,
+    where a function's thread count changes and its compute time stops falling as 1 / memory).
+
+    Why the bound holds: take the optimal plan over *every* offered size and round each function's memory
+    up to the next grid size, at most ``ratio`` x larger. A function's latency does not rise with its memory
+    (its CPU share grows, nothing else changes), so the rounded plan still meets the SLO, every function
+    still fits its memory, and each function's GB-s (memory x billed duration) grows by at most ``ratio``;
+    request fees do not change. So the grid's cheapest plan costs at most ``ratio`` x the true optimum.
+    Between breakpoints a fractional share makes compute time ~ 1 / memory, so the compute's GB-s is flat
+    and only the fixed parts (invocations, transfers) grow with memory: the bound is loose there. It holds
+    wherever a function's latency is its own (cloud profiles; on the local platform while the busy shares
+    fit the machine's cores). ``ratio`` 1 (or a platform step coarser than the ratio) gives every size.
+    """
+    if ratio < 1:
+        raise ValueError(f"the memory grid's ratio must be at least 1, got {ratio}")
+    lo, hi, step = platform.memory_min_mb, platform.memory_max_mb, platform.memory_step_mb
+    opts = {lo, hi}
+    m = lo
+    while m < hi:
+        nxt = max(m + step, lo + (int(m * ratio + 1e-9) - lo) // step * step)
+        m = min(nxt, hi)
+        opts.add(m)
+    k = 1
+    while k * platform.mb_per_vcpu <= hi:
+        opts.add(platform.round_memory(k * platform.mb_per_vcpu))
+        k += 1
+    return sorted(o for o in opts if lo <= o <= hi)
+
+
+def pareto_options(options: Iterable[tuple[float, float, Hashable, _T]]) -> list[_T]:
+    """Of ``(latency, cost, bucket, item)`` tuples, the items no other item of the same bucket beats on both
+    latency and cost (ties keep one). A bucket holds what the two figures leave out (the master's memory
+    use): a slower and costlier stage choice using the same memory is never in an optimal plan, since
+    swapping it for the other keeps the plan within its SLO and its memory and makes it cheaper."""
+    by_bucket: dict[Hashable, list[tuple[float, float, _T]]] = {}
+    for lat, cost, bucket, item in options:
+        by_bucket.setdefault(bucket, []).append((lat, cost, item))
+    kept: list[_T] = []
+    for group in by_bucket.values():
+        group.sort(key=lambda o: (o[0], o[1]))
+        cheapest = float("inf")
+        for _lat, cost, item in group:
+            if cost < cheapest:
+                kept.append(item)
+                cheapest = cost
+    return kept
+
+
+class Infeasible(ValueError):  # noqa: N818 - "Infeasible" is the word planners use
+    """No plan meets the constraints. ``fastest`` is the fastest plan there is, when one exists.
+    ``proven``: False when a heuristic search found none, which does not show that there is none."""
+
+    def __init__(self, message: str, fastest: SolverResult | None = None, *, proven: bool = True) -> None:
         super().__init__(message)
         self.fastest = fastest
+        self.proven = proven
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,25 @@ from partitioner.perfmodel import PlanEstimate, StageChoice
 from partitioner.solvers.common import SearchSpace
 from partitioner.solvers.dp import _metric
 
-__all__ = ["ChoiceTable", "Scoring", "plan_latency"]
+__all__ = ["ChoiceTable", "Scoring", "fastest_plan", "plan_latency"]
 
 
 def plan_latency(space: SearchSpace, est: PlanEstimate) -> float:
     """The latency an SLO is checked against: the mean, or the percentile the model plans for."""
     return est.latency_q_ms if space.pm.q_mode else est.latency_ms
+
+
+def fastest_plan(space: SearchSpace, master_memories: list[int]) -> tuple[tuple[StageChoice, ...], int] | None:
+    """The latency-optimal plan (Gillis's DP) at the largest master, and that master's size: the plan the
+    learned searchers start from, since it meets the SLO whenever any plan does (None: nothing fits)."""
+    from partitioner.solvers.common import Infeasible
+    from partitioner.solvers.dp import latency_dp
+
+    top = max(master_memories)
+    try:
+        return latency_dp(space, top).choices, top
+    except Infeasible:
+        return None
 
 
 class ChoiceTable:

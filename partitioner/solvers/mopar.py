@@ -1,197 +1,283 @@
-"""MOPAR's HyPAD: vertical slices by cost, horizontal sub-slices by latency, memory sized per slice.
+"""MOPAR's HyPAD (Algorithm 1): vertical slices by cost, horizontal sub-slices by latency, memory per slice.
 
-1. Simplify: neighbouring units whose memory differs by at most 5 % merge (node elimination on the
-   chain; the chain has no parallel edges left to eliminate, the layer graph merged branches already).
-2. Vertical split points by a DP minimising the sum of slice costs, a slice's cost being its memory x
-   (compute + transfer of its output) x the GB-s price: each slice is its own function, sized to need.
-3. Per slice, horizontal parallelism eta in 1..memory/memory-per-vCPU (any admissible family) chosen to
-   minimise latency, keeping the whole plan's latency no worse than the unsplit model's.
+1. Simplify (:mod:`partitioner.solvers.simplify`): node and edge elimination on the layers' own resource
+   profile, to a fixpoint; the cuts no merged node spans are the candidate split points.
+2. Vertical split points by a DP minimising the sum of slice costs. A slice's cost is MOPAR's
+   M x (t_p + t_a) x c_m + c_n x t_c, with each term as the platform bills it: the slice's function at
+   memory M for its compute, aggregation and transfers, its invocation fee, and the share of the
+   orchestrating master's billed time that the slice keeps it waiting. M is chosen per slice: the
+   memory option at or above the slice's need with the lowest such cost.
+3. Per slice, horizontal parallelism (any admissible family and degree, each sub-slice a function sized to
+   its own need) chosen by latency: the fastest option that does not make the plan costlier while the
+   plan meets its latency bound, the fastest outright while it does not.
 
-Every slice runs on workers (tensors pass worker to worker by reference); the master only orchestrates.
-A slice too big for any function must be cut horizontally; if no family admits that, there is no plan.
+The latency bound is the user's SLO (``slo_ms``) or, without one, the unsplit model's latency (MOPAR's
+constraint t <= sum of the layers' times). Where CPU follows memory (Lambda, the local platform), a slice's
+compute costs the same GB-s at any memory up to one vCPU, so slicing pays only where it removes waiting or
+memory that buys CPU the work cannot use; the plan is compared with the unsplit model and the cheaper of the
+two that meets the bound is returned (README: "MOPAR on a platform whose CPU follows memory").
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
 
 from functions.plan import Split
-from partitioner.perfmodel import PerfModel, StageChoice
+from partitioner.perfmodel import PerfModel, PlanEstimate, PlatformFacts, StageChoice
 from partitioner.solvers.common import SPLITS, Infeasible, SolverResult
+from partitioner.solvers.simplify import SIMILARITY, layer_dag, segments, simplify_dag
 
-__all__ = ["SIMILARITY", "hypad", "simplify"]
+__all__ = ["SIMILARITY", "hypad", "simplify", "unsplit_plan"]
 
-SIMILARITY = 0.05
+MB = 2**20
 
 
-def _unit_mb(pm: PerfModel, first: int, last: int) -> float:
-    costs = pm.part_costs(first, last, Split())
-    assert costs is not None
-    return pm.compute.memory_mb(costs[0], first, last)
+@dataclass(frozen=True)
+class _Plan:
+    choices: tuple[StageChoice, ...]
+    master_mb: int
+    estimate: PlanEstimate
+
+    def latency(self, pm: PerfModel) -> float:
+        return self.estimate.latency_q_ms if pm.q_mode else self.estimate.latency_ms
 
 
 def simplify(pm: PerfModel, threshold: float = SIMILARITY) -> list[tuple[int, int]]:
-    """Segments (first, last) after merging neighbours whose memory differs by at most ``threshold``."""
-    segs = [(u, u) for u in range(len(pm.lg.units))]
-    mem = [_unit_mb(pm, u, u) for u in range(len(segs))]
-    changed = True
-    while changed:
-        changed = False
-        out, out_mem = [segs[0]], [mem[0]]
-        for seg, m in zip(segs[1:], mem[1:], strict=True):
-            if abs(m - out_mem[-1]) <= threshold * max(m, out_mem[-1]):
-                out[-1] = (out[-1][0], seg[1])
-                out_mem[-1] = max(out_mem[-1], m)
-                changed = True
-            else:
-                out.append(seg)
-                out_mem.append(m)
-        segs, mem = out, out_mem
-    return segs
+    """The unit ranges (first, last) left by MOPAR's node and edge elimination on ``pm``'s model."""
+    return _simplified(pm, threshold)[0]
 
 
-def _slice_choice(pm: PerfModel, first: int, last: int, split: Split) -> tuple[StageChoice, float] | None:
-    """The slice as a worker-run stage with memory sized to its largest part; and its latency."""
+def _simplified(pm: PerfModel, threshold: float = SIMILARITY) -> tuple[list[tuple[int, int]], str]:
+    c = pm.compute
+    n = len(pm.lg.units)
+    dag = layer_dag(pm.lg, [c.unit_time(u, 1.0) for u in range(n)], weight_factor=c.weight_factor,
+                    activation_factor=c.activation_factor)
+    simple, rounds = simplify_dag(dag, threshold)
+    segs = segments(simple, n)
+    return segs, (f"{len(dag.layers)} layers -> {len(simple.groups)} nodes after node and edge elimination within "
+                  f"{threshold:.0%} of the layers' own memory ({rounds} rounds), {len(segs)} segments of units")
+
+
+def _orchestrator_mb(pm: PerfModel) -> int:
+    """The master of a sliced plan: the runtime and the largest tensors it holds between slices (the largest
+    function if even that is too big: then no sliced plan passes the memory check, and none is returned)."""
+    held = max(u.input_bytes + u.output_bytes for u in pm.lg.units) / MB
+    try:
+        return pm.platform.round_memory(pm.compute.base_mb + held)
+    except ValueError:
+        return pm.platform.memory_max_mb
+
+
+def _memories(pm: PerfModel, need_mb: float) -> list[int]:
+    """Memory options for a function that needs ``need_mb``: the smallest that fits, and the planning grid
+    above it (more memory buys CPU where CPU follows memory)."""
+    try:
+        least = pm.platform.round_memory(need_mb)
+    except ValueError:
+        return []
+    return [least, *(m for m in _grid(pm.platform) if m > least)]
+
+
+@lru_cache(maxsize=16)
+def _grid(platform: PlatformFacts) -> tuple[int, ...]:
+    """The platform's planning grid (computed once: HyPAD asks for it per slice it prices)."""
+    return tuple(platform.memory_grid())
+
+
+def _slice_options(pm: PerfModel, first: int, last: int, split: Split) -> list[StageChoice]:
+    """The slice (every part on a worker) at each memory option its largest part fits."""
     costs = pm.part_costs(first, last, split)
-    if costs is None:
-        return None
+    if costs is None or len(costs) != split.degree:
+        return []
     stage_w = sum(pm.lg.units[u].weight_bytes for u in range(first, last + 1))
     need = max(pm.compute.memory_mb(c, first, last, stage_w) for c in costs)
-    try:
-        mb = pm.platform.round_memory(need)
-    except ValueError:
-        return None
-    ch = StageChoice(first, last, split, master_part=False, worker_mb=mb)
-    oc = pm.option(ch, mb)
-    return (ch, oc.latency_ms) if oc is not None else None
+    return [StageChoice(first, last, split, False, mb) for mb in _memories(pm, need)]
 
 
-def hypad(pm: PerfModel, *, max_slice_units: int = 64) -> SolverResult:
-    t0 = time.perf_counter()
-    segs = simplify(pm)
-    price = pm.platform.price_gb_s
-    n = len(segs)
-    # 2. vertical: DP over segment boundaries, cost = memory x (compute + transfer) per slice
-    best = [float("inf")] * (n + 1)
-    back = [-1] * (n + 1)
-    slice_cost: dict[tuple[int, int], float] = {}
-    best[0] = 0.0
-    for j in range(1, n + 1):
-        for i in range(max(0, j - max_slice_units), j):
-            first, last = segs[i][0], segs[j - 1][1]
-            c = _vertical_cost(pm, first, last, price)
-            slice_cost[(i, j)] = c
-            if best[i] + c < best[j]:
-                best[j], back[j] = best[i] + c, i
-    if best[n] == float("inf"):
-        raise Infeasible("no slicing fits the platform's functions, even with horizontal splits")
-    bounds = []
-    j = n
-    while j > 0:
-        bounds.append((segs[back[j]][0], segs[j - 1][1]))
-        j = back[j]
-    bounds.reverse()
-    # 3. horizontal: per slice the fastest eta (family) within its memory's vCPUs, and the master
-    unsplit = _slice_choice(pm, 0, len(pm.lg.units) - 1, Split())
-    limit = unsplit[1] if unsplit else float("inf")
-    choices: list[StageChoice] = []
-    for first, last in bounds:
-        base = _slice_choice(pm, first, last, Split()) or _smallest_fit(pm, first, last)
-        if base is None:
-            raise Infeasible(f"units {first}-{last} fit no function and admit no split that would make them fit")
-        choices.append(base[0])
-    choices = _meet_latency(pm, choices, limit)
-    for k, ch in enumerate(choices):
-        lat = _latency_ms(pm, ch)
-        max_eta = max(1, int(ch.worker_mb / pm.platform.mb_per_vcpu))
-        for split in SPLITS:
-            if split.family == "none" or split.degree > max_eta:
-                continue
-            cand = _slice_choice(pm, ch.first, ch.last, split)
-            if cand is None:
-                continue
-            wide = StageChoice(ch.first, ch.last, split, False, max(cand[0].worker_mb, ch.worker_mb))
-            oc = pm.option(wide, wide.worker_mb)
-            if oc is not None and oc.latency_ms < lat:
-                choices[k], lat = wide, oc.latency_ms
-    master_mb = pm.platform.round_memory(pm.master_need_mb(choices, pm.platform.memory_min_mb))
-    est = pm.estimate(choices, master_mb)
-    notes = [f"{len(segs)} segments after merging units within {SIMILARITY:.0%} memory, {len(bounds)} slices"]
-    folded = _fold_first_slice(pm, choices)
-    if folded is not None and folded[2].cost_usd < est.cost_usd:
-        choices, master_mb, est = folded
-        notes.append("the master runs the first slice itself (one invocation less, no idle master)")
-    if est.latency_ms > limit:
-        notes.append(f"latency {est.latency_ms:.1f} ms is above the unsplit {limit:.1f} ms")
-    return SolverResult(tuple(choices), master_mb, est, "mopar", time.perf_counter() - t0, notes=tuple(notes))
+def _metric(pm: PerfModel, ch: StageChoice, waiting_mb: int) -> tuple[float, float]:
+    """(latency ms, USD) of one worker-run slice: its workers' GB-s and fees, and the GB-s of a master of
+    ``waiting_mb`` waiting for the slice (0: MOPAR's own objective, the slices' functions only)."""
+    # the master's memory matters to a worker-run slice too (its CPU share sets how fast it hands off), and
+    # the perf model keeps one figure per worker-run choice whatever the master: price it with the master a
+    # sliced plan has, never with none (0 MB would be a master without CPU)
+    oc = pm.option(ch, _orchestrator_mb(pm))
+    if oc is None:
+        return float("inf"), float("inf")
+    p = pm.platform
+    lat = oc.latency_q_ms if pm.q_mode else oc.latency_ms
+    master_gb_ms = waiting_mb / 1024.0 * oc.latency_ms
+    usd = (oc.worker_gb_ms + master_gb_ms) / 1e3 * p.price_gb_s + oc.invocations * p.price_request
+    return lat, usd
 
 
-def _fold_first_slice(pm: PerfModel, choices: list[StageChoice]) -> tuple[list[StageChoice], int, Any] | None:
-    """The plan with its first (unsplit) slice run by the master, sized to it; None if it does not fit.
-
-    MOPAR's slices are functions of their own; flatpack's master orchestrates them and is billed while it
-    waits. Running the first slice on the master saves an invocation (its fee and hand-off) and the master's
-    otherwise idle memory, at the price of the master holding that slice's memory to the end."""
-    first = choices[0]
-    if first.split.family != "none":
-        return None
-    folded = [StageChoice(first.first, first.last, first.split, True, 0), *choices[1:]]
-    try:
-        mb = pm.platform.round_memory(pm.master_need_mb(folded, pm.platform.memory_min_mb))
-    except ValueError:
-        return None
-    mb = max(mb, first.worker_mb)  # keep the slice's CPU share: it was sized for its latency
-    est = pm.estimate(folded, mb)
-    if est.warnings:
-        return None
-    return folded, mb, est
+def _cheapest(pm: PerfModel, options: Sequence[StageChoice], waiting_mb: int) -> StageChoice | None:
+    return min(options, key=lambda ch: _metric(pm, ch, waiting_mb)[1], default=None)
 
 
-def _meet_latency(pm: PerfModel, choices: list[StageChoice], limit: float) -> list[StageChoice]:
-    """Grow slices' memory (CPU grows with it) where it buys the most latency per dollar, until the plan
-    is no slower than the unsplit model or every slice has the platform's largest size."""
-    grid = pm.platform.memory_grid()
-    choices = list(choices)
-
-    while sum(_latency_ms(pm, c) for c in choices) > limit:
-        best = None
-        for k, ch in enumerate(choices):
-            bigger = [m for m in grid if m > ch.worker_mb]
-            if not bigger:
-                continue
-            up = StageChoice(ch.first, ch.last, ch.split, ch.master_part, bigger[0])
-            gain = _latency_ms(pm, ch) - _latency_ms(pm, up)
-            extra = max(1e-12, up.worker_mb * _latency_ms(pm, up) - ch.worker_mb * _latency_ms(pm, ch))
-            if gain > 0 and (best is None or gain / extra > best[0]):
-                best = (gain / extra, k, up)
-        if best is None:
-            break
-        choices[best[1]] = best[2]
-    return choices
-
-
-def _latency_ms(pm: PerfModel, ch: StageChoice) -> float:
-    """A worker-run slice's latency at its own memory (inf if the model cannot cut it that way)."""
-    oc = pm.option(ch, ch.worker_mb)
-    return oc.latency_ms if oc is not None else float("inf")
-
-
-def _smallest_fit(pm: PerfModel, first: int, last: int) -> tuple[StageChoice, float] | None:
-    """For a slice too big for one function: the split with the fewest parts that fits."""
+def _vertical(pm: PerfModel, first: int, last: int, waiting_mb: int) -> StageChoice | None:
+    """A slice's cheapest form: unsplit at its cheapest memory, or, if it fits no function, the split with
+    the fewest parts that fits."""
+    ch = _cheapest(pm, _slice_options(pm, first, last, Split()), waiting_mb)
+    if ch is not None:
+        return ch
     for split in sorted(SPLITS, key=lambda s: s.degree):
         if split.family != "none":
-            cand = _slice_choice(pm, first, last, split)
-            if cand is not None:
-                return cand
+            ch = _cheapest(pm, _slice_options(pm, first, last, split), waiting_mb)
+            if ch is not None:
+                return ch
     return None
 
 
-def _vertical_cost(pm: PerfModel, first: int, last: int, price: float) -> float:
-    cand = _slice_choice(pm, first, last, Split()) or _smallest_fit(pm, first, last)
-    if cand is None:
-        return float("inf")
-    ch, lat = cand
-    # what one invocation of the slice bills: GB-s of its run and the platform's hand-off, and the fee
-    billed = pm.platform.billed_ms(lat + pm.platform.billed_overhead_ms)
-    return ch.worker_mb / 1024.0 * billed / 1e3 * price + pm.platform.price_request
+def _vertical_dp(pm: PerfModel, segs: list[tuple[int, int]], max_slice_units: int, waiting_mb: int
+                 ) -> list[StageChoice]:
+    """Algorithm 1 lines 7-18: split points over the segments minimising the sum of slice costs."""
+    n = len(segs)
+    best = [0.0] + [float("inf")] * n
+    back = [-1] * (n + 1)
+    chosen: dict[tuple[int, int], StageChoice] = {}
+    for j in range(1, n + 1):
+        for i in range(j - 1, -1, -1):
+            first, last = segs[i][0], segs[j - 1][1]
+            if last - first + 1 > max_slice_units:
+                break
+            ch = _vertical(pm, first, last, waiting_mb)
+            if ch is None:
+                continue
+            chosen[(i, j)] = ch
+            c = best[i] + _metric(pm, ch, waiting_mb)[1]
+            if c < best[j]:
+                best[j], back[j] = c, i
+    if best[n] == float("inf"):
+        raise Infeasible("no slicing fits the platform's functions, even with horizontal splits")
+    out = []
+    j = n
+    while j > 0:
+        out.append(chosen[(back[j], j)])
+        j = back[j]
+    return out[::-1]
+
+
+def _forms(pm: PerfModel, ch: StageChoice) -> list[StageChoice]:
+    """Every form of a slice: eta sub-slices of any admissible family (eta = 1 included), at each memory
+    option its largest sub-slice fits. No cap of eta at M / lambda: each sub-slice is a function of its own
+    with the CPU its own memory buys."""
+    return [cand for split in SPLITS for cand in _slice_options(pm, ch.first, ch.last, split)]
+
+
+def _horizontal(pm: PerfModel, choices: list[StageChoice], bound_ms: float, waiting_mb: int) -> list[StageChoice]:
+    """Algorithm 1 lines 19-23, cost-aware: while the plan misses ``bound_ms``, the change of one slice's
+    form (parallelism or memory) that buys the most latency per extra dollar; then, per slice, the fastest
+    form that costs no more than the one it has (speed that is free, e.g. a shorter wait of the master)."""
+    choices = list(choices)
+    now = [_metric(pm, ch, waiting_mb) for ch in choices]
+    forms = [[(cand, *_metric(pm, cand, waiting_mb)) for cand in _forms(pm, ch)] for ch in choices]
+    fixed = pm.request_ms()[1 if pm.q_mode else 0]
+    while sum(lat for lat, _ in now) + fixed > bound_ms:
+        best: tuple[float, int, StageChoice, float, float] | None = None
+        for k, (lat, usd) in enumerate(now):
+            for cand, c_lat, c_usd in forms[k]:
+                if c_lat < lat:
+                    score = (lat - c_lat) / max(c_usd - usd, 1e-18)
+                    if best is None or score > best[0]:
+                        best = (score, k, cand, c_lat, c_usd)
+        if best is None:
+            break
+        _, k, choices[k], *rest = best
+        now[k] = (rest[0], rest[1])
+    for k in range(len(choices)):
+        for cand, c_lat, c_usd in forms[k]:
+            if c_lat < now[k][0] and c_usd <= now[k][1] + 1e-15:
+                choices[k], now[k] = cand, (c_lat, c_usd)
+    return choices
+
+
+def _as_plan(pm: PerfModel, choices: Sequence[StageChoice]) -> _Plan | None:
+    """The plan with its master sized to what it holds; None if the memory model says something does not fit."""
+    try:
+        mb = pm.platform.round_memory(pm.master_need_mb(choices, pm.platform.memory_min_mb))
+    except ValueError:
+        return None
+    est = pm.estimate(choices, mb)
+    return None if est.warnings else _Plan(tuple(choices), mb, est)
+
+
+def _folded(pm: PerfModel, plan: _Plan, k: int) -> _Plan | None:
+    """The plan with its slice ``k`` (if unsplit) run by the master at that slice's memory (keeping its CPU
+    share); None if it does not fit.
+
+    MOPAR's slices are functions of their own; flatpack's master orchestrates them and is billed while it
+    waits. Running one slice on the master saves an invocation (its fee and hand-off) and the master's
+    otherwise idle memory, at the price of the master holding that slice's memory for the whole request:
+    it pays most for the slice that takes longest at the least memory."""
+    ch = plan.choices[k]
+    if ch.split.family != "none" or ch.master_part:
+        return None
+    folded = (*plan.choices[:k], StageChoice(ch.first, ch.last, ch.split, True, 0), *plan.choices[k + 1:])
+    try:
+        mb = max(pm.platform.round_memory(pm.master_need_mb(folded, pm.platform.memory_min_mb)), ch.worker_mb)
+    except ValueError:
+        return None
+    est = pm.estimate(folded, mb)
+    return None if est.warnings else _Plan(folded, mb, est)
+
+
+def unsplit_plan(pm: PerfModel, bound_ms: float | None = None) -> _Plan | None:
+    """MOPAR's Unsplit: the whole model in one function at the smallest memory that holds it, or, given
+    ``bound_ms``, the smallest that also meets it (the largest that fits if none does); None if nothing holds it."""
+    whole = (StageChoice(0, len(pm.lg.units) - 1, Split(), True, 0),)
+    plans = [p for mb in _memories(pm, pm.master_need_mb(whole, pm.platform.memory_max_mb))
+             if (p := _at(pm, whole, mb)) is not None]
+    if not plans:
+        return None
+    if bound_ms is None:
+        return plans[0]
+    return next((p for p in plans if p.latency(pm) <= bound_ms), plans[-1])
+
+
+def _at(pm: PerfModel, choices: tuple[StageChoice, ...], mb: int) -> _Plan | None:
+    est = pm.estimate(choices, mb)
+    return None if est.warnings else _Plan(choices, mb, est)
+
+
+def hypad(pm: PerfModel, *, slo_ms: float | None = None, max_slice_units: int = 64) -> SolverResult:
+    """MOPAR's plan for ``pm``'s model; ``slo_ms``: a latency bound the plan must meet (the percentile's when
+    ``pm`` plans against one), else the unsplit model's latency bounds it. Raises Infeasible (with the
+    fastest plan found) when no plan meets ``slo_ms``. Memory comes from ``pm.platform``'s options: to fix
+    every function at M MB (``--memory M``), give a platform whose smallest and largest size are both M."""
+    t0 = time.perf_counter()
+    segs, note = _simplified(pm)
+    unsplit = unsplit_plan(pm)
+    bound = slo_ms if slo_ms is not None else (unsplit.latency(pm) if unsplit else float("inf"))
+    # The DP once for each master flatpack may give the slices: an idle orchestrator billed while it waits,
+    # and none (MOPAR's objective; the master then runs one slice itself, which one is tried below)
+    candidates: list[_Plan] = []
+    for waiting in (_orchestrator_mb(pm), 0):
+        vertical = _vertical_dp(pm, segs, max_slice_units, waiting)
+        sliced = _as_plan(pm, _horizontal(pm, vertical, bound, waiting))
+        if sliced is not None:
+            candidates += [sliced, *(f for k in range(len(sliced.choices)) if (f := _folded(pm, sliced, k)))]
+    fallback = unsplit_plan(pm, bound)
+    candidates += [fallback] if fallback is not None else []
+    notes = [note, f"latency bound {bound:.1f} ms ({'the SLO' if slo_ms is not None else 'the unsplit model'})"]
+    if not candidates:
+        raise Infeasible("no slicing fits the platform's functions, even with horizontal splits")
+    meeting = [p for p in candidates if p.latency(pm) <= bound + 1e-9]
+    if not meeting:
+        fastest = min(candidates, key=lambda p: p.latency(pm))
+        raise Infeasible(f"no MOPAR plan meets the {bound:.1f} ms SLO", fastest=_result(fastest, t0, notes))
+    best = min(meeting, key=lambda p: p.estimate.cost_usd)
+    if best is fallback and any(len(p.choices) > 1 for p in candidates):
+        notes.append("one function: the slices would cost more than the unsplit model (where CPU follows memory "
+                     "a slice's compute costs the same GB-s at any memory, and each slice adds a hand-off)")
+    elif len(best.choices) > 1 and any(c.master_part for c in best.choices):
+        k = next(i for i, c in enumerate(best.choices) if c.master_part)
+        notes.append(f"the master runs slice {k} itself (one invocation less, no idle master)")
+    return _result(best, t0, notes)
+
+
+def _result(plan: _Plan, t0: float, notes: list[str]) -> SolverResult:
+    return SolverResult(plan.choices, plan.master_mb, plan.estimate, "mopar", time.perf_counter() - t0,
+                        notes=tuple(notes))

@@ -41,7 +41,8 @@ Why these choices (each tried against the alternative on VGG-11, AWS Lambda prof
   policy sees which cuts still allow the SLO to be met.
 
 The solver returns the cheapest feasible plan *seen* during training (the environment keeps it), not
-what the final policy samples. Deterministic for a seed: one environment, one torch thread while
+what the final policy samples; the latency-optimal plan (Gillis's DP) is the first incumbent, so a plan
+within the SLO is returned whenever there is one. Deterministic for a seed: one environment, one torch thread while
 training; the global ``random``/numpy/torch RNG states are restored afterwards. RL is a heuristic
 here: ``slo_dp`` solves the same problem exactly and faster; this module reproduces Gillis's approach
 as a baseline.
@@ -62,7 +63,7 @@ import numpy as np
 from partitioner.perfmodel import PlanEstimate, StageChoice
 from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult
 from partitioner.solvers.dp import _metric
-from partitioner.solvers.encoding import ChoiceTable, Scoring
+from partitioner.solvers.encoding import ChoiceTable, Scoring, fastest_plan
 
 try:
     import gymnasium as gym
@@ -249,6 +250,13 @@ class PlanEnv(gym.Env):
                 self.best = _Best(est.cost_usd, tuple(self._choices), mb, est, self.episodes)
         return self._end(reward)
 
+    def offer(self, choices: tuple[StageChoice, ...], master_mb: int) -> None:
+        """Take a plan found elsewhere as the incumbent if it is feasible and cheaper (not an episode)."""
+        est = self.space.pm.estimate(choices, master_mb)
+        _, feasible = self.scoring.plan(self.space, est)
+        if feasible and (self.best is None or est.cost_usd < self.best.cost_usd):
+            self.best = _Best(est.cost_usd, tuple(choices), master_mb, est, -1)
+
     def _end(self, reward: float) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         self.episodes += 1
         self._i = self.space.n
@@ -287,7 +295,7 @@ def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
               seed: int = 0, progress: Progress | None = None, learning_rate: float = 1e-3,
               n_steps: int = 512, batch_size: int = 128, n_epochs: int = 4, gae_lambda: float = 0.95,
               ent_coef: float = 0.01, net_arch: tuple[int, ...] = (64, 64), torch_threads: int = 1,
-              ) -> SolverResult:
+              start_fastest: bool = True) -> SolverResult:
     """The cheapest plan within ``slo_ms`` that a PPO agent finds in ``timesteps`` environment steps.
 
     Parameters
@@ -308,6 +316,8 @@ def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
         Hidden layers of the policy and of the value network (Gillis: two-layer policies).
     torch_threads:
         Torch threads while training; one is fastest for networks this small.
+    start_fastest:
+        Take the latency-optimal plan as the first incumbent (False: only what the episodes find).
 
     Returns the best feasible plan seen during training. Raises ``Infeasible`` if none was seen, which
     does not prove there is none: ``slo_dp`` is exact on the same space.
@@ -322,6 +332,9 @@ def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
     if floor > slo_ms:
         raise Infeasible(f"no plan can meet the {slo_ms:g} ms SLO: even the fastest choice for every group "
                          f"takes {floor:.1f} ms; relax the SLO or allow larger functions")
+    seed_plan = fastest_plan(space, env.master_memories) if start_fastest else None
+    if seed_plan is not None:  # the incumbent to beat: feasible whenever any plan is
+        env.offer(*seed_plan)
     with _isolated_rng(torch_threads):
         model = PPO(
             "MlpPolicy", env, learning_rate=learning_rate, n_steps=n_steps, batch_size=batch_size,
@@ -335,9 +348,9 @@ def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
     log.debug("rl: %d episodes, %d feasible, %.1f s", env.episodes, env.feasible_episodes, seconds)
     best = env.best
     if best is None:
-        raise Infeasible(f"no plan within the {slo_ms:g} ms SLO in {env.episodes} RL episodes "
-                         f"({timesteps} steps); the SLO may be too tight (slo_dp decides exactly), "
-                         "or give more timesteps")
-    notes = (f"PPO, {timesteps} steps, {env.episodes} episodes ({env.feasible_episodes} feasible); "
-             f"best found in episode {best.episode}",)
+        raise Infeasible(f"the RL search found no plan within the {slo_ms:g} ms SLO in {env.episodes} episodes "
+                         f"({timesteps} steps), which does not show that there is none", proven=False)
+    found = f"best found in episode {best.episode}" if best.episode >= 0 else \
+        "no episode beat the latency-optimal plan it started from"
+    notes = (f"PPO, {timesteps} steps, {env.episodes} episodes ({env.feasible_episodes} feasible); {found}",)
     return SolverResult(best.choices, best.master_mb, best.estimate, "rl", seconds, notes=notes)

@@ -2,40 +2,66 @@
 
 Thin handlers: parse, call the data plane, encode — with the codec every target shares
 (:mod:`functions.inference_protocol`). Errors map to status codes in one place, the table the cloud
-handlers use too (:mod:`functions.http_errors`); a client's mistake is never a 500. Optional bearer-token
+handlers use too (:mod:`functions.http_errors`); a client's mistake is never a 500, and every error,
+an unknown route and a wrong method included, answers ``{"error": "..."}``. Optional bearer-token
 auth (``FLATPACK_API_TOKEN``) guards everything but the liveness probe; request bodies above
-``max_body_mb`` are refused with 413 before they are read whole.
+``max_body_mb`` are refused with 413 before they are read whole, and so are gzip / deflate bodies
+(``Content-Encoding``) that decode to more.
+
+Every model route is served at ``/v2/models/{name}/...`` and at ``/v2/models/{name}/versions/{version}/...``
+(version ``"1"``, the one model metadata lists). Besides the protocol's routes, the read-only Triton
+extensions clients call first: ``POST /v2/repository/index``, ``GET /v2/models/{name}/config``,
+``GET /v2/models/{name}/stats`` and ``GET /v2/models/stats``; and the classification extension.
+
+Speed (``flatpack bench endpoint``): the guard is plain ASGI (starlette's ``BaseHTTPMiddleware`` costs
+a task and two streams per request), JSON goes through orjson (:mod:`functions.json_codec`), uvicorn
+parses HTTP with httptools, and a small in-process model runs on the event loop's thread
+(:meth:`DataPlane.runs_inline`): handing it to a worker thread and back costs more than it takes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.base import RequestResponseEndpoint
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from functions import json_codec
+from functions.content_encoding import decode_body
 from functions.errors import FunctionError
 from functions.http_errors import (
     ApiError,
+    InvalidInput,
     MethodNotAllowed,
     RequestTooLarge,
     RouteNotFound,
     Unauthorized,
+    error_body,
     error_response,
 )
 from functions.inference_protocol import (
     HEADER_LENGTH,
     SERVER_VERSION,
+    DecodedRequest,
+    check_outputs,
+    check_version,
     decode_request,
     encode_response,
+    model_config,
+    repository_index,
     server_metadata,
 )
+from functions.inference_stats import statistics_document
 from functions.settings import api_token
 from serving.api.dataplane import DataPlane
 
@@ -57,11 +83,43 @@ def _error(exc: BaseException) -> Response:
     return Response(err.body, status_code=err.status, headers=dict(err.headers))
 
 
+def _json(doc: Any, status: int = 200) -> Response:
+    return Response(json_codec.dumps(doc), status_code=status, media_type="application/json")
+
+
+class _Guard:
+    """Bearer-token check (all but liveness) and the body limit from ``Content-Length``, as plain ASGI."""
+
+    def __init__(self, app: ASGIApp, *, token: str, limit: int) -> None:
+        self.app = app
+        self.token = token.encode()
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                await _error(refusal)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> ApiError | None:
+        headers = dict(scope["headers"])
+        if self.token and scope["path"] != "/v2/health/live":
+            got = headers.get(b"authorization", b"")
+            if not (got.startswith(b"Bearer ") and hmac.compare_digest(got[7:], self.token)):
+                return Unauthorized.bearer()
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return RequestTooLarge.over(self.limit, int(length))
+        return None
+
+
 def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float = DEFAULT_MAX_BODY_MB,
                version: str = SERVER_VERSION) -> FastAPI:
     """An app serving ``plane``'s models. ``token``: required bearer token (default: $FLATPACK_API_TOKEN;
     empty: none)."""
-    token = token if token is not None else api_token()
+    token = token if token is not None else (api_token() or "")
     limit = int(max_body_mb * 2**20)
 
     @asynccontextmanager
@@ -74,90 +132,67 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
                               "functions.", lifespan=lifespan)
     app.state.plane = plane
     auth = _responses(_401="missing or wrong bearer token") if token else {}
+    unknown = _responses(_404="unknown model or version")
+    _add_error_handlers(app)
+    app.add_middleware(_Guard, token=token, limit=limit)
 
-    async def known_error(request: Request, exc: Exception) -> Response:
-        # the endpoint's errors and the functions' (a throttled, timed-out or failed function), by the one
-        # table every target uses (the data plane logged the functions' failures)
-        return _error(exc)
-
-    app.add_exception_handler(ApiError, known_error)
-    app.add_exception_handler(FunctionError, known_error)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def no_route(request: Request, exc: StarletteHTTPException) -> Response:
-        if exc.status_code == 405:
-            return _error(MethodNotAllowed.at(request.method, request.url.path))
-        if exc.status_code == 404:
-            return _error(RouteNotFound.at(request.method, request.url.path))
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next: RequestResponseEndpoint) -> Response:
-        if token and request.url.path not in ("/v2/health/live",):
-            got = request.headers.get("authorization", "")
-            if not (got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), token.encode())):
-                return _error(Unauthorized.bearer())
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            return _error(RequestTooLarge.over(limit, int(length)))
-        return await call_next(request)
+    # the infer route first: routes are matched in order, and it is the one that must be fast
+    @_model_route(app, "POST", "/infer", tags=["inference"], openapi_extra=_infer_openapi(auth))
+    async def infer(name: str, request: Request) -> Response:
+        info = plane.model(name).info  # 404 before reading a body meant for a model that is not here
+        body = decode_body(await _read_limited(request, limit), request.headers.get("content-encoding"), limit)
+        t0 = time.perf_counter_ns()
+        decoded = decode_request(body, request.headers.get(HEADER_LENGTH))
+        check_outputs(name, info.outputs, decoded.outputs, decoded.classes)
+        t1 = time.perf_counter_ns()
+        outputs = await _run(plane, name, decoded, since_ns=t0)
+        t2 = time.perf_counter_ns()
+        payload, headers = encode_response(name, decoded, outputs, labels=info.labels)
+        plane.stats(name).succeeded(t1 - t0, t2 - t1, time.perf_counter_ns() - t2)
+        return Response(payload, headers=headers, media_type=headers.pop("content-type"))
 
     @app.get("/v2/health/live", tags=["health"])
-    async def live() -> dict:
-        return {"live": True}
+    async def live() -> Response:
+        return _json({"live": True})
 
     @app.get("/v2/health/ready", tags=["health"], responses=_responses(_503="not ready") | auth)
-    async def ready() -> JSONResponse:
+    async def ready() -> Response:
         ok = plane.ready()
-        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+        return _json({"ready": ok}, 200 if ok else 503)
 
     @app.get("/v2", tags=["metadata"], responses=auth)
-    async def server() -> dict:
-        return server_metadata(version)
+    async def server() -> Response:
+        return _json(server_metadata(version))
 
-    @app.get("/v2/models/{name}", tags=["metadata"], responses=_responses(_404="unknown model") | auth)
-    async def model_metadata(name: str) -> dict:
-        return plane.model(name).info.metadata()
-
-    @app.get("/v2/models/{name}/ready", tags=["health"],
-             responses=_responses(_404="unknown model", _503="not ready") | auth)
-    async def model_ready(name: str) -> JSONResponse:
-        ok = plane.model(name).ready()
-        return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
-
-    @app.post(
-        "/v2/models/{name}/infer",
-        tags=["inference"],
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {"schema": {"$ref": "#/components/schemas/InferRequest"}},
-                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"},
-                                                 "description": f"JSON header ({HEADER_LENGTH} bytes) "
-                                                                "followed by raw tensor bytes"},
-                },
-            },
-            "responses": {
-                "200": {"description": "the outputs", "content": {
-                    "application/json": {"schema": {"type": "object"}},
-                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-                **{str(k): v for k, v in _responses(
-                    _400="bad input (malformed, or not what the model takes)", _404="unknown model",
-                    _413="request too large", _502="the functions failed to answer (the body names the error)",
-                    _503="not ready, or at its concurrency limit (then with Retry-After)",
-                    _504="a function did not answer in time").items()},
-                **{str(k): v for k, v in auth.items()},
-            },
-        },
-    )
-    async def infer(name: str, request: Request) -> Response:
-        plane.model(name)  # 404 before reading a body meant for a model that is not here
+    @app.post("/v2/repository/index", tags=["metadata"], responses=_responses(_400="malformed body") | auth,
+              openapi_extra={"requestBody": {"required": False, "content": {"application/json": {"schema": {
+                  "type": "object", "properties": {"ready": {"type": "boolean"}}}}}}})
+    async def index(request: Request) -> Response:
         body = await _read_limited(request, limit)
-        decoded = decode_request(body, request.headers.get(HEADER_LENGTH))
-        outputs = await asyncio.to_thread(plane.infer, name, decoded.inputs, decoded.outputs)
-        payload, headers = encode_response(name, decoded, outputs)
-        return Response(payload, headers=headers, media_type=headers.pop("content-type"))
+        return _json(repository_index({n: plane.model(n).ready() for n in plane.names()}, body))
+
+    @app.get("/v2/models/stats", tags=["metadata"], responses=auth)
+    async def all_stats() -> Response:
+        return _json(statistics_document(plane.stats(n) for n in plane.names()))
+
+    @_model_route(app, "GET", "", tags=["metadata"], responses=unknown | auth)
+    async def model_metadata(name: str, request: Request) -> Response:
+        return _json(plane.model(name).info.metadata())
+
+    @_model_route(app, "GET", "/ready", tags=["health"], responses=_responses(_503="not ready") | unknown | auth)
+    async def model_ready(name: str, request: Request) -> Response:
+        ok = plane.model(name).ready()
+        return _json({"name": name, "ready": ok}, 200 if ok else 503)
+
+    @_model_route(app, "GET", "/config", tags=["metadata"], responses=unknown | auth)
+    async def config(name: str, request: Request) -> Response:
+        info = plane.model(name).info
+        return _json(model_config(info.name, info.inputs, info.outputs, platform=info.platform))
+
+    @_model_route(app, "GET", "/stats", tags=["metadata"], responses=unknown | auth)
+    async def stats(name: str, request: Request) -> Response:
+        plane.model(name)
+        return _json(statistics_document([plane.stats(name)]))
 
     @app.get("/metrics", tags=["metrics"], responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
                                                        **auth})
@@ -166,6 +201,92 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
 
     _add_schema(app)
     return app
+
+
+async def _run(plane: DataPlane, name: str, request: DecodedRequest, *, since_ns: int) -> dict[str, np.ndarray]:
+    """The model's outputs: on the event loop's thread when the data plane says so, else in a worker thread
+    (the loop serves other requests meanwhile). A failure is counted in the model's statistics, as long
+    as it took since ``since_ns``."""
+    try:
+        if plane.runs_inline(name):
+            return plane.infer(name, request.inputs, request.outputs)
+        return await asyncio.to_thread(plane.infer, name, request.inputs, request.outputs)
+    except BaseException:
+        plane.stats(name).failed(time.perf_counter_ns() - since_ns)
+        raise
+
+
+_Handler = Callable[[str, Request], Awaitable[Response]]
+
+
+def _model_route(app: FastAPI, method: str, suffix: str, **kwargs: Any) -> Callable[[_Handler], _Handler]:
+    """Serve ``handler`` at ``/v2/models/{name}{suffix}`` and at ``.../versions/{version}{suffix}``, where
+    a version other than the model's one is an unknown model (404) — after an unknown model is."""
+
+    def register(handler: _Handler) -> _Handler:
+        async def versioned(name: str, version: str, request: Request) -> Response:
+            request.app.state.plane.model(name)
+            check_version(name, version)
+            return await handler(name, request)
+
+        app.add_api_route(f"/v2/models/{{name}}{suffix}", handler, methods=[method], **kwargs)
+        app.add_api_route(f"/v2/models/{{name}}/versions/{{version}}{suffix}", versioned, methods=[method],
+                          name=f"{handler.__name__}_versioned", **kwargs)
+        return handler
+
+    return register
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as ``{"error": ...}`` by the one table (:mod:`functions.http_errors`)."""
+
+    async def known_error(request: Request, exc: Exception) -> Response:
+        # the endpoint's errors and the functions' (a throttled, timed-out or failed function), by the one
+        # table every target uses (the data plane logged the functions' failures)
+        return _error(exc)
+
+    async def no_route(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        if status == 405:
+            return _error(MethodNotAllowed.at(request.method, request.url.path))
+        if status == 404:
+            return _error(RouteNotFound.at(request.method, request.url.path))
+        return Response(error_body(str(getattr(exc, "detail", exc))), status_code=status,
+                        headers=getattr(exc, "headers", None), media_type="application/json")
+
+    async def invalid(request: Request, exc: Exception) -> Response:
+        return _error(InvalidInput(f"bad request: {exc}"))
+
+    app.add_exception_handler(ApiError, known_error)
+    app.add_exception_handler(FunctionError, known_error)
+    app.add_exception_handler(StarletteHTTPException, no_route)
+    app.add_exception_handler(RequestValidationError, invalid)
+
+
+def _infer_openapi(auth: dict[int | str, dict]) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/InferRequest"}},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"},
+                                             "description": f"JSON header ({HEADER_LENGTH} bytes) "
+                                                            "followed by raw tensor bytes"},
+            },
+        },
+        "responses": {
+            "200": {"description": "the outputs", "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+            **{str(k): v for k, v in _responses(
+                _400="bad input (malformed, or not what the model takes)", _404="unknown model or version",
+                _413="request too large", _415="unsupported Content-Encoding",
+                _502="the functions failed to answer (the body names the error)",
+                _503="not ready, or at its concurrency limit (then with Retry-After)",
+                _504="a function did not answer in time").items()},
+            **{str(k): v for k, v in auth.items()},
+        },
+    }
 
 
 async def _read_limited(request: Request, limit: int) -> bytes:

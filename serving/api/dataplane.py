@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -23,7 +23,8 @@ from functions.bundle import Bundle
 from functions.errors import FunctionError, Throttled
 from functions.executor import InProcessRunner
 from functions.http_errors import ApiError, ModelNotFound, NotReady, UpstreamError
-from functions.inference_protocol import check_inputs, check_outputs, model_metadata
+from functions.inference_protocol import MODEL_VERSION, check_inputs, check_outputs, model_metadata
+from functions.inference_stats import InferenceStats
 from functions.plan import Plan, TensorSpec
 
 __all__ = ["Backend", "DataPlane", "InProcessBackend", "ModelInfo"]
@@ -33,10 +34,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ModelInfo:
+    """A served model: its name, tensors, platform, and class labels per output (the classification
+    extension's ``value:index:label``; none by default)."""
+
     name: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     platform: str = "onnxruntime_onnx"
+    labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def metadata(self) -> dict:
         return model_metadata(self.name, self.inputs, self.outputs, platform=self.platform)
@@ -82,10 +87,23 @@ class InProcessBackend:
 
 
 class DataPlane:
-    """Models by name and the one ``infer`` path every protocol uses; owns the endpoint's metrics."""
+    """Models by name and the one ``infer`` path every protocol uses; owns the endpoint's metrics.
 
-    def __init__(self) -> None:
+    ``inline_below_ms``: an in-process model (:class:`InProcessBackend`) whose recent inferences took less
+    than this runs on the caller's thread — the endpoint's event loop (:meth:`runs_inline`). Handing a
+    request to a worker thread and back costs two thread switches and the GIL: about a millisecond of CPU,
+    and on a busy machine each switch waits for a core, several milliseconds — more than a small model
+    takes. The loop then answers other requests (health probes, metadata) up to this much later; the
+    model's own requests lose nothing, as it keeps the cores busy (onnxruntime uses them all) either way.
+    0: never. A backend that waits on functions elsewhere always runs in a worker thread, so its requests
+    overlap.
+    """
+
+    def __init__(self, *, inline_below_ms: float = 50.0) -> None:
         self._models: dict[str, Backend] = {}
+        self._stats: dict[str, InferenceStats] = {}
+        self._recent_s: dict[str, float] = {}  # per model: moving average of its inference time
+        self._inline_below_s = inline_below_ms / 1e3
         self.registry = CollectorRegistry()
         self._requests = Counter("flatpack_requests", "Inference requests", ["model", "status"],
                                  registry=self.registry)
@@ -96,9 +114,12 @@ class DataPlane:
 
     def add(self, backend: Backend) -> None:
         self._models[backend.info.name] = backend
+        self._stats[backend.info.name] = InferenceStats(backend.info.name, MODEL_VERSION)
 
     def remove(self, name: str) -> None:
         b = self._models.pop(name, None)
+        self._stats.pop(name, None)
+        self._recent_s.pop(name, None)
         if b is not None:
             b.close()
 
@@ -110,6 +131,21 @@ class DataPlane:
             return self._models[name]
         except KeyError:
             raise ModelNotFound.named(name, self.names()) from None
+
+    def stats(self, name: str) -> InferenceStats:
+        """Model ``name``'s inference statistics (Triton's statistics extension); the HTTP layer records
+        into it, as it times decoding and encoding too."""
+        try:
+            return self._stats[name]
+        except KeyError:
+            raise ModelNotFound.named(name, self.names()) from None
+
+    def runs_inline(self, name: str) -> bool:
+        """Whether model ``name``'s next inference should run on the caller's thread: an in-process model
+        whose recent inferences took less than ``inline_below_ms`` (unknown before its first)."""
+        recent = self._recent_s.get(name)
+        return (recent is not None and recent < self._inline_below_s
+                and isinstance(self._models.get(name), InProcessBackend))
 
     def ready(self) -> bool:
         return bool(self._models) and all(b.ready() for b in self._models.values())
@@ -141,7 +177,10 @@ class DataPlane:
             self._requests.labels(name, "error").inc()
             log.warning("inference of %s failed: %s", name, e)
             raise UpstreamError(f"inference failed: {e}") from e
-        self._latency.labels(name).observe(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        self._latency.labels(name).observe(took)
+        recent = self._recent_s.get(name)
+        self._recent_s[name] = took if recent is None else 0.8 * recent + 0.2 * took
         self._requests.labels(name, "ok").inc()
         if outputs is not None:
             result = {k: result[k] for k in outputs}

@@ -1,11 +1,13 @@
-"""Measuring a running local platform: what the performance model takes from a platform profile.
+"""Measuring a platform: what the performance model takes from a platform profile.
 
-Against a platform behind a :class:`serving.platform.PlatformClient`, with probe functions
-(:mod:`serving.calibrate.probes`) deployed through the ordinary deployer and invoked through the
-ordinary master client, so every figure includes what a real request pays:
+Against a :class:`CalibrationTarget`: the local platform (:class:`LocalTarget`, behind a
+:class:`serving.platform.PlatformClient`), or AWS Lambda or OpenFaaS (:mod:`serving.calibrate.cloud`).
+Probe functions (:mod:`serving.calibrate.probes`) are deployed through that target's ordinary deployer
+and invoked the ordinary way, so every figure includes what a real request pays:
 
 * **invoke latency**: round trips of a warm no-op, fitted as an ex-Gaussian (Gillis's model of Lambda's);
-* **billed overhead**: the meter's mean duration of those no-op invocations (billed beyond the work);
+* **billed overhead**: the platform meter's mean duration of those no-op invocations (billed beyond the
+  work; the local platform's meter, Lambda's ``REPORT`` lines; not measured where there is no meter);
 * **transfers**, per transport (``inline``, ``shm``, ``redis``): an echo probe at several sizes, each
   round trip paired with a no-op's; the median difference over the transfers a round makes
   (four by reference: the caller's put, the master's get, its put, the caller's get; two inline) is one
@@ -13,10 +15,10 @@ ordinary master client, so every figure includes what a real request pays:
   buffer larger than the last-level cache (``evict_bytes``): in a request, transfers follow compute that
   has evicted the caches, and back-to-back rounds would time hot ones (on this machine kind 0.057 ms per
   shm transfer hot, 0.082 ms cold, at 4 KiB);
-* **cold start**: the first round trip after the function was registered again (its instances gone),
+* **cold start**: the first round trip after the function was deployed again (its instances gone),
   beyond a warm one's;
-* **CPU share**: a fixed computation's metered time at each memory size against one vCPU's
-  (:func:`measure_cpu_share`). Where the platform gives every instance a whole core the slow-down is about
+* **CPU share**: a fixed computation's duration at each memory size against one vCPU's
+  (:func:`measure_cpu_share_on`). Where the platform gives every instance a whole core the slow-down is about
   1; once it emulates the share its memory buys (M / mb_per_vcpu of a core) it is what a plan will see.
 
 The caller decides which platform (see :mod:`serving.calibrate.target`); nothing here starts one.
@@ -32,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -47,11 +49,16 @@ from serving.platform.master_client import MasterClient
 __all__ = [
     "Calibration",
     "CalibrationSettings",
+    "CalibrationTarget",
     "CpuShare",
+    "LocalTarget",
+    "Probe",
     "Progress",
     "TransferFit",
+    "Usage",
     "calibrate_platform",
     "measure_cpu_share",
+    "measure_cpu_share_on",
     "measure_transfer",
 ]
 
@@ -149,6 +156,7 @@ class CpuShare:
     reference_ms: float
     expected_slowdown: float
     samples: int
+    metered: bool = True  # False: timed by the function's handler (the platform reported no durations)
 
     @property
     def measured_slowdown(self) -> float:
@@ -157,7 +165,7 @@ class CpuShare:
     def to_json(self) -> dict[str, Any]:
         return {"memory_mb": self.memory_mb, "reference_mb": self.reference_mb, "ms": self.ms,
                 "reference_ms": self.reference_ms, "expected_slowdown": self.expected_slowdown,
-                "measured_slowdown": self.measured_slowdown, "samples": self.samples}
+                "measured_slowdown": self.measured_slowdown, "samples": self.samples, "metered": self.metered}
 
 
 @dataclass(frozen=True)
@@ -171,7 +179,7 @@ class Calibration:
     invoke_samples: int
     invoke_p50_ms: float
     invoke_p99_ms: float
-    billed_overhead_ms: float
+    billed_overhead_ms: float | None  # None: the platform reports no metered duration (not measured)
     transfers: dict[str, TransferFit] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # what was not measured, and why
     cold_start_ms: float | None = None
@@ -179,10 +187,12 @@ class Calibration:
     cold_starts: int = 0
     cpu_share: tuple[CpuShare, ...] = ()
     seconds: float = 0.0
+    target: str = "the local platform"  # what was measured, in words
 
     def to_json(self) -> dict[str, Any]:
         return {
             "platform_url": self.platform_url,
+            "target": self.target,
             "platform_profile": self.platform_profile,
             "probe_mb": self.probe_mb,
             "invoke_latency_ms": {"mu": self.invoke.mu_ms, "sigma": self.invoke.sigma_ms, "tau": self.invoke.tau_ms,
@@ -199,11 +209,76 @@ class Calibration:
         }
 
 
-class _Probe:
-    """One deployed probe bundle and a master client to it; :meth:`rtt` is one round trip in ms."""
+@dataclass(frozen=True)
+class Usage:
+    """What a platform reported about a probe's invocations so far (cumulative): how many, their run
+    time, cold starts and the instance start-up time they took. ``metered``: the durations are the
+    platform's own meter (what it bills: the local platform's meter, Lambda's ``REPORT`` lines); False
+    where they are the function's own timing of its handler (the reply's ``total_ms``), which times the
+    work but says nothing of what a provider bills."""
+
+    invocations: int = 0
+    duration_ms: float = 0.0
+    cold_starts: int = 0
+    init_ms: float = 0.0
+    metered: bool = True
+
+
+class Probe(Protocol):
+    """One deployed probe function (a one-part bundle run by its master)."""
+
+    @property
+    def memory_mb(self) -> int:
+        """The master's memory."""
+
+    def rtt(self) -> float:
+        """One invocation with the probe's input: the round trip in ms, timed here."""
+
+    def usage(self) -> Usage:
+        """What the platform reported so far (see :class:`Usage`)."""
+
+    def redeploy(self) -> None:
+        """Deploy the function again: its instances go, so the next invocation is a cold start."""
+
+    def close(self) -> None:
+        """Remove the function (and whatever its deployment created)."""
+
+
+class CalibrationTarget(Protocol):
+    """Where probes run: the local platform, or a cloud through its deployer (:mod:`serving.calibrate.cloud`).
+
+    ``url``: where it answers (named in the profile's sources); ``description``: what it is, in words;
+    ``platform_profile``: the profile it says it runs ("" where it says none); ``compute_transport``: how
+    the CPU-share probe's tensors move (one that costs next to nothing beside the compute)."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def platform_profile(self) -> str: ...
+
+    @property
+    def compute_transport(self) -> str: ...
+
+    def unsupported(self, transport: str, profile: PlatformProfile) -> str | None:
+        """Why ``transport``'s transfers cannot be timed here (None: they can)."""
+
+    def deploy(self, bundle: Path, *, transport: str, memory_mb: int, settings: CalibrationSettings) -> Probe:
+        """``bundle`` deployed as a probe whose master has ``memory_mb``."""
+
+
+def _input(shape: Sequence[int]) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(0).standard_normal(tuple(shape)).astype(np.float32)}
+
+
+class _LocalProbe:
+    """A probe on the local platform, called through the ordinary master client; usage from its meter."""
 
     def __init__(self, client: PlatformClient, url: str, bundle: Path, *, transport: str,
-                 settings: CalibrationSettings, memory_mb: int | None = None, deployment: str | None = None) -> None:
+                 settings: CalibrationSettings, memory_mb: int) -> None:
         self.client, self.url, self.bundle, self.transport = client, url, bundle, transport
         self.settings = settings
         self.memory_mb = memory_mb
@@ -213,23 +288,18 @@ class _Probe:
         if settings.shm_dir is not None:
             cfg["shm_dir"] = settings.shm_dir
         self._cfg = cfg
-        self.dep = self._deploy(deployment or new_deployment_id("cal"))
+        self.dep = self._deploy(new_deployment_id("cal"))
         try:
             self.mc = MasterClient(self.dep, url, timeout_s=settings.timeout_s, retries=0)
         except BaseException:
             self.dep.remove()
             raise
-        shape = self.dep.plan.model.inputs[0].shape
-        self.x = {"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+        self.x = _input(self.dep.plan.model.inputs[0].shape)
 
     def _deploy(self, deployment: str) -> Deployment:
-        mem = None if self.memory_mb is None else {"master": self.memory_mb}
         return deploy_bundle(self.client, self.bundle, transport=self.transport, deployment=deployment,
-                             concurrency=1, timeout_s=self.settings.timeout_s, memory_mb=mem, **self._cfg)
-
-    @property
-    def function(self) -> str:
-        return self.dep.master
+                             concurrency=1, timeout_s=self.settings.timeout_s, memory_mb={"master": self.memory_mb},
+                             **self._cfg)
 
     def rtt(self) -> float:
         t = time.perf_counter()
@@ -242,12 +312,33 @@ class _Probe:
         """Register the functions again: the platform stops their instances, so the next call is cold."""
         self.dep = self._deploy(self.dep.id)
 
-    def usage(self) -> dict[str, Any]:
-        return dict(self.client.meter()["functions"].get(self.function, {}))
+    def usage(self) -> Usage:
+        u = self.client.meter()["functions"].get(self.dep.master, {})
+        return Usage(int(u.get("invocations", 0)), float(u.get("duration_ms", 0.0)), int(u.get("cold_starts", 0)),
+                     float(u.get("init_ms", 0.0)))
 
     def close(self) -> None:
         self.mc.close()
         self.dep.remove()
+
+
+@dataclass(frozen=True)
+class LocalTarget:
+    """The local platform at ``url`` (``client`` talks to it), as a calibration target."""
+
+    client: PlatformClient
+    url: str
+    platform_profile: str = ""
+    description: str = "the local platform"
+    compute_transport: str = "shm"  # its tensors then cost next to nothing beside the compute
+
+    def unsupported(self, transport: str, profile: PlatformProfile) -> str | None:
+        if transport == "shm" and not profile.shared_memory:
+            return f"profile {profile.name} says its functions share no memory (shared_memory: false)"
+        return None
+
+    def deploy(self, bundle: Path, *, transport: str, memory_mb: int, settings: CalibrationSettings) -> Probe:
+        return _LocalProbe(self.client, self.url, bundle, transport=transport, settings=settings, memory_mb=memory_mb)
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -297,7 +388,7 @@ class _CacheEvictor:
             self._buf[::64] += 1
 
 
-def measure_transfer(client: PlatformClient, url: str, noop: _Probe, transport: str, sizes: Sequence[int],
+def measure_transfer(target: CalibrationTarget, noop: Probe, transport: str, sizes: Sequence[int],
                      settings: CalibrationSettings, workdir: Path, progress: Progress | None = None) -> TransferFit:
     """One transport's fitted transfer cost (see the module docstring). If the points do not fit (time
     not growing with size: load from elsewhere hid the bytes' time), every size is measured again with
@@ -311,8 +402,8 @@ def measure_transfer(client: PlatformClient, url: str, noop: _Probe, transport: 
         for i, size in enumerate(sizes):
             bundle = workdir / f"echo{size}"
             if not bundle.exists():
-                write_probe_bundle(bundle, echo_model(size), memory_mb=noop.memory_mb or 1769)
-            probe = _Probe(client, url, bundle, transport=transport, settings=settings, memory_mb=noop.memory_mb)
+                write_probe_bundle(bundle, echo_model(size), memory_mb=noop.memory_mb)
+            probe = target.deploy(bundle, transport=transport, memory_mb=noop.memory_mb, settings=settings)
             try:
                 for _ in range(_WARMUP):
                     probe.rtt()
@@ -343,13 +434,22 @@ def measure_transfer(client: PlatformClient, url: str, noop: _Probe, transport: 
 def measure_cpu_share(client: PlatformClient, url: str, settings: CalibrationSettings, workdir: Path, *,
                       mb_per_vcpu: float, memory_range: tuple[int, int], progress: Progress | None = None,
                       reference_mb: int | None = None) -> tuple[CpuShare, ...]:
-    """The CPU share's real slow-down: a fixed computation (``compute_n`` x ``compute_layers`` MatMuls)
-    metered at one vCPU (``mb_per_vcpu``, within ``memory_range``) and at each of ``cpu_share_mb``,
-    interleaved so that both see the same machine load; the median metered duration of each.
+    """The CPU share's real slow-down on the local platform at ``url``: see :func:`measure_cpu_share_on`.
 
     This is the hook for the local platform's CPU-share emulation: whatever mechanism the platform uses
     to give an instance M / mb_per_vcpu of a core shows here as a measured slow-down next to the
-    expected ``mb_per_vcpu / M``; without one, both sizes run on whole cores and measure about 1.
+    expected ``mb_per_vcpu / M``; without one, both sizes run on whole cores and measure about 1."""
+    return measure_cpu_share_on(LocalTarget(client, url), settings, workdir, mb_per_vcpu=mb_per_vcpu,
+                                memory_range=memory_range, progress=progress, reference_mb=reference_mb)
+
+
+def measure_cpu_share_on(target: CalibrationTarget, settings: CalibrationSettings, workdir: Path, *,
+                         mb_per_vcpu: float, memory_range: tuple[int, int], progress: Progress | None = None,
+                         reference_mb: int | None = None) -> tuple[CpuShare, ...]:
+    """A fixed computation (``compute_n`` x ``compute_layers`` MatMuls) timed at one vCPU (``mb_per_vcpu``,
+    within ``memory_range``) and at each of ``cpu_share_mb``, interleaved so that both see the same
+    machine load; the median duration of each, as the platform reports it (see :class:`Usage`).
+
     ``reference_mb``: compare with that size instead (one thread uses at most one core, so what a size is
     expected to take is its share up to one core against the reference's)."""
     lo, hi = memory_range
@@ -359,13 +459,13 @@ def measure_cpu_share(client: PlatformClient, url: str, settings: CalibrationSet
         return ()
     bundle = write_probe_bundle(workdir / "compute", compute_model(settings.compute_n, settings.compute_layers),
                                 memory_mb=ref_mb)
-    probes: dict[int, _Probe] = {}
+    probes: dict[int, Probe] = {}
     times: dict[int, list[float]] = {m: [] for m in (ref_mb, *sizes)}
     try:
         for m in times:
-            # by shared memory: the probe's tensors then cost next to nothing to move, so the metered time is
-            # its compute (inline, a 512 x 512 probe's 1 MB each way added ~4 ms that no share stretches)
-            probes[m] = _Probe(client, url, bundle, transport="shm", settings=settings, memory_mb=m)
+            # by shared memory where there is one: the probe's tensors then cost next to nothing to move, so the
+            # time is its compute (inline, a 512 x 512 probe's 1 MB each way added ~4 ms that no share stretches)
+            probes[m] = target.deploy(bundle, transport=target.compute_transport, memory_mb=m, settings=settings)
             for _ in range(2):
                 probes[m].rtt()
         total = settings.cpu_samples * len(times)
@@ -374,31 +474,72 @@ def measure_cpu_share(client: PlatformClient, url: str, settings: CalibrationSet
             for m, p in probes.items():
                 before = p.usage()
                 p.rtt()
-                after = p.usage()
-                times[m].append(float(after["duration_ms"]) - float(before["duration_ms"]))
+                times[m].append(p.usage().duration_ms - before.duration_ms)
                 done += 1
                 if progress:
                     progress("CPU share (compute probe)", done, total)
+        metered = all(p.usage().metered for p in probes.values())
     finally:
         for p in probes.values():
             p.close()
     ref = _median(times[ref_mb])
+
     def expected(m: int) -> float:
         return min(1.0, ref_mb / mb_per_vcpu) / min(1.0, m / mb_per_vcpu)
 
-    return tuple(CpuShare(m, ref_mb, _median(times[m]), ref, expected(m), settings.cpu_samples) for m in sizes)
+    return tuple(CpuShare(m, ref_mb, _median(times[m]), ref, expected(m), settings.cpu_samples, metered)
+                 for m in sizes)
 
 
-def calibrate_platform(client: PlatformClient, url: str, profile: PlatformProfile,
+def _transfers(target: CalibrationTarget, noop: Probe, profile: PlatformProfile, settings: CalibrationSettings,
+               workdir: Path, say: Progress) -> tuple[dict[str, TransferFit], dict[str, str]]:
+    """Each transport's fit, and why those not fitted were not (cannot be timed there, or the fit failed)."""
+    transfers: dict[str, TransferFit] = {}
+    skipped: dict[str, str] = {}
+    for transport in settings.transports:
+        sizes = list(settings.sizes)
+        reason = target.unsupported(transport, profile)
+        if reason is None and transport == "inline":
+            sizes = _inline_sizes(sizes, profile.payload_limit_bytes)
+        elif reason is None and transport == "redis":
+            reason = _redis_reason(settings.redis_url)
+        if reason is not None:
+            skipped[transport] = reason
+            continue
+        try:
+            transfers[transport] = measure_transfer(target, noop, transport, sizes, settings, workdir, say)
+        except ValueError as e:
+            skipped[transport] = str(e)
+            log.warning("%s transfers not fitted: %s", transport, e)
+    return transfers, skipped
+
+
+def _cold_starts(noop: Probe, n: int, say: Progress) -> tuple[list[float], float | None]:
+    """``n`` cold round trips beyond a warm one's (the no-op deployed again each time), and the platform's
+    mean instance start-up per cold start where it reports one."""
+    extra: list[float] = []
+    before = noop.usage()
+    for i in range(n):
+        noop.redeploy()
+        cold = noop.rtt()
+        warm = _median([noop.rtt() for _ in range(3)])
+        extra.append(max(0.0, cold - warm))
+        say("cold starts", i + 1, n)
+    after = noop.usage()
+    n_cold = after.cold_starts - before.cold_starts
+    return extra, (after.init_ms - before.init_ms) / n_cold if n_cold > 0 else None
+
+
+def calibrate_platform(target: CalibrationTarget, profile: PlatformProfile,
                        settings: CalibrationSettings | None = None, *, progress: Progress | None = None,
                        workdir: Path | None = None) -> Calibration:
-    """Measure the local platform at ``url`` (``client`` talks to it) for ``profile``: see the module
-    docstring. Probe functions have ``profile``'s one-vCPU memory (its ``mb_per_vcpu``, within its
-    memory range) and are removed afterwards. A transport that cannot be timed (no Redis answering) is
-    left out and named in ``skipped``; a fit that fails is too (with its error)."""
+    """Measure ``target`` for ``profile``: see the module docstring. Probe functions have ``profile``'s
+    one-vCPU memory (its ``mb_per_vcpu``, within its memory range) and are removed afterwards, also when a
+    measurement fails. A transport that cannot be timed (no Redis answering, no shared memory on the
+    target) is left out and named in ``skipped``; a fit that fails is too (with its error). Where the
+    platform reports no metered duration, the billed overhead is None (not measured)."""
     settings = settings or CalibrationSettings()
     t_start = time.perf_counter()
-    health = client.health()
     probe_mb = int(min(profile.memory.max_mb, max(profile.memory.min_mb, round(profile.mb_per_vcpu))))
     say = progress or (lambda _p, _d, _t: None)
     with contextlib.ExitStack() as stack:
@@ -406,7 +547,7 @@ def calibrate_platform(client: PlatformClient, url: str, profile: PlatformProfil
             stack.enter_context(tempfile.TemporaryDirectory(prefix="flatpack-calibrate-")))
         noop_dir = write_probe_bundle(tmp / "noop", noop_model(), memory_mb=probe_mb)
         say("deploying the no-op probe", 0, 1)
-        noop = _Probe(client, url, noop_dir, transport="inline", settings=settings, memory_mb=probe_mb)
+        noop = target.deploy(noop_dir, transport="inline", memory_mb=probe_mb, settings=settings)
         stack.callback(noop.close)
         for _ in range(_WARMUP):
             noop.rtt()
@@ -418,51 +559,19 @@ def calibrate_platform(client: PlatformClient, url: str, profile: PlatformProfil
             rtts.append(noop.rtt())
             say("invoke latency (warm no-op)", i + 1, settings.invoke_samples)
         after = noop.usage()
-        invocations = int(after["invocations"]) - int(before["invocations"])
-        billed = (float(after["duration_ms"]) - float(before["duration_ms"])) / max(1, invocations)
+        invocations = after.invocations - before.invocations
+        billed = ((after.duration_ms - before.duration_ms) / invocations
+                  if after.metered and invocations > 0 else None)
         invoke = fit_ex_gaussian(rtts)
 
-        # transfers, per transport
-        transfers: dict[str, TransferFit] = {}
-        skipped: dict[str, str] = {}
-        for transport in settings.transports:
-            sizes = list(settings.sizes)
-            if transport == "inline":
-                sizes = _inline_sizes(sizes, profile.payload_limit_bytes)
-            elif transport == "redis":
-                reason = _redis_reason(settings.redis_url)
-                if reason is not None:
-                    skipped["redis"] = reason
-                    continue
-            elif transport == "shm" and not profile.shared_memory:
-                skipped["shm"] = f"profile {profile.name} says its functions share no memory (shared_memory: false)"
-                continue
-            try:
-                transfers[transport] = measure_transfer(client, url, noop, transport, sizes, settings, tmp, say)
-            except ValueError as e:
-                skipped[transport] = str(e)
-                log.warning("%s transfers not fitted: %s", transport, e)
-
-        # cold starts: register the no-op again (its instance stops), the first call starts a new one
-        cold_extra: list[float] = []
-        init_before = noop.usage()
-        for i in range(settings.cold_starts):
-            noop.redeploy()
-            cold = noop.rtt()
-            warm = _median([noop.rtt() for _ in range(3)])
-            cold_extra.append(max(0.0, cold - warm))
-            say("cold starts", i + 1, settings.cold_starts)
-        init_after = noop.usage()
-        n_cold = int(init_after.get("cold_starts", 0)) - int(init_before.get("cold_starts", 0))
-        init_ms = ((float(init_after.get("init_ms", 0.0)) - float(init_before.get("init_ms", 0.0))) / n_cold
-                   if n_cold > 0 else None)
-
-        cpu = measure_cpu_share(client, url, settings, tmp, mb_per_vcpu=profile.mb_per_vcpu,
-                                memory_range=(profile.memory.min_mb, profile.memory.max_mb), progress=say)
+        transfers, skipped = _transfers(target, noop, profile, settings, tmp, say)
+        cold_extra, init_ms = _cold_starts(noop, settings.cold_starts, say)
+        cpu = measure_cpu_share_on(target, settings, tmp, mb_per_vcpu=profile.mb_per_vcpu,
+                                   memory_range=(profile.memory.min_mb, profile.memory.max_mb), progress=say)
     rtts_sorted = np.sort(np.asarray(rtts))
     return Calibration(
-        platform_url=url,
-        platform_profile=str(health.get("profile") or ""),
+        platform_url=target.url,
+        platform_profile=target.platform_profile,
         probe_mb=probe_mb,
         invoke=invoke,
         invoke_samples=len(rtts),
@@ -476,5 +585,5 @@ def calibrate_platform(client: PlatformClient, url: str, profile: PlatformProfil
         cold_starts=len(cold_extra),
         cpu_share=cpu,
         seconds=time.perf_counter() - t_start,
+        target=target.description,
     )
-

@@ -40,9 +40,15 @@ def _r(x: float) -> float:
     return round(float(x), _ROUND)
 
 
+_CLOUD_PROFILES = ("aws-lambda", "openfaas")  # `flatpack deploy --target lambda|openfaas` sends tensors inline
+
+
 def _deploy_transport(cal: Calibration, profile: PlatformProfile) -> str | None:
     """The transport whose bandwidth becomes the profile's ``bandwidth_mb_s``: what a deployment to this
-    platform uses by default (shm where functions share memory, else redis), if it was measured."""
+    platform uses by default (a cloud: inline; the local platform: shm where functions share memory, else
+    redis), if it was measured."""
+    if profile.name in _CLOUD_PROFILES:
+        return "inline" if "inline" in cal.transfers else None
     for name in ("shm", "redis") if profile.shared_memory else ("redis",):
         if name in cal.transfers:
             return name
@@ -53,6 +59,12 @@ def _kept(old: Any, measured: Any) -> str:
     """A source's note on the entries of a mapping kept from the base profile (not measured this time)."""
     kept = sorted(str(k) for k in (old or {}) if k not in measured)
     return f"; {', '.join(kept)} kept from the base profile" if kept else ""
+
+
+def _measured(cal: Calibration) -> str:
+    """What was measured: ``the local platform at URL (profile P)``, ``AWS Lambda at URL``."""
+    what = cal.target if cal.platform_url in cal.target else f"{cal.target} at {cal.platform_url}"
+    return f"{what} (profile {cal.platform_profile})" if cal.platform_profile else what
 
 
 def calibrated_profile_data(base: str | Path, cal: Calibration, where: Provenance) -> dict[str, Any]:
@@ -67,9 +79,15 @@ def calibrated_profile_data(base: str | Path, cal: Calibration, where: Provenanc
         f"{by}; {cal.invoke_samples} warm round trips of a no-op function ({cal.probe_mb} MB) fitted as an "
         f"ex-Gaussian by maximum likelihood (scipy.stats.exponnorm); p50 {cal.invoke_p50_ms:.3f} ms, "
         f"p99 {cal.invoke_p99_ms:.3f} ms")
-    data["billed_overhead_ms"] = _r(cal.billed_overhead_ms)
-    sources["billed_overhead_ms"] = (
-        f"{by}; the billing meter's mean duration of those {cal.invoke_samples} no-op invocations")
+    if cal.billed_overhead_ms is not None:
+        data["billed_overhead_ms"] = _r(cal.billed_overhead_ms)
+        sources["billed_overhead_ms"] = (
+            f"{by}; the platform meter's mean duration of those {cal.invoke_samples} no-op invocations")
+    else:
+        kept = sources.get("billed_overhead_ms", "the base profile's default")
+        sources["billed_overhead_ms"] = (
+            f"not measured by flatpack calibrate ({cal.target} reported no billed duration); "
+            f"kept from the base profile: {kept}")
     if cal.transfers:
         kept = _kept(data.get("transports"), cal.transfers)
         data["transports"] = {**(data.get("transports") or {}), **{
@@ -94,7 +112,7 @@ def calibrated_profile_data(base: str | Path, cal: Calibration, where: Provenanc
         data["cold_start_ms"] = _r(cal.cold_start_ms)
         init = f" (the meter's instance start-up: {cal.cold_init_ms:.1f} ms)" if cal.cold_init_ms is not None else ""
         sources["cold_start_ms"] = (
-            f"{by}; median over {cal.cold_starts} cold starts (the no-op function registered again) of the "
+            f"{by}; median over {cal.cold_starts} cold starts (the no-op function deployed again) of the "
             f"first round trip beyond a warm one{init}")
     if cal.cpu_share:
         kept = _kept(data.get("cpu_share"), {c.memory_mb for c in cal.cpu_share})
@@ -104,11 +122,12 @@ def calibrated_profile_data(base: str | Path, cal: Calibration, where: Provenanc
                            f"expected" for c in cal.cpu_share)
         ref = cal.cpu_share[0]
         sources["cpu_share"] = (
-            f"{by}; a fixed computation's median metered time at each memory size over the same at "
+            f"{by}; a fixed computation's median {'metered' if ref.metered else 'handler (as the function timed it)'} "
+            f"time at each memory size over the same at "
             f"{ref.reference_mb} MB (one vCPU), {ref.samples} invocations each, interleaved ({shares}){kept}")
     sources["calibration"] = (
-        f"measured by flatpack calibrate: {where.line()}; the local platform at {cal.platform_url} (profile "
-        f"{cal.platform_profile or '?'}); base profile {resolve_profile_path(base)}; took {cal.seconds:.1f} s")
+        f"measured by flatpack calibrate: {where.line()}; {_measured(cal)}; base profile "
+        f"{resolve_profile_path(base)}; took {cal.seconds:.1f} s")
     data.pop("sources", None)
     data["sources"] = sources  # last, after any field added above
     PlatformProfile.from_dict(data, origin="the calibrated profile")  # what is written must load

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -11,42 +13,59 @@ from rich.table import Table
 
 from serving.console import console, err_console
 
+if TYPE_CHECKING:
+    from serving.calibrate import CalibrationResult
+
 __all__ = ["calibrate_cmd"]
 
 
 @click.command("calibrate")
 @click.option("--platform", "platform", default="local", show_default=True, metavar="NAME|FILE",
-              help="The profile to calibrate (measured fields replace its own): local, or a YAML file of one.")
+              help="The profile to calibrate (measured fields replace its own): local, aws-lambda, openfaas, or a "
+                   "YAML file of one.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Where to write the calibrated profile (default: this machine's cache, "
-                   "$FLATPACK_CACHE_DIR/platforms/<profile>-<host>.yaml).")
+              help="Where to write the calibrated profile (default: the cache, $FLATPACK_CACHE_DIR/platforms/"
+                   "<profile>-<host>.yaml; for a cloud <profile>-<endpoint host:port or region>.yaml).")
 @click.option("--samples", type=click.IntRange(min=10), default=200, show_default=True,
               help="Warm no-op round trips for the invoke-latency fit; transfers, cold starts and the CPU share "
                    "take a share of it (a tenth per transfer size, one cold start per 40, a twentieth per size).")
 @click.option("--transport", "transports", multiple=True, type=click.Choice(["inline", "shm", "redis"]),
-              help="Transports to time (repeatable; default: all, redis if one answers at $FLATPACK_REDIS_URL).")
+              help="Transports to time (repeatable; default: all, redis if one answers at $FLATPACK_REDIS_URL; "
+                   "a cloud: inline).")
 @click.option("--url", default=None,
-              help="The local platform to measure (default: the running one, else one started for the run).")
+              help="local: the platform to measure (default: the running one, else one started for the run).")
+@click.option("--region", default=None, help="aws-lambda: AWS region (default: $AWS_REGION, else us-east-1).")
+@click.option("--endpoint-url", default=None,
+              help="aws-lambda: one endpoint for every AWS API (an emulator; default: AWS itself).")
+@click.option("--gateway", default=None, help="openfaas: the gateway URL (default: $OPENFAAS_URL).")
+@click.option("--no-vendor", is_flag=True,
+              help="aws-lambda: do not package numpy/onnxruntime wheels with the probes (an emulator running this "
+                   "machine's Python).")
+@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="aws-lambda/openfaas: render the probe services there and keep them (default: a temporary "
+                   "directory).")
 @click.option("--json", "as_json", is_flag=True, help="Print the measured figures as JSON.")
 def calibrate_cmd(platform: str, output: Path | None, samples: int, transports: tuple[str, ...], url: str | None,
-                  as_json: bool) -> None:
-    """Measure the local platform (invoke latency, transfers per transport, cold start, billed overhead,
-    the CPU share's slow-down) with small probe functions, and write a platform profile whose `sources`
-    say what was measured, where and when. Plan with it: `flatpack plan MODEL --platform FILE`."""
+                  region: str | None, endpoint_url: str | None, gateway: str | None, no_vendor: bool,
+                  work_dir: Path | None, as_json: bool) -> None:
+    """Measure a platform (invoke latency, transfers per transport, cold start, billed overhead, the CPU
+    share's slow-down) with small probe functions, and write a platform profile whose `sources` say what
+    was measured, where and when. The local platform, AWS Lambda (probes deployed through the boto3
+    deployer) or OpenFaaS (through the gateway's API). Plan with it: `flatpack plan MODEL --platform FILE`."""
     from functions.settings import redis_url
-    from serving.calibrate import CalibrationSettings, UnsupportedPlatform, calibrate, check_supported
-
-    try:
-        from serving.platform.client import PlatformUnavailable
-        from serving.platform.server import LocalPlatform  # noqa: F401 - fail here, not half-way, without [server]
-    except ImportError as e:
-        raise click.ClickException(f"calibrate runs the local platform, which needs {e.name}: "
-                                   "pip install 'flatpack[server]'") from e
     from platforms import load_profile
+    from serving.calibrate import CLOUDS, CalibrationSettings, Cloud, UnsupportedPlatform, calibrate, check_supported
 
     try:
-        check_supported(load_profile(platform))
-        overrides = {"transports": transports} if transports else {}
+        base = load_profile(platform)
+        check_supported(base)
+        _check_flags(base.name, url=url, region=region, endpoint_url=endpoint_url, gateway=gateway,
+                     no_vendor=no_vendor, work_dir=work_dir)
+        cloud = (Cloud(region=region, endpoint_url=endpoint_url, gateway=gateway, vendor=not no_vendor)
+                 if base.name in CLOUDS else None)
+        if cloud is None:
+            _need_server()
+        overrides = {"transports": transports} if transports else ({"transports": ("inline",)} if cloud else {})
         settings = CalibrationSettings.from_samples(samples, redis_url=redis_url(), **overrides)
     except UnsupportedPlatform as e:
         raise click.ClickException(str(e)) from e
@@ -65,10 +84,8 @@ def calibrate_cmd(platform: str, output: Path | None, samples: int, transports: 
                 task = tasks[phase] = bar.add_task(phase, total=total)
             bar.update(task, completed=done, total=total)
 
-        try:
-            result = calibrate(platform, output=output, url=url, settings=settings, progress=progress)
-        except PlatformUnavailable as e:
-            raise click.ClickException(str(e)) from e
+        result = _run(lambda: calibrate(platform, output=output, url=url, settings=settings, progress=progress,
+                                        cloud=cloud, workdir=work_dir))
     if as_json:
         click.echo(json.dumps(result.to_json()))
         return
@@ -76,17 +93,58 @@ def calibrate_cmd(platform: str, output: Path | None, samples: int, transports: 
     err_console.print(f"wrote [bold]{result.path}[/]; plan with it: flatpack plan MODEL --platform {result.path}")
 
 
+_CLOUD_FLAGS = {"aws-lambda": ("region", "endpoint_url", "no_vendor", "work_dir"), "openfaas": ("gateway", "work_dir"),
+                "local": ("url",)}
+
+
+def _check_flags(name: str, **flags: object) -> None:
+    """Refuse a flag that does not apply to platform ``name`` (UsageError naming it)."""
+    wrong = [k for k, v in flags.items() if v not in (None, False) and k not in _CLOUD_FLAGS[name]]
+    if wrong:
+        names = ", ".join("--" + k.replace("_", "-") for k in wrong)
+        raise click.UsageError(f"{names} does not apply to --platform {name} (its options: "
+                               f"{', '.join('--' + k.replace('_', '-') for k in _CLOUD_FLAGS[name])})")
+
+
+def _need_server() -> None:
+    try:
+        from serving.platform.server import LocalPlatform  # noqa: F401 - fail here, not half-way, without [server]
+    except ImportError as e:
+        raise click.ClickException(f"calibrate runs the local platform, which needs {e.name}: "
+                                   "pip install 'flatpack[server]'") from e
+
+
+def _run(job: Callable[[], CalibrationResult]) -> CalibrationResult:
+    """``job``, its expected failures as one-line errors (the platform does not answer, a probe failed, a
+    setting from the environment is wrong, e.g. ``$OPENFAAS_URL``)."""
+    from functions.errors import FunctionError
+    from serving.calibrate.cloud import CalibrationFailed
+
+    try:
+        return job()
+    except (ConnectionError, CalibrationFailed, FunctionError, ValueError) as e:
+        raise click.ClickException(" ".join(str(e).split())) from e
+
+
 def _print(doc: dict) -> None:
     where = doc["provenance"]
-    how = "started for the run" if doc["embedded_platform"] else "already running"
-    t = Table(title=f"local platform at {doc['platform_url']} ({how}), {where['host']}, {where['date']}")
+    if doc["target"] == "the local platform":
+        how = "started for the run" if doc["embedded_platform"] else "already running"
+        what = f"local platform at {doc['platform_url']} ({how})"
+    else:
+        what = doc["target"]
+    t = Table(title=f"{what}, from {where['host']}, {where['date']}")
     t.add_column("figure")
     t.add_column("measured", justify="right")
     t.add_column("how")
     inv = doc["invoke_latency_ms"]
     t.add_row("invoke latency mu / sigma / tau", f"{inv['mu']:.3f} / {inv['sigma']:.3f} / {inv['tau']:.3f} ms",
               f"{inv['samples']} warm no-op round trips; p50 {inv['p50']:.3f} ms, p99 {inv['p99']:.3f} ms")
-    t.add_row("billed overhead", f"{doc['billed_overhead_ms']:.3f} ms", "meter's mean no-op duration")
+    if doc["billed_overhead_ms"] is None:
+        t.add_row("billed overhead", "-", "[yellow]not measured:[/] the platform reported no billed duration; "
+                  "the base profile's figure is kept")
+    else:
+        t.add_row("billed overhead", f"{doc['billed_overhead_ms']:.3f} ms", "platform meter's mean no-op duration")
     for name, tr in doc["transports"].items():
         t.add_row(f"{name} per transfer", f"{tr['latency_ms']:.3f} ms + B / {tr['bandwidth_mb_s']:.0f} MB/s",
                   f"{len(tr['points'])} sizes x {tr['samples_per_size']} round trips")

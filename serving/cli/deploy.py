@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import numpy as np
@@ -18,10 +18,12 @@ from rich.table import Table
 
 from serving.api.client import InferError, infer_http
 from serving.cli.models import resolve_model
-from serving.cli.plan import plan_options, print_solution, request_from
+from serving.cli.plan import plan_options, print_solution, report_infeasible, request_from
+from serving.cli.shapes import shape_options
 from serving.console import console, err_console
 
-if TYPE_CHECKING:  # the deployment state is imported when a command runs
+if TYPE_CHECKING:  # the deployment state and the partitioner are imported when a command runs
+    from partitioner.normalize import ShapeFixes
     from serving.deploy.state import DeploymentRecord
 
 __all__ = ["deploy_cmd", "invoke_cmd", "ls_cmd", "serve_cmd", "status_cmd", "undeploy_cmd"]
@@ -125,6 +127,7 @@ def _calibrated_local(recalibrate: bool) -> str:
 @click.command("deploy")
 @click.argument("model")
 @plan_options
+@shape_options
 @click.option("--target", type=click.Choice(["local", "lambda", "openfaas"]), default="local", show_default=True)
 @click.option("--platform", default=None,
               help="Platform profile the plan is made for (default: the target's: local, aws-lambda, openfaas).")
@@ -140,6 +143,10 @@ def _calibrated_local(recalibrate: bool) -> str:
                    "served with `flatpack serve B`.")
 @click.option("--keep-warm", type=float, default=0.0, metavar="SECONDS",
               help="Ping the functions every SECONDS so instances stay warm (Gillis); off by default.")
+@click.option("--hedge", "hedge", default="auto", show_default=True, metavar="auto|off|pNN",
+              help="Re-invoke a worker part still running past the NN-th percentile of its recent durations, the "
+                   "first reply wins (cuts the tail; the plan's percentile prices it). auto: p95 with --percentile, "
+                   "else off. Local target.")
 @click.option("--dry-run", is_flag=True, help="lambda/openfaas: render the service (-o DIR) and deploy nothing.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
               help="lambda/openfaas: where to render the service (default: the state directory).")
@@ -157,18 +164,18 @@ def _calibrated_local(recalibrate: bool) -> str:
               help="local: plan with this machine's calibrated local profile (measured once per machine by "
                    "`flatpack calibrate`, cached); --no-calibrate plans with the published local.yaml.")
 @click.option("--recalibrate", is_flag=True, help="local: measure the platform again before planning.")
-def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str, memory: str,
-               max_group: int | None, profile_mode: str, input_shapes: tuple[str, ...], target: str,
+def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str | None, memory: str,
+               max_group: int | None, profile_mode: str, profile_budget: float | None, shapes: ShapeFixes,
+               target: str,
                platform: str | None, transport: str | None, name: str | None, host: str, port: int, detach: bool,
-               keep_warm: float, dry_run: bool, out_dir: str | None, region: str | None, endpoint_url: str | None,
+               keep_warm: float, hedge: str, dry_run: bool, out_dir: str | None, region: str | None,
+               endpoint_url: str | None,
                gateway: str | None, no_vendor: bool, compress: str, backend: str, calibrate_platform: bool,
                recalibrate: bool) -> None:
     """Plan MODEL (a file or zoo name), export verified parts, start its functions and serve an endpoint.
 
     With --target lambda or openfaas: render the service (one function per plan function) and deploy it
     there (boto3 / the gateway's API), or with --dry-run only render it."""
-    from partitioner.graph import LayerGraph
-    from partitioner.planner import make_perfmodel
     from partitioner.solvers.common import Infeasible
     from serving.deploy.local import prepare
     from serving.deploy.state import DeploymentRecord
@@ -179,25 +186,24 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     transport = transport or ("shm" if target == "local" else "inline")
     if target == "local" and (dry_run or out_dir or gateway or endpoint_url or region):
         raise click.UsageError("--dry-run, -o, --region, --endpoint-url and --gateway are for --target lambda|openfaas")
-    if input_shapes:
-        raise click.UsageError("--input-shape is not supported by deploy yet; fix the shapes in the ONNX file")
     compression = _compression(compress)
-    request = request_from(mode, slo, percentile, solver, platform, memory, max_group, transport, profile_mode)
+    request = request_from(mode, slo, percentile, solver, platform, memory, max_group, transport, profile_mode,
+                           profile_budget)
     if backend != "onnxruntime":  # parts written in the form that backend imports
         request = dataclasses.replace(request, extra={**request.extra, "backend": backend})
+    request = dataclasses.replace(request, hedge=_hedge(hedge, request.percentile, target))
     path = resolve_model(model)
     name = name or _name_for(str(path))
     if target == "local" or not dry_run:
         _check_name(name)
     try:
         with err_console.status("planning") as st:
-            bundle, result, source = prepare(path, request, name, progress=lambda m: st.update(m))
+            bundle, result, source, pm = prepare(path, request, name, shapes=shapes, progress=lambda m: st.update(m))
     except Infeasible as e:
-        raise click.ClickException(f"{e}. Relax --slo or use --mode lo for the fastest plan") from e
+        _refuse_infeasible(path, request, e, shapes)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
-    lg = LayerGraph.load(path)
-    pm, _, _ = make_perfmodel(lg, request, compute=None)
+    lg = pm.lg
     print_solution(lg, result, request, source, pm)
     picture = _draw(lg, result, Path(bundle) / "plan.png")
     if picture is not None:
@@ -218,7 +224,41 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
                               functions=[f.to_json() for f in b.plan.functions], options={"compression": compression})
     if backend != "onnxruntime":
         record.options["backend"] = backend
+    if request.hedge is not None:
+        record.options["hedge_percentile"] = round(request.hedge * 100, 3)
     _start(record, detach, keep_warm)
+
+
+def _hedge(spec: str, percentile: float | None, target: str) -> float | None:
+    """--hedge as a fraction (0.95), or None for no hedging."""
+    spec = spec.strip().lower()
+    if spec == "off" or (spec == "auto" and percentile is None):
+        return None
+    if target != "local":
+        if spec == "auto":
+            return None
+        raise click.UsageError(f"--hedge is for the local target; on {target} set FLATPACK_HEDGE_PERCENTILE in the "
+                               f"rendered functions' environment")
+    if spec == "auto":
+        return 0.95
+    try:
+        value = float(spec.removeprefix("p"))
+    except ValueError:
+        value = -1.0
+    if not 50 <= value < 100:
+        raise click.BadParameter(f"{spec!r}: use auto, off or a percentile from p50 to p99.9, e.g. p95",
+                                 param_hint="--hedge")
+    return value / 100
+
+
+def _refuse_infeasible(path: Path, request: Any, e: Any, shapes: ShapeFixes) -> NoReturn:
+    """As `plan` does: say why, print the fastest plan there is, exit 2; nothing is deployed."""
+    from partitioner.graph import LayerGraph
+    from partitioner.planner import make_perfmodel
+
+    lg = LayerGraph.load(path, shapes.inputs, shapes.dims)
+    pm, _, source = make_perfmodel(lg, request)
+    report_infeasible(lg, e, request, source, False, pm)
 
 
 def _draw(lg: Any, result: Any, path: Path) -> Path | None:

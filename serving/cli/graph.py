@@ -15,16 +15,14 @@ from rich.table import Table
 __all__ = ["export_cmd", "inspect_cmd", "verify_cmd"]
 
 from functions.compare import DEFAULT_TOLERANCE
+from serving.cli.shapes import shape_options
 from serving.console import console as _console
 from serving.console import err_console as _err
 
 if TYPE_CHECKING:  # the partitioner is imported when a command runs
     from partitioner.graph import LayerGraph
+    from partitioner.normalize import ShapeFixes
 
-input_shape_option = click.option(
-    "--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
-    help="Fix a dynamic input dimension (repeatable). Batch defaults to 1.",
-)
 
 
 @contextmanager
@@ -39,12 +37,11 @@ def _user_errors() -> Iterator[None]:
         raise click.ClickException(str(e)) from e
 
 
-def _load(model: str, input_shapes: tuple[str, ...]) -> LayerGraph:
+def _load(model: str, shapes: ShapeFixes) -> LayerGraph:
     from partitioner.graph import LayerGraph
-    from partitioner.normalize import parse_input_shapes
 
     with _err.status(f"loading {model}"):
-        return LayerGraph.load(model, parse_input_shapes(input_shapes))
+        return LayerGraph.load(model, shapes.inputs, shapes.dims)
 
 
 def _mb(n: int) -> str:
@@ -53,14 +50,14 @@ def _mb(n: int) -> str:
 
 @click.command("inspect")
 @click.argument("model", type=click.Path(dir_okay=False))
-@input_shape_option
+@shape_options
 @click.option("--json", "as_json", is_flag=True, help="Print the units as JSON.")
-def inspect_cmd(model: str, input_shapes: tuple[str, ...], as_json: bool) -> None:
+def inspect_cmd(model: str, shapes: ShapeFixes, as_json: bool) -> None:
     """Show the layer graph of MODEL: units, cut tensors, FLOPs, bytes and split families."""
     from partitioner.options import unit_families
 
     with _user_errors():
-        lg = _load(model, input_shapes)
+        lg = _load(model, shapes)
         families = {u.index: unit_families(lg, u.index) for u in lg.units}
     if as_json:
         units = [
@@ -94,20 +91,20 @@ def inspect_cmd(model: str, input_shapes: tuple[str, ...], as_json: bool) -> Non
               help='Stages by unit index, e.g. "0-4:spatial=2x2,5-9:channel=4,10-:none" '
                    "(families: none, spatial=GHxGW, channel=N, reduction=N, heads=N).")
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
-@input_shape_option
+@shape_options
 @click.option("--tolerance", default=DEFAULT_TOLERANCE, show_default=True,
               help="Max relative error the parts may show.")
 @click.option("--backend", type=click.Choice(["onnxruntime", "mxnet"]), default="onnxruntime", show_default=True,
               help="Write parts this backend imports (mxnet: opset 13, initializers as inputs; refuses ops it lacks).")
 @click.option("--memory", "memory_mb", type=click.IntRange(128, 10240), default=None,
               help="Memory (MB) of every function of the plan (default: what the model needs).")
-def export_cmd(model: str, stages: str, out: str, input_shapes: tuple[str, ...], tolerance: float,
+def export_cmd(model: str, stages: str, out: str, shapes: ShapeFixes, tolerance: float,
                backend: str, memory_mb: int | None) -> None:
     """Cut MODEL into per-part ONNX files as --stages says, verify them, and write a bundle."""
     from partitioner.export import export_bundle
 
     with _user_errors():
-        lg = _load(model, input_shapes)
+        lg = _load(model, shapes)
         with _err.status("exporting") as status:
             placements = None
             if memory_mb is not None:
@@ -129,11 +126,11 @@ def export_cmd(model: str, stages: str, out: str, input_shapes: tuple[str, ...],
 @click.command("verify")
 @click.argument("target", type=click.Path(exists=True))
 @click.option("--all-options", is_flag=True, help="MODEL: check every admissible split option of every unit.")
-@input_shape_option
+@shape_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--tolerance", default=DEFAULT_TOLERANCE, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
-def verify_cmd(target: str, all_options: bool, input_shapes: tuple[str, ...], seed: int, tolerance: float,
+def verify_cmd(target: str, all_options: bool, shapes: ShapeFixes, seed: int, tolerance: float,
                as_json: bool) -> None:
     """Check that split execution equals the unsplit model.
 
@@ -145,6 +142,9 @@ def verify_cmd(target: str, all_options: bool, input_shapes: tuple[str, ...], se
     path = Path(target)
     with _user_errors():
         if path.is_dir():
+            if shapes:
+                raise click.UsageError("--dim and --input-shape are for a MODEL; a bundle's input shapes are "
+                                       "fixed in its plan")
             report = verify_bundle(path, seeds=(seed, seed + 1), tolerance=tolerance)
             result = {"bundle": str(path), "checked": report.checked, "failed": report.failed,
                       "max_rel_err": report.max_rel_err}
@@ -153,7 +153,7 @@ def verify_cmd(target: str, all_options: bool, input_shapes: tuple[str, ...], se
         else:
             if not all_options:
                 raise click.UsageError("verify MODEL needs --all-options (or give a bundle directory)")
-            lg = _load(target, input_shapes)
+            lg = _load(target, shapes)
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=_err, transient=True) as bar:
                 task = bar.add_task("verifying", total=None)
@@ -164,7 +164,8 @@ def verify_cmd(target: str, all_options: bool, input_shapes: tuple[str, ...], se
                 report, results = verify_options(lg, seed=seed, tolerance=tolerance, progress=tick)
             result = {"model": lg.name, "units": len(lg.units), "checked": report.checked, "failed": report.failed,
                       "max_rel_err": report.max_rel_err,
-                      "not_admissible": sum(1 for r in results if r.rel_err is None)}
+                      "not_admissible": sum(1 for r in results if r.rel_err is None),
+                      "checks": [r.as_dict() for r in results if r.rel_err is not None]}
         result["failures"] = report.failures
     if as_json:
         click.echo(json.dumps(result, indent=1))

@@ -12,66 +12,106 @@ import click
 from rich.table import Table
 
 from serving.cli.models import parse_duration_ms, resolve_model
+from serving.cli.shapes import shape_options
 from serving.console import console, err_console
 
 if TYPE_CHECKING:  # the planner is imported when a command runs, not when the CLI starts
     from partitioner.graph import LayerGraph
+    from partitioner.normalize import ShapeFixes
     from partitioner.perfmodel import PerfModel
     from partitioner.planner import PlanRequest
     from partitioner.solvers.common import Infeasible, SolverResult
 
-__all__ = ["plan_cmd", "plan_options", "print_solution", "request_from"]
+__all__ = ["plan_cmd", "plan_options", "print_solution", "report_infeasible", "request_from"]
 
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 
 
 def plan_options(f: _Command) -> _Command:
-    """The planning options `plan` and `deploy` share."""
+    """The planning options `plan` and `deploy` share (with :func:`~serving.cli.shapes.shape_options`)."""
     opts = [
         click.option("--mode", type=click.Choice(["lo", "slo", "mopar"]), default="lo", show_default=True,
                      help="lo: fastest plan (Gillis); slo: cheapest plan meeting --slo; mopar: MOPAR's HyPAD."),
-        click.option("--slo", "slo", default=None, metavar="DURATION", help="Latency SLO for --mode slo, e.g. 200ms."),
+        click.option("--slo", "slo", default=None, metavar="DURATION",
+                     help="Latency SLO, e.g. 200ms: what --mode slo minimises cost under; with lo and mopar a check "
+                          "(exit 2, with the fastest plan, when the plan misses it)."),
         click.option("--percentile", type=float, default=None, metavar="P",
                      help="Plan against the P-th latency percentile (e.g. 99) instead of the mean "
                           "(the default: the SLO bounds mean latency, as in Gillis)."),
-        click.option("--solver", type=click.Choice(["exact", "rl", "bo", "bruteforce"]), default="exact",
-                     show_default=True, help="SLO solver."),
+        click.option("--solver", type=click.Choice(["exact", "rl", "bo", "bruteforce"]), default=None,
+                     help="SLO solver for --mode slo (default: exact); refused with other modes."),
         click.option("--memory", default="auto", show_default=True,
-                     help="Function memory: auto (chosen per function) or MB for every function."),
+                     help="Function memory: auto (chosen per function) or MB for every function (lo and slo; "
+                          "mopar sizes its functions itself)."),
         click.option("--max-group", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Most units in one stage. Default: any number, as in Gillis (every unit of the model; "
                           "a model too deep to price every stage gets a cap derived from its depth). The plan "
                           "says which cap it used."),
         click.option("--profile", "profile_mode", type=click.Choice(["auto", "measure", "flops"]), default="auto",
                      show_default=True, help="Unit times: a cached profile if any (auto), measure now, or FLOPs."),
-        click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
-                     help="Fix a dynamic input dimension (repeatable)."),
+        click.option("--profile-budget", "profile_budget", type=click.FloatRange(min=0), default=None,
+                     metavar="SECONDS",
+                     help="Seconds for measuring before planning (default 60, or $FLATPACK_PROFILE_BUDGET): the units "
+                          "not profiled yet (the rest predicted), and on the local platform the plan's stages, "
+                          "deployed and timed there, each within this budget. 0: measure nothing now."),
     ]
     for o in reversed(opts):
         f = o(f)
     return f
 
 
-def request_from(mode: str, slo: str | None, percentile: float | None, solver: str, platform: str, memory: str,
-                 max_group: int | None, transport: str, profile_mode: str) -> PlanRequest:
+def profile_budget_s(given: float | None) -> float:
+    """--profile-budget, else $FLATPACK_PROFILE_BUDGET, else 60 s."""
+    import os
+
+    if given is not None:
+        return given
+    env = os.environ.get("FLATPACK_PROFILE_BUDGET", "")
+    try:
+        return max(0.0, float(env)) if env else DEFAULT_PROFILE_BUDGET_S
+    except ValueError as e:
+        raise click.UsageError(f"FLATPACK_PROFILE_BUDGET={env!r} is not a number of seconds") from e
+
+
+DEFAULT_PROFILE_BUDGET_S = 60.0
+
+
+def request_from(mode: str, slo: str | None, percentile: float | None, solver: str | None, platform: str,
+                 memory: str, max_group: int | None, transport: str, profile_mode: str,
+                 profile_budget: float | None = None) -> PlanRequest:
     from partitioner.planner import PlanRequest
 
     if percentile is not None and percentile >= 1:
         percentile = percentile / 100.0
+    if memory != "auto" and not memory.isdigit():
+        raise click.UsageError(f"--memory {memory!r}: give auto or a whole number of MB, e.g. 1769")
     try:
         return PlanRequest(mode=mode, slo_ms=parse_duration_ms(slo) if slo else None, solver=solver,
                            platform=platform, memory=memory if memory == "auto" else int(memory),
-                           percentile=percentile, max_group=max_group, transport=transport, profile=profile_mode)
+                           percentile=percentile, max_group=max_group, transport=transport, profile=profile_mode,
+                           profile_budget_s=profile_budget_s(profile_budget))
     except ValueError as e:
         raise click.UsageError(str(e)) from e
+
+
+def unit_progress(status: Any) -> Callable[[int, int, str], None]:
+    """A unit profiler's progress (done, total, key) shown on a rich status line."""
+    return lambda done, total, _key: status.update(f"profiling units: {done}/{total} measurements")
+
+
+def measured_source(source: str, refined: Any) -> str:
+    """Where the plan's times came from, with what timing its stages on the target added."""
+    if refined is None or not (refined.rounds or any(refined.timed)):
+        return source
+    return f"{source}; {refined.summary()}"
 
 
 def print_solution(lg: LayerGraph, result: SolverResult, request: PlanRequest, source: str, pm: PerfModel) -> None:
     est = result.estimate
     table = Table(title=f"{lg.name}: {request.mode} plan on {request.platform} ({result.solver}, "
                         f"{result.seconds:.2f} s)")
-    for col in ("stage", "units", "ops", "split", "parts", "runs on", "function MB", "latency ms"):
+    for col in ("stage", "units", "ops", "split", "parts", "runs on", "function MB", "latency ms", "times"):
         table.add_column(col, justify="right" if col in ("stage", "parts", "function MB", "latency ms") else "left")
     for i, ch in enumerate(result.choices):
         opt = pm.option(ch, result.master_mb)
@@ -81,11 +121,11 @@ def print_solution(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
         where = ("master" if n == 1 else f"master + {n - 1} workers") if ch.master_part else f"{n} worker(s)"
         mb = f"{result.master_mb}" if ch.master_part and n == 1 else f"{ch.worker_mb or result.master_mb}"
         table.add_row(str(i), f"{ch.first}-{ch.last}", ops[:28], str(ch.split), str(n), where, mb,
-                      f"{oc:.1f}" if oc is not None else "?")
+                      f"{oc:.1f}" if oc is not None else "?", times_label(pm, ch, opt))
     console.print(table)
     pct = f"p{round((request.percentile or 0.99) * 100)}"
     console.print(
-        f"predicted latency [bold]{est.latency_ms:.1f} ms[/] mean, {est.latency_q_ms:.1f} ms {pct}"
+        f"predicted latency [bold]{est.latency_ms:.1f} ms[/] mean, {est.latency_p_ms:.1f} ms {pct}"
         f"{' (planned against ' + pct + ')' if request.percentile else ' (planned against the mean)'}; "
         f"cost [bold]{est.cost_usd * 1000:.6f} USD per 1000 requests[/]; master {result.master_mb} MB; "
         f"unit times: {source}"
@@ -96,7 +136,20 @@ def print_solution(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
         console.print(f"[dim]{note}[/]")
 
 
-def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, source: str) -> dict[str, Any]:
+def times_label(pm: PerfModel, choice: Any, opt: Any) -> str:
+    """Where a stage's time comes from: timed live on the platform, the model corrected by the measured
+    ratio of its split degree, the units' profile (an unsplit stage), or the model alone."""
+    if opt is not None and opt.measured:
+        return "measured"
+    times = pm.stage_times
+    ratio = times.ratio(choice.split.degree) if times is not None else None
+    if ratio is not None:
+        return f"predicted x{ratio:.2f}"
+    return "unit times" if choice.split.degree == 1 else "predicted"
+
+
+def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, source: str,
+                   pm: PerfModel | None = None) -> dict[str, Any]:
     e = result.estimate
     return {
         "model": lg.name,
@@ -106,7 +159,8 @@ def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
         "slo_ms": request.slo_ms,
         "percentile": request.percentile,
         "latency_ms": e.latency_ms,
-        "latency_p_ms": e.latency_q_ms,
+        "latency_p_ms": e.latency_p_ms,
+        "latency_p_bound_ms": e.latency_q_ms,
         "meets_slo": None if request.slo_ms is None else
         (e.latency_q_ms if request.percentile else e.latency_ms) <= request.slo_ms + 1e-9,
         "cost_usd": e.cost_usd,
@@ -114,7 +168,9 @@ def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
         "master_mb": result.master_mb,
         "memory_mb": e.memory_mb,
         "stages": [{"units": [c.first, c.last], "split": str(c.split), "master_part": c.master_part,
-                    "worker_mb": c.worker_mb or result.master_mb} for c in result.choices],
+                    "worker_mb": c.worker_mb or result.master_mb,
+                    **({"times": times_label(pm, c, pm.option(c, result.master_mb))} if pm is not None else {})}
+                   for c in result.choices],
         "seconds": result.seconds,
         "max_group": result.max_group,
         "frontier": [{"latency_ms": a, "cost_usd": b} for a, b in result.frontier],
@@ -127,6 +183,7 @@ def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
 @click.command("plan")
 @click.argument("model")
 @plan_options
+@shape_options
 @click.option("--platform", default="aws-lambda", show_default=True,
               help="Platform profile: aws-lambda, openfaas, local, or a YAML file.")
 @click.option("--transport", type=click.Choice(["redis", "shm", "inline", "s3"]), default="redis", show_default=True)
@@ -134,36 +191,39 @@ def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False), default=None, help="Write plan.json here.")
 @click.option("--bundle", type=click.Path(file_okay=False), default=None, help="Also export a verified bundle.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Draw the partition (PNG).")
-def plan_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str, memory: str,
-             max_group: int | None, profile_mode: str, input_shapes: tuple[str, ...], platform: str, transport: str,
-             as_json: bool, out: str | None, bundle: str | None, plot: str | None) -> None:
+def plan_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str | None, memory: str,
+             max_group: int | None, profile_mode: str, profile_budget: float | None, shapes: ShapeFixes,
+             platform: str, transport: str, as_json: bool, out: str | None, bundle: str | None, plot: str | None
+             ) -> None:
     """Plan MODEL (an ONNX file or a zoo name): stages, splits, placement and function memory.
 
     Exits 2 if no plan meets the SLO, after printing the fastest plan there is.
     """
     from partitioner.errors import ModelError
     from partitioner.graph import LayerGraph
-    from partitioner.normalize import parse_input_shapes
-    from partitioner.planner import export_solution, make_perfmodel, plan_for, solve
+    from partitioner.planner import export_solution, make_perfmodel, plan_for
     from partitioner.solvers.common import Infeasible
+    from serving.calibrate.stages import solve_on_target
 
-    request = request_from(mode, slo, percentile, solver, platform, memory, max_group, transport, profile_mode)
+    request = request_from(mode, slo, percentile, solver, platform, memory, max_group, transport, profile_mode,
+                           profile_budget)
     path = resolve_model(model)
     try:
         with err_console.status(f"loading {path.name}"):
-            lg = LayerGraph.load(path, parse_input_shapes(input_shapes))
-        with err_console.status("preparing the performance model"):
-            pm, _, source = make_perfmodel(lg, request)
+            lg = LayerGraph.load(path, shapes.inputs, shapes.dims)
+        with err_console.status("preparing the performance model") as st:
+            pm, _, source = make_perfmodel(lg, request, progress=st.update, unit_progress=unit_progress(st))
         t0 = time.perf_counter()
-        with err_console.status(f"solving ({request.mode}, {request.solver})"):
-            result = solve(lg, request, pm=pm)
+        with err_console.status(f"solving ({request.mode}{', ' + request.solver if request.solver else ''})") as st:
+            result, refined = solve_on_target(lg, request, pm, progress=st.update)
+        source = measured_source(source, refined)
     except (ModelError, ValueError) as e:
         if isinstance(e, Infeasible):
-            _infeasible(lg, e, request, source, as_json, pm)
+            report_infeasible(lg, e, request, source, as_json, pm)
         raise click.ClickException(str(e)) from e
     elapsed = time.perf_counter() - t0
     if as_json:
-        data = _solution_json(lg, result, request, source)
+        data = _solution_json(lg, result, request, source, pm)
         data["wall_seconds"] = elapsed
         click.echo(json.dumps(data, indent=1))
     else:
@@ -183,16 +243,18 @@ def plan_cmd(model: str, mode: str, slo: str | None, percentile: float | None, s
         err_console.print(f"wrote {plot}")
 
 
-def _infeasible(lg: LayerGraph, e: Infeasible, request: PlanRequest, source: str, as_json: bool,
-                pm: PerfModel) -> NoReturn:
+def report_infeasible(lg: LayerGraph, e: Infeasible, request: PlanRequest, source: str, as_json: bool,
+                      pm: PerfModel) -> NoReturn:
+    """Say why no plan was returned, print the fastest plan there is, and exit 2."""
     fastest = e.fastest
     if as_json:
-        data = {"error": str(e), "meets_slo": False}
+        data = {"error": str(e), "meets_slo": False, "search_found_nothing": not e.proven}
         if fastest is not None:
-            data["fastest"] = _solution_json(lg, fastest, request, source)
+            data["fastest"] = _solution_json(lg, fastest, request, source, pm)
         click.echo(json.dumps(data, indent=1))
     else:
-        err_console.print(f"[red]no plan meets the SLO[/]: {e}")
+        headline = "the search found no plan" if not e.proven else "no plan meets the SLO"
+        err_console.print(f"[red]{headline}[/]: {e}")
         if fastest is not None:
             err_console.print("the fastest plan:")
             print_solution(lg, fastest, request, source, pm)

@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+from serving.cli.shapes import shape_options
+
+if TYPE_CHECKING:  # the partitioner is imported when the command runs
+    from partitioner.normalize import ShapeFixes
 
 __all__ = ["profile_cmd"]
 
@@ -48,8 +53,7 @@ def _threads_for(platform: str | None, memory: tuple[int, ...], threads: tuple[i
               help="Intra-op thread count to measure (repeatable). Default 1 and 2 when no --memory is given.")
 @click.option("--budget", "budget_s", type=float, default=None, metavar="SECONDS",
               help="Bound the time spent measuring: the heaviest units go first, the rest are predicted.")
-@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
-              help="Fix a dynamic input dimension (repeatable). Batch defaults to 1.")
+@shape_options
 @click.option("--reps", type=click.IntRange(1), default=10, show_default=True, help="Timed runs per measurement.")
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed runs first.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -58,7 +62,7 @@ def _threads_for(platform: str | None, memory: tuple[int, ...], threads: tuple[i
               help="Also save the profile JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON (GraphProfile.to_json()).")
 def profile_cmd(model: Path, platform: str | None, memory: tuple[int, ...], threads: tuple[int, ...],
-                budget_s: float | None, input_shapes: tuple[str, ...], reps: int, warmup: int,
+                budget_s: float | None, shapes: ShapeFixes, reps: int, warmup: int,
                 cache_dir: Path | None, out: Path | None, as_json: bool) -> None:
     """Measure every unit of MODEL with onnxruntime, each in a fresh process sized like a function.
 
@@ -70,7 +74,6 @@ def profile_cmd(model: Path, platform: str | None, memory: tuple[int, ...], thre
 
     from partitioner.errors import ModelError
     from partitioner.graph import LayerGraph
-    from partitioner.normalize import parse_input_shapes
     from partitioner.profile import MeasureError, profile_graph
     from serving.console import console, err_console
 
@@ -79,7 +82,7 @@ def profile_cmd(model: Path, platform: str | None, memory: tuple[int, ...], thre
     measure_threads, by_memory = _threads_for(platform, memory, threads)
     try:
         with err_console.status(f"loading {model}"):
-            lg = LayerGraph.load(model, parse_input_shapes(input_shapes))
+            lg = LayerGraph.load(model, shapes.inputs, shapes.dims)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err_console, transient=True) as bar:
             task = bar.add_task(f"profiling {lg.name}", total=len(lg.units) * len(measure_threads))

@@ -36,7 +36,7 @@ def _load_zoo() -> ModuleType:
 
 @click.group()
 def zoo() -> None:
-    """Benchmark models: VGG, ResNet, wide ResNet, MobileNet, LSTM, BERT, GCN, a trained digits CNN."""
+    """Benchmark models: VGG, ResNet, wide ResNet, MobileNet(V2, V3), EfficientNet, LSTM, BERT, ViT, GCN, digits CNN."""
 
 
 @zoo.command("list")
@@ -79,9 +79,9 @@ def _size_mb(path: Path) -> float:
     help="Divide every channel/feature width by this (small test variants).",
 )
 @click.option("--input-size", type=click.IntRange(min=1), help="Image side (vgg: a multiple of 32).")
-@click.option("--layers", type=click.IntRange(min=1), help="bert/gcn layers (lstm: put it in the name).")
-@click.option("--hidden", type=click.IntRange(min=1), help="bert/lstm hidden size, gcn hidden width.")
-@click.option("--heads", type=click.IntRange(min=1), help="bert attention heads.")
+@click.option("--layers", type=click.IntRange(min=1), help="bert/vit/gcn layers (lstm: put it in the name).")
+@click.option("--hidden", type=click.IntRange(min=1), help="bert/vit/lstm hidden size, gcn hidden width.")
+@click.option("--heads", type=click.IntRange(min=1), help="bert/vit attention heads.")
 @click.option("--seq-len", type=click.IntRange(min=1), help="bert/lstm sequence length.")
 @click.option("--vocab", type=click.IntRange(min=1), help="bert vocabulary size.")
 @click.option("--nodes", type=click.IntRange(min=1), help="gcn node count.")
@@ -100,6 +100,18 @@ def _size_mb(path: Path) -> float:
     help="torch.onnx.export with dynamo=False (legacy) or dynamo=True.",
 )
 @click.option("--opset", type=int, default=17, show_default=True, help="ONNX opset.")
+@click.option(
+    "--attention",
+    type=click.Choice(["eager", "sdpa"]),
+    default="eager",
+    show_default=True,
+    help="bert/vit attention: written out (MatMul, Softmax, MatMul) or torch's scaled_dot_product_attention.",
+)
+@click.option(
+    "--dynamic-axes",
+    is_flag=True,
+    help="bert/vit: export with symbolic batch (and bert's seq) axes, as transformers are usually exported.",
+)
 def build_cmd(
     name: str,
     output: Path,
@@ -114,6 +126,8 @@ def build_cmd(
     seed: int,
     exporter: str,
     opset: int,
+    attention: str,
+    dynamic_axes: bool,
 ) -> None:
     """Build zoo model NAME and write it to an ONNX file."""
     zoo_module = _load_zoo()
@@ -125,7 +139,7 @@ def build_cmd(
             model = zoo_module.build(
                 name, width_div=width_div, input_size=input_size, layers=layers, hidden=hidden,
                 heads=heads, seq_len=seq_len, vocab=vocab, nodes=nodes, seed=seed, exporter=exporter,
-                opset=opset,
+                opset=opset, attention=attention, dynamic_axes=dynamic_axes,
             )  # fmt: skip
             metadata = zoo_module.zoo_metadata(model)
             parameters = zoo_module.count_parameters(model)

@@ -552,9 +552,16 @@ def _flatpack_yml(service: LambdaService, master: str) -> dict[str, Any]:
     return doc
 
 
-#: the master's HTTP API routes: the Open Inference Protocol v2 (functions.handlers.routes)
-_HTTP_ROUTES = (("POST", "/v2/models/{name}/infer"), ("GET", "/v2/models/{name}"), ("GET", "/v2/models/{name}/ready"),
-                ("GET", "/v2/health/live"), ("GET", "/v2/health/ready"), ("GET", "/v2"))
+#: the master's HTTP API routes: the Open Inference Protocol v2 (functions.handlers.routes), every model route
+#: with and without a version, Triton's read-only extensions, and the rest (the greedy route, matched last) so
+#: that an unknown route or a wrong method is answered by the handler, with its ``{"error": ...}`` body
+_MODEL_ROUTES = (("POST", "/infer"), ("GET", ""), ("GET", "/ready"), ("GET", "/config"), ("GET", "/stats"))
+_HTTP_ROUTES = (
+    *((method, f"/v2/models/{{name}}{version}{suffix}")
+      for version in ("", "/versions/{version}") for method, suffix in _MODEL_ROUTES),
+    ("GET", "/v2/models/stats"), ("POST", "/v2/repository/index"),
+    ("GET", "/v2/health/live"), ("GET", "/v2/health/ready"), ("GET", "/v2"), ("*", "/{proxy+}"),
+)
 
 
 def _logical_id(key: str) -> str:

@@ -29,6 +29,8 @@ from serving.api.server import AppServer
 from serving.deploy.state import DeploymentRecord, state_dir
 
 if TYPE_CHECKING:  # the platform and the planner are imported where they are used
+    from partitioner.normalize import ShapeFixes
+    from partitioner.perfmodel import PerfModel
     from partitioner.planner import PlanRequest
     from partitioner.solvers.common import SolverResult
     from serving.platform.deploy import Deployment
@@ -75,26 +77,37 @@ class PlatformBackend:
         self._client.close()
 
 
-def prepare(model: Path, request: PlanRequest, name: str, *, progress: Callable[[str], None] | None = None
-            ) -> tuple[Path, SolverResult, str]:
+def prepare(model: Path, request: PlanRequest, name: str, *, shapes: ShapeFixes | None = None,
+            progress: Callable[[str], None] | None = None) -> tuple[Path, SolverResult, str, PerfModel]:
     """Plan ``model`` as ``request`` says and export a verified bundle for deployment ``name``.
 
-    Returns (bundle path, solver result, where the unit times came from).
+    ``shapes`` fixes the model's dynamic input dimensions; the bundle's plan and source model keep the
+    fixed shapes, so the functions and the endpoint (which read them from there) agree. Units not
+    profiled yet are profiled within the request's budget; planning for the local platform, the plans'
+    stages are timed there within it too (:func:`serving.calibrate.stages.solve_on_target`).
+    Returns (bundle path, solver result, where the times came from, the performance model it priced; its
+    ``lg`` is the model's layer graph).
     """
     from partitioner.graph import LayerGraph
-    from partitioner.planner import export_solution, make_perfmodel, solve
+    from partitioner.normalize import ShapeFixes
+    from partitioner.planner import export_solution, make_perfmodel
+    from serving.calibrate.stages import solve_on_target
 
     say = progress or (lambda _m: None)
     say(f"loading {model.name}")
-    lg = LayerGraph.load(model)
+    shapes = shapes or ShapeFixes()
+    lg = LayerGraph.load(model, shapes.inputs, shapes.dims)
     say("profiling (cached per model)")
-    pm, _, source = make_perfmodel(lg, request)
+    pm, _, source = make_perfmodel(
+        lg, request, progress=say, unit_progress=lambda done, total, _k: say(f"profiling units: {done}/{total}"))
     say(f"planning ({request.mode})")
-    result = solve(lg, request, pm=pm)
+    result, refined = solve_on_target(lg, request, pm, progress=say)
+    if refined is not None and (refined.rounds or any(refined.timed)):
+        source = f"{source}; {refined.summary()}"
     out = state_dir() / "bundles" / name
     say("exporting and verifying the parts")
     export_solution(lg, result, request, out, source=source, progress=say)
-    return out, result, source
+    return out, result, source, pm
 
 
 def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep_warm_s: float = 0.0,
@@ -115,7 +128,8 @@ def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep
         dep = deploy_bundle(platform.client, record.bundle, transport=record.transport,
                             deployment=f"{record.name}-{uuid.uuid4().hex[:6]}",
                             compression=record.options.get("compression", "none"),
-                            backend=record.options.get("backend", "onnxruntime"))
+                            backend=record.options.get("backend", "onnxruntime"),
+                            hedge_percentile=record.options.get("hedge_percentile"))
         backend = PlatformBackend(dep, platform.url, name=record.name, meter=platform.client.meter)
         bundle = Bundle.load(record.bundle)
         from partitioner.inputs import random_inputs

@@ -9,10 +9,16 @@ the connection, or a tensor store that lost the request's tensors (a Redis resta
 the request unanswered but unharmed: a request is idempotent, so it is sent again (inputs put again under
 a new request id: the master deletes inputs as it reads them), up to ``retries`` times while its deadline
 allows. Any other error is the answer.
+
+Nothing is left behind by an attempt whose master never replied: the client discards that request id in
+every transport (:meth:`functions.transport.base.Transport.discard`) before it sends again. The dead
+master's workers may still be running; the discard marks the id so that what they store later is
+dropped as it is stored.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -20,7 +26,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from functions.errors import InstanceCrashed, InvokeError, TransportError, error_from_json
+from functions.errors import FunctionError, InstanceCrashed, InvokeError, TransportError, error_from_json
 from functions.event import Event, Reply, now_ms
 from functions.invoker.local import LocalInvoker
 from functions.transport.base import TensorKey
@@ -29,6 +35,8 @@ from functions.transport.factory import TransportSet
 from serving.platform.deploy import Deployment
 
 __all__ = ["MasterClient"]
+
+log = logging.getLogger(__name__)
 
 _STORE_PAUSE_S = 0.2
 
@@ -55,6 +63,10 @@ class MasterClient:
         self._lock = threading.Lock()
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.infer_timed(inputs)[0]
+
+    def infer_timed(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """The outputs and the master's timings of the request (``stage{i}_ms`` per stage, ``total_ms``)."""
         deadline_ms = now_ms() + int(1000 * self.timeout_s)
         t_end = time.monotonic() + self.timeout_s
         for attempt in range(1 + self.retries):
@@ -63,7 +75,7 @@ class MasterClient:
                 reply = Reply.decode(self._invoke(inputs, deadline_ms))
                 if reply.error is not None:
                     raise error_from_json(reply.error)
-                return self.channel.receive(reply.outputs, delete=True)
+                return self.channel.receive(reply.outputs, delete=True), dict(reply.timings)
             except (InstanceCrashed, InvokeError):
                 if last or time.monotonic() >= t_end:
                     raise
@@ -83,8 +95,22 @@ class MasterClient:
         ev = Event("infer", rid, dep, deadline_ms, tuple(entries))
         try:
             return self.invoker.invoke(self.d.master, ev.encode(self.invoker.wire), timeout_s=self.timeout_s + 5)
+        except FunctionError:
+            self._discard(rid)  # the master never replied: see the module docstring
+            raise
         finally:
             self.channel.transports.delete(e.ref for e in entries if e.ref is not None)
+
+    def _discard(self, request_id: str) -> None:
+        """Remove what an abandoned attempt stored; a store that fails here must not fail the request too
+        (its tensors then wait for the TTL or the sweeper, as before)."""
+        try:
+            n = self.channel.transports.discard(self.d.id, request_id)
+        except FunctionError as e:
+            log.warning("could not discard the tensors of abandoned request %s: %s", request_id, e)
+            return
+        if n:
+            log.info("discarded %d tensor(s) of abandoned request %s", n, request_id)
 
     def close(self) -> None:
         self.invoker.close()

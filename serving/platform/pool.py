@@ -46,7 +46,9 @@ class FunctionPool:
     An instance that dies while serving (crashed, killed, out of memory) is replaced in the background
     (``replace_dead``): the request it was serving is retried by its caller at once, and without a
     replacement the retry, and every request after it, would pay the cold start the dead instance leaves
-    behind. The replacement goes to the back of the idle list (used only when the warm ones are busy).
+    behind. The replacement goes to the back of the idle list (used only when the warm ones are busy). A
+    request that finds no idle instance while a replacement is starting waits for it instead of starting
+    another: the retry is then served by the replacement, one cold start instead of two competing ones.
     """
 
     def __init__(self, spec: FunctionSpec, *, argv: list[str], env: Mapping[str, str], concurrency: int,
@@ -66,6 +68,8 @@ class FunctionPool:
         self.closed = False
         self.replace_dead = replace_dead
         self._spares: set[asyncio.Task[None]] = set()
+        self._replacing = 0  # replacements of dead instances starting (counted in _starting too)
+        self._replacement_waiters = 0  # requests waiting for one of them
         self.limiter = limiter or CpuLimiter(1769.0, None)
         self.share = self.limiter.share(spec.memory_mb)
         self._ledger = ledger
@@ -119,10 +123,21 @@ class FunctionPool:
                         self.busy.add(inst)
                         return inst
                     self._replace(inst)  # died while idle (killed from outside)
+                remaining = deadline - time.monotonic()
+                if self._replacement_waiters < self._replacing and remaining > 0:
+                    # A dead instance's replacement is starting (its request's retry is likely this one):
+                    # it is up sooner than a new instance would be, and two cold starts at once slow both.
+                    self._replacement_waiters += 1
+                    try:
+                        await asyncio.wait_for(self._cond.wait(), remaining)
+                    except TimeoutError:
+                        pass
+                    finally:
+                        self._replacement_waiters -= 1
+                    continue
                 if len(self.busy) + self._starting < self.concurrency:
                     self._starting += 1
                     break
-                remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TooManyRequests(
                         f"function {self.spec.name} is at its concurrency limit ({self.concurrency} instances, all "
@@ -158,38 +173,53 @@ class FunctionPool:
             self._replace(inst)
 
     def _replace(self, dead: Instance) -> None:
-        if self.replace_dead and not self.closed and dead.oom_rss_mb is None:
-            task = asyncio.create_task(self._start_spare(dead))
-            self._spares.add(task)
-            task.add_done_callback(self._spares.discard)
-
-    async def _start_spare(self, dead: Instance) -> None:
-        """Reap ``dead``; start one instance into the idle list if the function is under its concurrency limit."""
-        await dead.stop()
-        async with self._cond:
-            if self.closed or len(self.busy) + len(self.idle) + self._starting >= self.concurrency:
-                return
+        """Reap ``dead`` and, under the concurrency limit, start its replacement in the background. The
+        replacement counts as starting from now on, so a request arriving meanwhile (the dead one's retry,
+        at once) waits for it rather than starting a second instance (see :meth:`_acquire`)."""
+        if not self.replace_dead or self.closed or dead.oom_rss_mb is not None:
+            return
+        spare = len(self.busy) + len(self.idle) + self._starting < self.concurrency
+        if spare:
             self._starting += 1
+            self._replacing += 1
+        task = asyncio.create_task(self._start_spare(dead, spare))
+        self._spares.add(task)
+        task.add_done_callback(self._spares.discard)
+
+    async def _start_spare(self, dead: Instance, spare: bool) -> None:
+        started: Instance | None = None
+        try:
+            await dead.stop()
+            if spare:
+                started = await self._start_replacement()
+        finally:
+            if spare:
+                await self._replaced(started)
+
+    async def _start_replacement(self) -> Instance | None:
         inst = Instance(self.spec.name, self.spec.memory_mb, self._argv, self._env, self.limiter)
         try:
             await inst.start(self._init_timeout_s)
         except BaseException as e:
             inst.kill()
-            async with self._cond:
-                self._starting -= 1
-                self._cond.notify()
             if isinstance(e, Exception):
                 log.warning("replacing a dead %s instance failed: %s", self.spec.name, e)
-                return
+                return None
             raise
         self._meter.cold_start(self.spec.name, self.spec.memory_mb, inst.init_ms)
+        return inst
+
+    async def _replaced(self, inst: Instance | None) -> None:
+        """A replacement's start is over: the instance (if it started) goes to the back of the idle list,
+        and every waiting request looks again (one waiting for this replacement starts its own if it failed)."""
         async with self._cond:
             self._starting -= 1
+            self._replacing -= 1
             keep = not self.closed
-            if keep:
+            if inst is not None and keep:
                 self.idle.insert(0, inst)
-                self._cond.notify()
-        if not keep:
+            self._cond.notify_all()
+        if inst is not None and not keep:
             await inst.stop()
 
     def check_memory(self) -> None:

@@ -128,6 +128,47 @@ def test_fork_join_runs_in_parallel_or_shares_the_cores() -> None:
     assert s["memory_utilisation"] == pytest.approx(0.5)
 
 
+def test_a_cpu_share_stretches_a_function_and_only_oversubscribed_shares_contend() -> None:
+    """A function whose memory buys 0.29 of a core takes 1/0.29 as long; on two cores, three such parts at
+    once take no longer than one (0.87 cores demanded); eight at once demand 2.3 cores and slow down by
+    that over 2, as the perf model says (its ``slow`` factor)."""
+    share = 512 / 1769
+    alone = simulate(replace(one_function(10.0, 512), shares={"m": share}), platform(cores=2.0), arrivals_ms=[0.0])
+    assert alone.latencies_ms[0] == pytest.approx(10.0 / share)
+
+    def fanout(n: int) -> SimPlan:
+        workers = tuple(SimWorker(f"w{i}", 10.0) for i in range(n))
+        fns = {"m": (512, 1), **{w.function: (512, 1) for w in workers}}
+        return SimPlan("fan", "m", fns, (SimStage(workers=workers),), shares=dict.fromkeys(fns, share))
+
+    three = simulate(fanout(3), platform(cores=2.0), arrivals_ms=[0.0])
+    assert three.latencies_ms[0] == pytest.approx(10.0 / share)
+    eight = simulate(fanout(8), platform(cores=2.0), arrivals_ms=[0.0])
+    assert eight.latencies_ms[0] == pytest.approx(10.0 / share * 8 * share / 2.0)
+    with pytest.raises(ValueError, match="share"):
+        TimeSliceCpu(Kernel(), 2, time_slice_ms=3.0).work(10.0, 1, None, 0.5)
+
+
+def test_sim_plan_gives_local_functions_below_one_vcpu_their_share() -> None:
+    from bench.sim.plans import sim_plan_for_choices
+    from functions.plan import Split
+    from partitioner.graph import LayerGraph
+    from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts, StageChoice
+    from platforms import load_profile
+    from tests.onnx_builders import conv_stack
+
+    lg = LayerGraph.load(conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * 2,
+                                    cin=3, h=16, w=16))
+    pm = PerfModel(lg, PlatformFacts.from_profile(load_profile("local")), ComputeModel.from_flops(lg))
+    choices = [StageChoice(0, len(lg.units) - 1, Split("spatial", (2, 1)), True, 0)]
+    at_512 = sim_plan_for_choices(pm, choices, 512, shared_cores=True)
+    at_1769 = sim_plan_for_choices(pm, choices, 1769, shared_cores=True)
+    assert at_512.shares == {"master": pytest.approx(512 / 1769), "s00-p01": pytest.approx(512 / 1769)}
+    assert at_1769.shares == {}
+    # the work is CPU time at whole threads either way: the share is the simulator's to apply
+    assert at_512.stages[0].master_ms == pytest.approx(at_1769.stages[0].master_ms)
+
+
 def test_invoke_latency_adds_to_each_fork() -> None:
     pf = platform(invoke=ExGaussDraw(2.0, 0.0, 0.0), client_invoke=NO_DELAY)
     r = simulate(fork_join(), pf, arrivals_ms=[0.0])

@@ -5,6 +5,7 @@ memory check, and the Lambda invoker's alias (the worker's ``live`` version, not
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 from pathlib import Path
 
@@ -100,6 +101,36 @@ def test_http_events_speak_the_inference_protocol(lam) -> None:
         if error is not None:
             assert json.loads(reply["body"]) == {"error": error}
     assert lam.handler(cases[1][0], None)["headers"]["www-authenticate"] == "Bearer"
+
+
+def test_http_events_serve_versions_extensions_and_compressed_bodies(lam) -> None:
+    x = np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)
+    doc = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": x.ravel().tolist()}],
+           "outputs": [{"name": "y", "parameters": {"classification": 2}}]}
+    reply = lam.handler(_event("POST", "/v2/models/relu/versions/1/infer", gzip.compress(json.dumps(doc).encode()),
+                               {"content-encoding": "gzip"}), Context())
+    assert reply["statusCode"] == 200, reply
+    out = json.loads(reply["body"])["outputs"][0]
+    assert out == {"name": "y", "datatype": "BYTES", "shape": [2], "data": ["4.000000:3", "2.000000:1"]}
+    for path in ("/v2/models/relu/versions/1", "/v2/models/relu/versions/1/ready"):
+        assert lam.handler(_event("GET", path), Context())["statusCode"] == 200, path
+    config = json.loads(lam.handler(_event("GET", "/v2/models/relu/versions/1/config"), Context())["body"])
+    assert config["input"][0]["dims"] == [1, 4] and config["output"][0]["data_type"] == "TYPE_FP32"
+    stats = json.loads(lam.handler(_event("GET", "/v2/models/stats"), Context())["body"])["model_stats"]
+    assert stats[0]["name"] == "relu" and stats[0]["inference_count"] >= 1
+    stats = json.loads(lam.handler(_event("GET", "/v2/models/relu/stats"), Context())["body"])["model_stats"]
+    assert stats[0]["inference_stats"]["success"]["count"] >= 1
+    index = json.loads(lam.handler(_event("POST", "/v2/repository/index", b"{}"), Context())["body"])
+    assert index == [{"name": "relu", "version": "1", "state": "READY", "reason": ""}]
+    cases = [
+        (_event("GET", "/v2/models/relu/versions/7"), 404, "model 'relu' has no version '7'; versions: ['1']"),
+        (_event("POST", "/v2/models/relu/versions/7/infer", b"{}"), 404, "has no version '7'"),
+        (_event("POST", "/v2/models/relu/infer", b"{}", {"content-encoding": "br"}), 415, "'br' is not supported"),
+        (_event("GET", "/v2/repository/index"), 405, "method GET is not allowed on /v2/repository/index"),
+    ]
+    for event, status, error in cases:
+        reply = lam.handler(event, Context())
+        assert reply["statusCode"] == status and error in json.loads(reply["body"])["error"], reply
 
 
 def test_an_instance_that_cannot_start_answers_init_error_on_http_too(lam, monkeypatch: pytest.MonkeyPatch

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -48,9 +49,11 @@ def serverless_cli() -> Path:
 
 
 @contextmanager
-def serverless_offline(sls: Path, render: Callable[[str], Path], log_path: Path, warm: Sequence[str]) -> Iterator[str]:
+def serverless_offline(sls: Path, render: Callable[[str], Path], log_path: Path, warm: Sequence[str], *,
+                       http: bool = True) -> Iterator[str]:
     """serverless-offline serving the service ``render(lambda_url)`` writes (it must point the master's invoker
-    at ``lambda_url``): HTTP on one loopback port (yielded), Lambda on another; ``warm`` are cold-started."""
+    at ``lambda_url``): HTTP on one loopback port (yielded), Lambda on another; ``warm`` are cold-started.
+    ``http`` False: a service with no HTTP events, ready once its Lambda port accepts connections."""
     http_port, lambda_port, ws_port, alb_port = (free_port() for _ in range(4))
     lambda_url = f"http://127.0.0.1:{lambda_port}"
     out = render(lambda_url)
@@ -66,12 +69,8 @@ def serverless_offline(sls: Path, render: Callable[[str], Path], log_path: Path,
     try:
         end = time.monotonic() + 90
         while True:
-            try:
-                with urllib.request.urlopen(f"{url}/v2/health/live", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
+            if _ready(url if http else None, lambda_port):
+                break
             if proc.poll() is not None or time.monotonic() > end:
                 log.flush()
                 pytest.fail(f"serverless offline did not start:\n{log_path.read_text()[-3000:]}")
@@ -89,12 +88,26 @@ def serverless_offline(sls: Path, render: Callable[[str], Path], log_path: Path,
         log.close()
 
 
+def _ready(http_url: str | None, lambda_port: int) -> bool:
+    """Whether the endpoint answers its health check (``http_url``), or else the Lambda port connections."""
+    try:
+        if http_url is None:
+            socket.create_connection(("127.0.0.1", lambda_port), timeout=2).close()
+            return True
+        with urllib.request.urlopen(f"{http_url}/v2/health/live", timeout=5) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def _warm_up(lambda_url: str, names: list[str]) -> None:
     """Cold-start every function first (Gillis's warm-up): serverless-offline's Python context gives an
     invocation 6 s, less than three concurrent cold starts of numpy + onnxruntime may take on two cores.
     An empty event is answered with a structured BadRequest once the instance has loaded its parts."""
     from concurrent.futures import ThreadPoolExecutor
 
+    if not names:  # the caller times the cold starts itself
+        return
     import boto3
     import botocore.config
 

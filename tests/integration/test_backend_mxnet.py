@@ -109,6 +109,32 @@ def test_export_for_mxnet_writes_rewritten_verified_parts(tmp_path: Path) -> Non
         assert {t.name for t in m.graph.initializer} <= {i.name for i in m.graph.input}
 
 
+def test_a_gemm_without_c_gets_a_zero_c_and_keeps_its_outputs() -> None:
+    """MXNet 1.9's importer reads Gemm's C unconditionally ("list index out of range" without one)."""
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("Gemm", ["input", "w"], ["output"], transB=1)]
+    model = make_model(nodes, [("input", (1, 8))], ["output"], {"w": rng.standard_normal((6, 8)).astype(np.float32)})
+    assert mxnet_problems(model) == []
+    out = to_mxnet_onnx(model)
+    gemm = out.graph.node[0]
+    assert len(gemm.input) == 3
+    c = next(t for t in out.graph.initializer if t.name == gemm.input[2])
+    assert list(c.dims) == [6] and c.name in {i.name for i in out.graph.input}
+    x = {"input": rng.standard_normal((1, 8)).astype(np.float32)}
+    np.testing.assert_allclose(_run(out, x)[0], _run(model, x)[0], rtol=1e-6)
+
+
+def test_a_reduction_split_exports_for_mxnet_with_every_gemm_complete(tmp_path: Path) -> None:
+    """A reduction split's parts are Gemms without C (the bias is added once at the join): written for MXNet,
+    each has its zero C, and the bundle still reproduces the model."""
+    bundle = export_bundle(mlp(d_in=16, hidden=12, d_out=6), "0:reduction=2,1-:none", tmp_path / "b", backend="mxnet")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["verification"]["max_rel_err"] <= TOL
+    gemms = [n for part in (bundle / "parts").glob("*.onnx") for n in onnx.load(str(part)).graph.node
+             if n.op_type == "Gemm"]
+    assert len(gemms) >= 2 and all(len(n.input) == 3 and n.input[2] for n in gemms)
+
+
 def test_default_backend_is_unchanged_and_memory_grows_only_for_mxnet() -> None:
     from functions.config import FunctionConfig
     from functions.session import SessionCache

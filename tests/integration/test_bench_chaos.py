@@ -1,5 +1,6 @@
-"""`flatpack bench chaos` end to end, small: worker processes really killed and stalled under load, all
-instances reaped; nothing lost, nothing wrong, nothing left behind. And the fault injector on its own."""
+"""`flatpack bench chaos` end to end, small: worker processes really killed and stalled under load, busy
+masters killed, all instances reaped; nothing lost, nothing wrong, nothing left behind. And the fault
+injector on its own."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ def test_bench_chaos_loses_nothing(tmp_path: Path) -> None:
     if isinstance(mem, dict):  # a worker was caught busy and pushed over its limit: its request ends clearly
         assert mem["limit_mb"] < mem["rss_mb"]
         assert any("OutOfMemory" in e for e in doc["phases"]["disruptions"]["errors"]), doc["phases"]["disruptions"]
+    # masters killed mid-request are sent again and leave nothing behind: no tensor after any phase
+    assert doc["faults"]["disruptions"]["master_kills"]["killed"] >= 1
+    assert {k: v["tensors_left"] for k, v in doc["phases"].items()} == {"fault_free": 0, "faults": 0, "disruptions": 0}
+    assert doc["targets"]["no_tensors_left"]
     assert doc["leftovers_after_teardown"] == {"instance_processes": 0, "shm_files": 0}
     assert (tmp_path / "chaos-own.json").exists()
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import yaml
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
@@ -156,10 +157,15 @@ def test_a_recalibration_starts_from_a_calibrated_file(calibrated: CalibrationRe
     assert second.transports["inline"] != first.transports["inline"]
 
 
-def test_cli_refuses_a_cloud_platform() -> None:
-    r = CliRunner().invoke(main, ["calibrate", "--platform", "aws-lambda"])
+def test_cli_refuses_a_platform_it_cannot_reach(tmp_path: Path) -> None:
+    data = load_profile_data("local")
+    data["name"] = "my-cloud"
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(data))
+    r = CliRunner().invoke(main, ["calibrate", "--platform", str(tmp_path / "mine.yaml")])
     assert r.exit_code != 0
-    assert "calibrate supports the local platform" in r.output and "aws-lambda" in r.output
+    assert "calibrate measures the platforms it can deploy to" in r.output and "'my-cloud'" in r.output
+    r = CliRunner().invoke(main, ["calibrate", "--gateway", "http://127.0.0.1:1"])
+    assert r.exit_code == 2 and "--gateway does not apply to --platform local" in r.output
 
 
 def test_cli_names_a_platform_that_does_not_answer(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ CASES = {
     "invoke unknown": (["invoke", "ghost"], "no deployment named 'ghost'"),
     "bench load unknown": (["bench", "load", "ghost"], "ghost"),
     "chaos no clients": (["bench", "chaos", "--clients", "0"], "clients"),
+    "chaos negative master kills": (["bench", "chaos", "--master-kills", "-1"], "--master-kills"),
     "soak no minutes": (["bench", "soak", "ghost"], "ghost"),
     "command unknown": (["deploy-everything"], "No such command"),
 }

@@ -58,9 +58,8 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.parametrize("mode", ["slo", "lo", "mopar"])
 def test_deploy_infer_undeploy(mode: str, env: dict[str, str], tmp_path: Path) -> None:
     model = zoo.build_to_file("vgg11", tmp_path / "vgg11.onnx", width_div=16, input_size=32)
-    extra = ["--slo", "2s"] if mode == "slo" else []
-    res = flatpack("deploy", str(model), "--mode", mode, *extra, "--detach", "--port", "0", "--name", "v",
-                   "--max-group", "2", env=env)
+    extra = {"slo": ["--slo", "2s", "--max-group", "2"], "lo": ["--max-group", "2"], "mopar": []}[mode]
+    res = flatpack("deploy", str(model), "--mode", mode, *extra, "--detach", "--port", "0", "--name", "v", env=env)
     assert res.returncode == 0, res.stderr + res.stdout
     rec = _record(env, "v")
     assert rec["status"] == "ready" and rec["endpoint"].startswith("http://127.0.0.1:")

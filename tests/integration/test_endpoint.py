@@ -23,8 +23,10 @@ CNN = [{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 6}, {"op": "Max
        {"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 4}]
 
 
-def call(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, dict, bytes]:
-    req = urllib.request.Request(url, data=body, headers=headers or {}, method="POST" if body is not None else "GET")
+def call(url: str, body: bytes | None = None, headers: dict[str, str] | None = None, method: str | None = None
+         ) -> tuple[int, dict, bytes]:
+    req = urllib.request.Request(url, data=body, headers=headers or {},
+                                 method=method or ("POST" if body is not None else "GET"))
     try:
         with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - loopback test server
             return r.status, r.headers, r.read()
@@ -170,3 +172,57 @@ def test_metrics_and_openapi(server: str) -> None:
     spec = json.loads(call(server + "/openapi.json")[2])
     assert "/v2/models/{name}/infer" in spec["paths"]
     assert "InferRequest" in spec["components"]["schemas"]
+
+
+def test_every_error_answers_an_error_body(server: str) -> None:
+    cases = [
+        ("GET", "/nowhere", None, 404, "no route GET /nowhere"),
+        ("GET", "/v2/models/cnn/infer", None, 405, "method GET is not allowed on /v2/models/cnn/infer"),
+        ("POST", "/v2/models/cnn", b"{}", 405, "method POST is not allowed on /v2/models/cnn"),
+        ("GET", "/v2/models/cnn/versions/2", None, 404, "model 'cnn' has no version '2'; versions: ['1']"),
+        ("GET", "/v2/models/cnn/versions/2/ready", None, 404, "has no version '2'"),
+        ("GET", "/v2/models/cnn/versions/2/config", None, 404, "has no version '2'"),
+        ("GET", "/v2/models/cnn/versions/2/stats", None, 404, "has no version '2'"),
+        ("POST", "/v2/models/cnn/versions/2/infer", b"{}", 404, "has no version '2'"),
+        ("GET", "/v2/models/nope/versions/1", None, 404, "model 'nope' is not served here"),
+    ]
+    for method, path, body, status, message in cases:
+        code, headers, raw = call(server + path, body, method=method)
+        assert code == status and headers["content-type"] == "application/json", (path, raw)
+        assert message in json.loads(raw)["error"], (path, raw)
+
+
+def test_versioned_routes_answer_as_the_plain_ones(server: str) -> None:
+    for suffix in ("", "/ready", "/config"):
+        plain, versioned = call(f"{server}/v2/models/cnn{suffix}"), call(f"{server}/v2/models/cnn/versions/1{suffix}")
+        assert plain[0] == versioned[0] == 200 and json.loads(plain[2]) == json.loads(versioned[2]), suffix
+    x = _x(4)
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 16, 16], "datatype": "FP32",
+                                   "data": x.reshape(-1).tolist()}]}).encode()
+    plain = call(server + "/v2/models/cnn/infer", body)
+    versioned = call(server + "/v2/models/cnn/versions/1/infer", body)
+    assert plain[0] == versioned[0] == 200 and json.loads(plain[2]) == json.loads(versioned[2])
+
+
+def test_compressed_bodies_are_decoded_under_the_limit(server: str, model: tuple[Path, Path]) -> None:
+    import gzip
+    import zlib
+
+    x = _x(5)
+    want = make_session(model[0]).run(None, {"input": x})[0]
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 16, 16], "datatype": "FP32",
+                                   "data": x.reshape(-1).tolist()}]}).encode()
+    for coding, packed in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+        status, _, raw = call(server + "/v2/models/cnn/infer", packed, {"Content-Encoding": coding})
+        assert status == 200, raw
+        out = json.loads(raw)["outputs"][0]
+        got = np.asarray(out["data"], np.float32).reshape(out["shape"])
+        assert np.abs(got - want).max() <= 1e-4 * max(1, np.abs(want).max())
+    # 8 MiB of zeros in a few KiB: under the 1 MB limit as sent, refused as decoded
+    bomb = gzip.compress(b"0" * (8 * 2**20))
+    status, _, raw = call(server + "/v2/models/cnn/infer", bomb, {"Content-Encoding": "gzip"})
+    assert status == 413 and "decodes (gzip) to more than the 1048576 byte limit" in json.loads(raw)["error"]
+    status, _, raw = call(server + "/v2/models/cnn/infer", body, {"Content-Encoding": "br"})
+    assert status == 415 and "'br' is not supported" in json.loads(raw)["error"]
+    status, _, raw = call(server + "/v2/models/cnn/infer", body, {"Content-Encoding": "gzip"})
+    assert status == 400 and "not valid gzip data" in json.loads(raw)["error"]

@@ -163,6 +163,14 @@ BAD_REQUESTS = [
     ("wrong token", "/v2/models/ft", None, {"Authorization": "Bearer nope"}, 401),
     ("unknown model", "/v2/models/nope/infer", _infer([0, 0, 0]), {}, 404),
     ("unknown model metadata", "/v2/models/nope", None, {}, 404),
+    ("unknown version", "/v2/models/ft/versions/2", None, {}, 404),
+    ("unknown version infer", "/v2/models/ft/versions/2/infer", _infer([0, 0, 0]), {}, 404),
+    ("unknown route", "/v2/models/ft/nowhere", None, {}, 404),
+    ("wrong method", "/v2/models/ft/infer", None, {}, 405),
+    ("unsupported encoding", "/v2/models/ft/infer", _infer([0, 0, 0]), {"Content-Encoding": "br"}, 415),
+    ("classes of a bad count", "/v2/models/ft/infer", json.dumps({
+        "inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [0, 0, 0]}],
+        "outputs": [{"name": "y", "parameters": {"classification": "two"}}]}).encode(), {}, 400),
     ("not JSON", "/v2/models/ft/infer", b"{not json", {}, 400),
     ("no inputs", "/v2/models/ft/infer", b'{"inputs": []}', {}, 400),
     ("unknown input", "/v2/models/ft/infer",
@@ -203,7 +211,8 @@ def _normalised(what: str, body: bytes) -> object:
 def test_the_lambda_handler_and_the_local_endpoint_answer_alike(lambda_url: str, local_url: str,
                                                                  slow_rounds: int) -> None:
     # the same answers when all is well, first: the metadata and a result
-    for path in ("/v2/models/ft", "/v2", "/v2/health/ready", "/v2/models/ft/ready"):
+    for path in ("/v2/models/ft", "/v2", "/v2/health/ready", "/v2/models/ft/ready", "/v2/models/ft/versions/1",
+                 "/v2/models/ft/versions/1/ready", "/v2/models/ft/config"):
         cloud, local = _call(lambda_url, path), _call(local_url, path)
         assert cloud[0] == local[0] == 200 and json.loads(cloud[2]) == json.loads(local[2]), path
     cloud, local = _call(lambda_url, "/v2/models/ft/infer", _infer([0, 0, 0])), _call(

@@ -2,24 +2,19 @@
 process serving a part, and the gateway deployer end to end.
 
 The local platform speaks the OpenFaaS invoke route (``/function/NAME``) but not the gateway's management
-API (``/system/functions``), so the deployer runs against a small gateway written here: it speaks that
-API with basic auth, starts the template's server (``index.py``, as of-watchdog would) as a process per
-function with the environment the deployer sent, and proxies ``/function/NAME/...`` to it.
+API (``/system/functions``), so the deployer runs against a small gateway (``tests.integration.
+openfaas_gateway``): it speaks that API with basic auth, starts the template's server (``index.py``, as
+of-watchdog would) as a process per function with the environment the deployer sent, and proxies
+``/function/NAME/...`` to it.
 """
 
 from __future__ import annotations
 
-import base64
+import gzip
 import json
-import os
-import subprocess
-import sys
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +32,8 @@ from serving.deploy.openfaas import (
     gateway_credentials,
     render_openfaas_stack,
 )
-from tests.conftest import free_port, reference_outputs
+from tests.conftest import reference_outputs
+from tests.integration.openfaas_gateway import Gateway, start_server, stop_server
 
 
 @pytest.fixture(scope="module")
@@ -106,37 +102,6 @@ def test_shm_stack_colocates_slices_and_shares_tmpfs(conv: Path, tmp_path: Path)
 # --------------------------------------------------------------------------------------------------
 
 
-def _start_server(stack_root: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    full = {**os.environ, **env, "FLATPACK_PORT": str(port), "FLATPACK_FUNCTION_DIR": str(stack_root / "function")}
-    proc = subprocess.Popen([sys.executable, "index.py"], cwd=stack_root / "template" / "flatpack", env=full,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    end = time.monotonic() + 60
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise AssertionError(f"index.py exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
-        try:
-            with urllib.request.urlopen(f"{url}/_/ready", timeout=2) as r:
-                if r.status == 200:
-                    return proc, url
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("index.py did not become ready in 60 s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-    if proc.stderr:
-        proc.stderr.close()
-
-
 def _post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     req = urllib.request.Request(url, data=body, headers=headers or {"Content-Type": "application/octet-stream"})
     try:
@@ -149,7 +114,7 @@ def _post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple
 def test_template_server_serves_a_part(conv: Path, tmp_path: Path) -> None:
     stack = render_openfaas_stack(conv, tmp_path / "st", deployment="cc")
     worker = next(f for f in stack.functions if f.plan_name == "worker-2")
-    proc, url = _start_server(stack.root, stack.env(worker))
+    proc, url = start_server(stack.root, stack.env(worker))
     try:
         x = np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype(np.float32)
         ev = Event("part", "r1", "cc", now_ms() + 30_000, (TensorEntry("x", data=encode(x)),), stage=0, part=1)
@@ -165,7 +130,7 @@ def test_template_server_serves_a_part(conv: Path, tmp_path: Path) -> None:
         assert status == 500 and Reply.decode(body).error["type"] == "BadRequest"
         assert proc.poll() is None
     finally:
-        _stop(proc)
+        stop_server(proc)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -173,115 +138,13 @@ def test_template_server_serves_a_part(conv: Path, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-class _Gateway:
-    """``/system/functions`` (basic auth) and ``/function/NAME/...`` over index.py processes."""
-
-    def __init__(self, stack_root: Path, user: str, password: str) -> None:
-        self.stack_root = stack_root
-        self.auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-        self.functions: dict[str, tuple[subprocess.Popen, str]] = {}
-        self.requests: list[tuple[str, str]] = []
-        self.lock = threading.Lock()
-        gw = self
-
-        class H(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _reply(self, status: int, body: bytes = b"", ctype: str = "application/json") -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _body(self) -> bytes:
-                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
-            def _system(self) -> bool:
-                if self.headers.get("Authorization") != gw.auth:
-                    self._body()
-                    self._reply(401, b"unauthorized", "text/plain")
-                    return False
-                return True
-
-            def do_GET(self) -> None:  # noqa: N802
-                if self.path.startswith("/system/function/") and self._system():
-                    name = self.path.split("/")[3].split("?")[0]
-                    with gw.lock:
-                        known = name in gw.functions
-                    if not known:
-                        self._reply(404, b"not found", "text/plain")
-                        return
-                    self._reply(200, json.dumps({"name": name, "availableReplicas": 1}).encode())
-
-            def do_DELETE(self) -> None:  # noqa: N802
-                if self.path == "/system/functions" and self._system():
-                    name = json.loads(self._body())["functionName"]
-                    gw.requests.append(("DELETE", name))
-                    with gw.lock:
-                        entry = gw.functions.pop(name, None)
-                    if entry is None:
-                        self._reply(404, b"not found", "text/plain")
-                        return
-                    _stop(entry[0])
-                    self._reply(202)
-
-            def do_POST(self) -> None:  # noqa: N802
-                if self.path == "/system/functions":
-                    if not self._system():
-                        return
-                    doc = json.loads(self._body())
-                    gw.requests.append(("POST", doc["service"]))
-                    assert doc["envProcess"] == "python index.py" and doc["limits"]["memory"].endswith("Mi")
-                    proc, url = _start_server(gw.stack_root, doc["envVars"])
-                    with gw.lock:
-                        gw.functions[doc["service"]] = (proc, url)
-                    self._reply(202)
-                    return
-                if self.path.startswith("/function/"):
-                    name, _, rest = self.path[len("/function/"):].partition("/")
-                    body = self._body()
-                    with gw.lock:
-                        entry = gw.functions.get(name)
-                    if entry is None:
-                        self._reply(404, b"no such function", "text/plain")
-                        return
-                    hdrs = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
-                    req = urllib.request.Request(f"{entry[1]}/{rest}", data=body, headers=hdrs, method="POST")
-                    try:
-                        with urllib.request.urlopen(req, timeout=60) as r:
-                            status, data, ctype = r.status, r.read(), r.headers.get("Content-Type", "")
-                    except urllib.error.HTTPError as e:
-                        status, data, ctype = e.code, e.read(), e.headers.get("Content-Type", "")
-                    self._reply(status, data, ctype)
-                    return
-                self._reply(404, b"", "text/plain")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> _Gateway:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        for proc, _ in self.functions.values():
-            _stop(proc)
-
-
 @pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[_Gateway]:
-    with _Gateway(tmp_path / "st", "admin", "s3cret") as gw:
+def gateway(tmp_path: Path) -> Iterator[Gateway]:
+    with Gateway(tmp_path / "st", "admin", "s3cret") as gw:
         yield gw
 
 
-def test_gateway_deployer_end_to_end(conv: Path, gateway: _Gateway, tmp_path: Path) -> None:
+def test_gateway_deployer_end_to_end(conv: Path, gateway: Gateway, tmp_path: Path) -> None:
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     (secrets / "basic-auth-user").write_text("admin\n")
@@ -306,6 +169,11 @@ def test_gateway_deployer_end_to_end(conv: Path, gateway: _Gateway, tmp_path: Pa
     out = json.loads(data)["outputs"][0]
     got = np.asarray(out["data"], np.float32).reshape(out["shape"])
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
+    # the versioned route, with a gzip body, as tritonclient sends them
+    status, data = _post(f"{gateway.url}/function/cc-master/v2/models/cc/versions/1/infer",
+                         gzip.compress(json.dumps(body).encode()),
+                         {"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert status == 200 and json.loads(data)["outputs"][0]["shape"] == out["shape"], data[:1000]
     # and a flatpack infer event, binary, the way the endpoint's client sends it
     ev = Event("infer", "q1", "cc", now_ms() + 30_000, (TensorEntry("x", data=encode(x)),))
     status, data = _post(f"{gateway.url}/function/cc-master", ev.encode("binary"))

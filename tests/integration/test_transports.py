@@ -66,6 +66,51 @@ def test_delete_after_read_and_purge(store: Transport) -> None:
     assert store.count(dep) == 0
 
 
+def test_discard_removes_a_request_now_and_what_it_stores_later(store: Transport) -> None:
+    dep = _dep()
+    big = np.ones(1 << 18, np.float32)  # 1 MB: recycled files on shared memory, the other path there
+    store.put(TensorKey(dep, "dead", "a"), big)
+    store.put(TensorKey(dep, "dead", "b"), np.ones(3, np.float32))
+    kept = store.put(TensorKey(dep, "alive", "a"), np.ones(3, np.float32))
+    assert store.discard(dep, "dead") == 2
+    assert store.count(dep) == 1
+    # a worker of the abandoned request that finishes afterwards: its tensors are dropped as they are stored
+    for name, x in (("c", big), ("d", np.zeros(2, np.int64))):
+        late = store.put(TensorKey(dep, "dead", name), x)
+        with pytest.raises(TransportError):
+            store.get(late)
+    assert store.count(dep) == 1
+    # other requests are untouched, before and after
+    np.testing.assert_array_equal(store.get(kept, delete=True), np.ones(3, np.float32))
+    ref = store.put(TensorKey(dep, "later", "a"), big)
+    np.testing.assert_array_equal(store.get(ref, delete=True), big)
+    assert store.count(dep) == 0
+    store.purge(dep)
+
+
+def test_shm_discard_unlinks_files_held_by_a_dead_process(shm_root: Path) -> None:
+    t = ShmTransport(shm_root)
+    dep = _dep()
+    t.put(TensorKey(dep, "r", "a"), np.ones(3, np.float32))  # creates the directories
+    held = shm_root / dep / ".held"
+    dead_pid = _a_dead_pid()
+    (held / f"{dead_pid}-deadbeef-0").write_bytes(b"x")  # what a killed reader leaves for recycling
+    mine = held / f"{os.getpid()}-cafe0000-0"
+    mine.write_bytes(b"x")
+    t.discard(dep, "r")
+    assert sorted(p.name for p in held.iterdir()) == [mine.name]
+    t.purge(dep)
+
+
+def _a_dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])  # noqa: S603 - our own interpreter
+    proc.wait()
+    return proc.pid
+
+
 @pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
 def test_compressed_and_big(store: Transport, compression: str) -> None:
     dep = _dep()

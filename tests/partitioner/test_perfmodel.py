@@ -90,6 +90,21 @@ def test_expected_billing_adds_half_a_step_at_fine_granularity() -> None:
     assert coarse.billed_ms(130.0) == 200.0  # jitter far below a step: the step above
 
 
+def test_a_calibrated_cpu_share_corrects_the_nominal_one_below_one_vcpu() -> None:
+    """calibrate measured 512 MB 3.2x slower than one vCPU (nominal 1769/512 = 3.45x): a 512 MB function
+    computes with 1/3.2 of a core; sizes between calibrated ones interpolate; from one vCPU up nothing
+    changes, and a profile without the figure keeps the nominal share."""
+    base = load_profile("local")
+    nominal = PlatformFacts.from_profile(base)
+    measured = PlatformFacts.from_profile(replace(base, cpu_share={512: 3.2, 256: 7.0, 900: 99.0}))
+    assert nominal.vcpu(512) == pytest.approx(512 / 1769)
+    assert measured.vcpu(512) == pytest.approx(1 / 3.2)
+    assert measured.vcpu(256) == pytest.approx(1 / 7.0)
+    assert 1 / 7.0 * 384 / 256 < measured.vcpu(384) < 1 / 3.2  # between the two corrections
+    assert measured.vcpu(1769) == nominal.vcpu(1769) == pytest.approx(1.0)
+    assert len(measured.share_factors) == 2  # 99x at 900 MB is no share: left out
+
+
 def test_master_is_billed_for_its_own_handling(convs: LayerGraph) -> None:
     facts = PlatformFacts.from_profile(load_profile("local"))
     assert facts.billed_overhead_ms == load_profile("local").billed_overhead_ms > 0

@@ -190,3 +190,17 @@ def test_graph_profile_save_load(tmp_path: Path) -> None:
     gp = GraphProfile("m", "abc", 55.0, (1, 2), (u,), {"cpu": "x"}, "2026-01-01T00:00:00+00:00")
     gp.save(tmp_path / "p.json")
     assert GraphProfile.load(tmp_path / "p.json") == gp
+
+
+def test_a_measurement_disturbed_by_other_load_is_told_apart() -> None:
+    """Runs whose p95 lies far above their median were interrupted by other work (measure_many uses them
+    for the profile at hand and does not cache them); short work spreads by timer noise alone."""
+    from partitioner.profile.measure import disturbed
+    from partitioner.profile.types import Measurement
+
+    def m(median: float, p95: float) -> Measurement:
+        return Measurement(median_ms=median, p95_ms=p95, peak_rss_mb=60.0, cold_start_ms=100.0, threads=1, reps=10)
+
+    assert "p95" in disturbed(m(10.0, 21.0))
+    assert disturbed(m(10.0, 12.0)) == ""
+    assert disturbed(m(1.0, 5.0)) == ""  # too short to tell

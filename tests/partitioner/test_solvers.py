@@ -182,7 +182,7 @@ def test_a_model_too_big_for_one_function_still_gets_a_plan(lg: LayerGraph) -> N
     assert whole > 2048
     r = hypad(pm)
     assert not r.estimate.warnings
-    assert any(c.split.degree > 1 for c in r.choices)
+    assert len(r.choices) > 1 or any(c.split.degree > 1 for c in r.choices)  # vertical slices or parts that fit
 
 
 def test_mopar_pays_for_slices_only_where_they_save_more_than_their_invocations(lg: LayerGraph) -> None:

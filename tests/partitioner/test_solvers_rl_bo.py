@@ -21,7 +21,7 @@ from partitioner.graph import LayerGraph  # noqa: E402
 from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts  # noqa: E402
 from partitioner.solvers.bo import bo_solver, decode_plan  # noqa: E402
 from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult  # noqa: E402
-from partitioner.solvers.dp import slo_dp  # noqa: E402
+from partitioner.solvers.dp import latency_dp, slo_dp  # noqa: E402
 from partitioner.solvers.encoding import ChoiceTable, Scoring, plan_latency  # noqa: E402
 from partitioner.solvers.rl import PlanEnv, rl_solver  # noqa: E402
 from platforms import load_profile  # noqa: E402
@@ -164,10 +164,21 @@ def test_impossible_slo_is_infeasible_at_once(space: SearchSpace) -> None:
 def test_no_feasible_plan_seen_is_infeasible(space: SearchSpace) -> None:
     # just above the floor: feasible plans are few, and these budgets see none of them
     slo = ChoiceTable(space).latency_floor(MEMS) + 0.01
-    with pytest.raises(Infeasible, match="RL episodes"):
-        rl_solver(space, slo, MEMS, timesteps=64)
-    with pytest.raises(Infeasible, match="BO trials"):
-        bo_solver(space, slo, MEMS, trials=2)
+    with pytest.raises(Infeasible, match="the RL search found no plan") as rl:
+        rl_solver(space, slo, MEMS, timesteps=1, n_steps=8, batch_size=8, start_fastest=False)
+    with pytest.raises(Infeasible, match="the BO search found no plan") as bo:
+        bo_solver(space, slo, MEMS, trials=1, start_fastest=False)
+    assert not rl.value.proven and not bo.value.proven
+
+
+@pytest.mark.parametrize("name", list(SOLVERS))
+def test_the_search_starts_from_the_fastest_plan(name: str, space: SearchSpace) -> None:
+    """At an SLO only the fastest plans meet, a tiny budget still returns one: the latency-optimal plan is the
+    first incumbent (RL) or the first trial (BO)."""
+    fastest = latency_dp(space, max(MEMS))
+    slo = fastest.estimate.latency_ms * 1.0001
+    r = (rl_solver(space, slo, MEMS, timesteps=64) if name == "rl" else bo_solver(space, slo, MEMS, trials=2))
+    assert plan_latency(space, r.estimate) <= slo and not r.estimate.warnings
 
 
 def test_rl_leaves_global_rng_alone(space: SearchSpace) -> None:

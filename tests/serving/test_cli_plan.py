@@ -47,3 +47,22 @@ def test_the_text_output_and_help_state_the_cap(model: Path) -> None:
     assert "groups of up to 6 units (all of them)" in text.output
     help_text = CliRunner().invoke(main, ["plan", "--help"], terminal_width=200).output
     assert "--max-group N" in help_text and "Default: any number" in help_text
+
+
+def test_every_stage_says_where_its_time_comes_from_and_the_percentile_is_sampled(model: Path) -> None:
+    data = _plan(model, "--percentile", "99")
+    assert {s["times"] for s in data["stages"]} <= {"unit times", "predicted"}
+    # the solvers check the bound; the plan reports the percentile sampled from its stages, below it
+    assert data["latency_ms"] < data["latency_p_ms"] <= data["latency_p_bound_ms"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--hedge", "p100"], "percentile from p50"),
+    (["--hedge", "often"], "percentile from p50"),
+    (["--hedge", "p95", "--target", "lambda", "--dry-run"], "--hedge is for the local target"),
+    (["--profile-budget", "-1"], "-1"),
+])
+def test_deploy_refuses_a_bad_hedge_or_budget_before_planning(model: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, ["deploy", str(model), "--no-calibrate", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output

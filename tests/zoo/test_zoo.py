@@ -51,6 +51,9 @@ SMALL: dict[str, tuple[str, dict[str, Any], tuple[int, ...]]] = {
     "lstm-4": ("lstm-4", {"hidden": 32, "seq_len": 4}, (1, 1000)),
     "bert": ("bert", {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 16, "vocab": 100}, (1, 16, 64)),
     "gcn": ("gcn", {"nodes": 64, "width_div": 16}, (64, 4)),
+    "mobilenetv3-large": ("mobilenetv3-large", {"width_div": 8, "input_size": 32}, (1, 1000)),
+    "efficientnet-b0": ("efficientnet-b0", {"width_div": 8, "input_size": 32}, (1, 1000)),
+    "vit": ("vit", {"layers": 2, "hidden": 32, "heads": 4, "input_size": 32}, (1, 1000)),
 }
 DYNAMO = ["vgg11", "resnet18", "mobilenet", "bert", "lstm-2", "gcn"]
 
@@ -83,12 +86,13 @@ def test_list_models_covers_every_family_and_pattern() -> None:
     names = [e.name for e in entries]
     assert len(names) == len(set(names))
     for name in ("vgg11", "vgg13", "vgg16", "vgg19", "resnet18", "resnet34", "resnet50", "mobilenet", "bert",
-                 "gcn", "digits-cnn", "lstm-2", "lstm-4"):  # fmt: skip
+                 "gcn", "digits-cnn", "lstm-2", "lstm-4", "mobilenetv3-large", "efficientnet-b0", "vit"):  # fmt: skip
         assert name in names
     for k in range(1, 6):
         assert f"wrn-34-{k}" in names and f"wrn-50-{k}" in names
     assert {e.family for e in entries} == {
-        "vgg", "resnet", "wide-resnet", "mobilenet", "lstm", "bert", "gcn", "digits"
+        "vgg", "resnet", "wide-resnet", "mobilenet", "mobilenetv3", "efficientnet", "lstm", "bert", "vit", "gcn",
+        "digits",
     }  # fmt: skip
     bert = lookup("bert")
     assert isinstance(bert, ZooEntry)
@@ -147,7 +151,7 @@ def test_bert_inputs_are_named_and_shapes_static_with_both_exporters() -> None:
     for exporter in ("legacy", "dynamo"):
         model = build("bert", exporter=exporter, **options)
         inputs = {i.name: i.type.tensor_type for i in model.graph.input}
-        assert list(inputs) == ["input_ids", "attention_mask"]
+        assert list(inputs) == ["input_ids", "attention_mask", "token_type_ids"]
         for tensor_type in inputs.values():
             assert tensor_type.elem_type == onnx.TensorProto.INT64
             assert [d.dim_value for d in tensor_type.shape.dim] == [1, 16]
@@ -185,6 +189,9 @@ def test_full_size_parameter_counts_match_the_reference_architectures() -> None:
     assert build_torch("wrn-50-2").parameter_count == 68_883_240
     assert build_torch("wrn-50-1").parameter_count == build_torch("resnet50").parameter_count
     assert build_torch("mobilenet", width_div=2).parameter_count < build_torch("mobilenet").parameter_count
+    assert build_torch("mobilenetv3-large").parameter_count == 5_483_032
+    assert build_torch("efficientnet-b0").parameter_count == 5_288_548
+    assert build_torch("vit").parameter_count == 86_567_656
 
 
 def test_vgg_classifier_grows_with_input_size() -> None:

@@ -1,0 +1,49 @@
+"""``flatpack bench mopar``: MOPAR vs Unsplit vs Uniform, live (:mod:`bench.suite.mopar_live`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from bench.commands.lo import _spec
+from bench.commands.output import emit
+
+__all__ = ["mopar_cmd"]
+
+
+@click.command("mopar")
+@click.option("--model", "models", multiple=True, help="NAME[/wDIV][@SIZE]; repeat (default: vgg16/w2@224, "
+              "resnet50/w2@224, lstm-2/w2, bert/w2, gcn/w4).")
+@click.option("--rounds", type=int, default=20, show_default=True, help="Interleaved requests per plan.")
+@click.option("--quick", is_flag=True, help="A tiny run: vgg16/w8@64 (unless --model is given), 5 rounds.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also save the JSON here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def mopar_cmd(models: tuple[str, ...], rounds: int, quick: bool, out: Path | None, as_json: bool) -> None:
+    """MOPAR's plan against Unsplit and Uniform slicing, live on the local platform with each function's CPU share
+    emulated: billed GB-s per request (MC), memory utilisation and p50, with the MC the plan predicted."""
+    from bench.harness.provenance import machine
+    from bench.suite.mopar_live import MODELS, QUICK_MODELS, rows
+    from serving.console import err_console
+
+    if rounds < 1:
+        raise click.BadParameter(f"{rounds}: give at least 1 round", param_hint="--rounds")
+    specs = tuple(_spec(m) for m in models) or (QUICK_MODELS if quick else MODELS)
+    n = min(rounds, 5) if quick else rounds
+    with err_console.status("bench mopar") as st:
+        result, cpu = rows(specs, rounds=n, say=st.update)
+    doc = {"cpu_limit": cpu.get("cpu_limit"), "cpu": cpu, "machine": machine(), "rounds": n,
+           "rows": [r.to_json() for r in result]}
+    if emit(doc, out=out, as_json=as_json):
+        return
+    from rich.table import Table
+
+    from serving.console import console
+
+    t = Table(title=f"MOPAR vs Unsplit vs Uniform, live on the local platform ({cpu.get('cpu_limit')}), {n} rounds")
+    for c in ("model", "plan", "slices", "functions", "MC GB-s", "predicted", "memory util.", "p50 ms"):
+        t.add_column(c, justify="left" if c in ("model", "plan") else "right")
+    for r in result:
+        t.add_row(r.model, r.plan, str(r.slices), str(r.functions), f"{r.mc_gb_s:.5f}", f"{r.predicted_mc_gb_s:.5f}",
+                  f"{r.memory_utilisation:.0%}", f"{r.p50_ms:.1f}")
+    console.print(t)

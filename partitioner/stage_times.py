@@ -1,0 +1,245 @@
+"""Stage latencies measured on the target platform, and what they teach about the stages not measured.
+
+The compute model prices a split part as its units' profiled time times the part's share of their FLOPs.
+Live, on a platform whose CPU follows memory, small parts run slower than that share says: each runs in
+its own instance at a fraction of a core, after the other instances of the request have evicted its
+weights from the caches, with per-operator costs that do not shrink with the part (measured on vgg16
+width/2 at 512 MB: a reduction=4 stage of the classifier predicted 6.7 ms, live 13-14 ms). Profiling the
+parts alone, in a bare process, did not show it. Running them as the plan runs them does.
+
+So planning for a platform flatpack can run (the local one) goes round a loop (:func:`refine`): plan,
+deploy the plan, time each stage in the master (the wall time from the stage's first send until every
+part's result is in, after warm-up), record it, and plan again with the measured stages priced by their
+measurements and every split stage not measured yet priced by the model times the median ratio measured
+over modelled of its split degree (interpolated between the degrees measured, from 1 at one part).
+The loop ends when the plan's stages are all measured (the plan stands on measurements), or at the time
+budget or round limit (its stages not measured are marked predicted).
+
+:class:`StageTimes` is plain data, saved as JSON (never pickle) per model and platform (see
+``serving.calibrate.stages`` for the measuring and the cache file).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from functions.plan import Split
+
+__all__ = ["Refined", "StageRecord", "StageTimes", "refine"]
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """One stage choice timed live: the choice, the master's memory, the measured stage time (median ms over
+    ``samples`` requests) and what the model said of the same time (``model_ms``) when it was measured."""
+
+    first: int
+    last: int
+    split: Split
+    master_part: bool
+    worker_mb: int
+    master_mb: int
+    measured_ms: float
+    model_ms: float
+    samples: int
+    spread: float = 1.0  # upper over lower quartile of the samples
+
+    @property
+    def ratio(self) -> float:
+        return self.measured_ms / self.model_ms if self.model_ms > 0 else 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"first": self.first, "last": self.last, "split": self.split.to_json(),
+                "master_part": self.master_part, "worker_mb": self.worker_mb, "master_mb": self.master_mb,
+                "measured_ms": round(self.measured_ms, 4), "model_ms": round(self.model_ms, 4),
+                "samples": self.samples, "spread": round(self.spread, 4)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> StageRecord:
+        return cls(int(d["first"]), int(d["last"]), Split.from_json(d["split"]), bool(d["master_part"]),
+                   int(d["worker_mb"]), int(d["master_mb"]), float(d["measured_ms"]), float(d["model_ms"]),
+                   int(d["samples"]), float(d.get("spread", 1.0)))
+
+
+#: the key of a stage choice at a master memory, as the performance model memoises options: a stage that
+#: only workers run does not depend on the master's memory
+Key = tuple[int, int, Split, bool, int, int]
+
+
+def stage_key(first: int, last: int, split: Split, master_part: bool, worker_mb: int, master_mb: int) -> Key:
+    return (first, last, split, master_part, worker_mb, master_mb if master_part or not worker_mb else 0)
+
+
+@dataclass
+class StageTimes:
+    """Measured stage times of one model on one platform (see the module docstring)."""
+
+    records: dict[Key, StageRecord] = field(default_factory=dict)
+
+    def key_of(self, r: StageRecord) -> Key:
+        return stage_key(r.first, r.last, r.split, r.master_part, r.worker_mb, r.master_mb)
+
+    def add(self, r: StageRecord) -> None:
+        self.records[self.key_of(r)] = r
+
+    def get(self, key: Key) -> StageRecord | None:
+        return self.records.get(key)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def ratio(self, degree: int) -> float | None:
+        """Measured over modelled for a split stage of ``degree`` parts that was not measured: the median
+        over the measured stages of each degree, interpolated in the degree from 1 at one part (an unsplit
+        stage is its units' profiled time) and held beyond the largest degree measured; None if no split
+        stage was measured. Smaller parts pay more fixed costs per unit of work, so a ratio measured on
+        six parts overstates what two would pay, and the loop's next round finds out."""
+        if degree < 2:
+            return None
+        by_degree: dict[int, list[float]] = {}
+        for r in self.records.values():
+            if r.split.degree > 1:
+                by_degree.setdefault(r.split.degree, []).append(r.ratio)
+        if not by_degree:
+            return None
+        xs = [1, *sorted(by_degree)]
+        ys = [1.0, *(float(np.median(by_degree[d])) for d in xs[1:])]
+        return float(np.interp(degree, xs, ys))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"records": [r.to_json() for r in self.records.values()]}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> StageTimes:
+        out = cls()
+        for r in d.get("records", []):
+            out.add(StageRecord.from_json(r))
+        return out
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> StageTimes:
+        """The stage times saved at ``path``; empty if there is no file or it cannot be read."""
+        try:
+            return cls.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return cls()
+
+
+@dataclass(frozen=True)
+class Refined:
+    """What :func:`refine` ends with: the last plan, the rounds it measured, its seconds, which of the plan's
+    stages are priced by a live measurement (``timed``, by index), whether every stage that needed one has
+    it (``all_measured``), and why the loop stopped."""
+
+    result: Any
+    rounds: int
+    seconds: float
+    timed: tuple[bool, ...]
+    all_measured: bool
+    stopped: str
+
+    def summary(self) -> str:
+        """A line for the user: what timing the plans on the platform did."""
+        return (f"{sum(self.timed)} of {len(self.timed)} stages timed live on the platform ({self.rounds} plan(s) "
+                f"deployed and timed, {self.seconds:.0f} s: {self.stopped})")
+
+
+#: plan with the perf model as it stands (its stage times applied)
+PlanFn = Callable[[], Any]
+#: deploy a plan, time its stages: one record per stage (None for a stage that could not be timed)
+MeasureFn = Callable[[Any], Sequence[StageRecord | None]]
+
+
+def refine(plan: PlanFn, measure: MeasureFn, times: StageTimes, apply: Callable[[StageTimes], None], *,
+           budget_s: float, max_rounds: int = 6, split_only: bool = True,
+           progress: Callable[[str], None] | None = None, on_record: Callable[[StageTimes], None] | None = None,
+           ) -> Refined:
+    """Plan, measure the plan's stages not measured yet, apply the measurements and plan again, until every
+    stage of the plan is measured, ``budget_s`` is spent or ``max_rounds`` plans were measured.
+
+    ``split_only``: only stages with more than one part need measuring (an unsplit stage that the master
+    runs is its units' profiled time, which the whole-model timing already calibrates). ``on_record`` is
+    called after each round with the times so far (to save them)."""
+    say = progress or (lambda _m: None)
+    t0 = time.perf_counter()
+    apply(times)
+    result = plan()
+    rounds = 0
+    stopped = "every stage of the plan is measured"
+    while True:
+        todo = _unmeasured(result, times, split_only)
+        if not todo:
+            break
+        if rounds >= max_rounds:
+            stopped = f"stopped after {rounds} measured plans (the round limit)"
+            break
+        spent = time.perf_counter() - t0
+        if spent >= budget_s:
+            stopped = f"stopped at the time budget ({budget_s:.0f} s)"
+            break
+        rounds += 1
+        say(f"measuring the plan on the target, round {rounds}: {len(todo)} stage(s) not measured yet")
+        for rec in measure(result):
+            if rec is not None:
+                times.add(rec)
+        if on_record is not None:
+            on_record(times)
+        apply(times)
+        result = plan()
+    timed = tuple(_is_measured(c, result.master_mb, times, False) for c in result.choices)
+    return Refined(result, rounds, time.perf_counter() - t0, timed, not _unmeasured(result, times, split_only),
+                   stopped)
+
+
+def _is_measured(choice: Any, master_mb: int, times: StageTimes, split_only: bool) -> bool:
+    if split_only and choice.split.degree == 1 and choice.master_part:
+        return True
+    key = stage_key(choice.first, choice.last, choice.split, choice.master_part, choice.worker_mb, master_mb)
+    return times.get(key) is not None
+
+
+def _unmeasured(result: Any, times: StageTimes, split_only: bool) -> list[int]:
+    return [i for i, c in enumerate(result.choices) if not _is_measured(c, result.master_mb, times, split_only)]
+
+
+def records_from(choices: Iterable[Any], master_mb: int, stage_ms: Sequence[Sequence[float]],
+                 model_ms: Sequence[float]) -> list[StageRecord | None]:
+    """Records of a plan's stages from the per-request stage times the master reported (one list of samples
+    per stage) and what the model said of each (its modelled stage time, see ``OptionCost.stage_ms``)."""
+    out: list[StageRecord | None] = []
+    for c, samples, model in zip(choices, stage_ms, model_ms, strict=True):
+        if not samples:
+            out.append(None)
+            continue
+        q1, med, q3 = np.percentile(samples, [25, 50, 75])
+        out.append(StageRecord(c.first, c.last, c.split, c.master_part, c.worker_mb, master_mb, float(med),
+                               float(model), len(samples), float(q3 / q1) if q1 > 0 else 1.0))
+    return out
+
+
+def with_measured(oc: Any, rec: StageRecord | None, ratio: float | None) -> Any:
+    """``oc`` (an ``OptionCost``) with its stage time replaced by the measured one, or scaled by
+    ``ratio`` (a split stage not measured); unchanged if neither is known."""
+    if rec is not None:
+        new = rec.measured_ms
+    elif ratio is not None:
+        new = oc.stage_ms * ratio
+    else:
+        return oc
+    shift = new - oc.stage_ms
+    shape = replace(oc.shape, shift_ms=oc.shape.shift_ms + shift) if oc.shape is not None else None
+    return replace(oc, latency_ms=oc.latency_ms + shift, latency_q_ms=oc.latency_q_ms + shift, stage_ms=new,
+                   measured=rec is not None, shape=shape)

@@ -1,0 +1,161 @@
+"""The latency distribution of a plan: what a percentile SLO is planned against.
+
+A stage's latency varies for three reasons the model knows of:
+
+* **invoke latency**: each worker's invocation draws from the platform's ex-Gaussian (measured by
+  ``flatpack calibrate``), and the stage waits for the slowest of n;
+* **compute spread**: a part's compute time varies run to run. The profiler keeps each unit's median and
+  p95; a unit's spread is the lognormal sigma that puts its p95 where it was measured
+  (``ln(p95 / median) / 1.645``), a stage's the time-weighted mean of its units' (runs of one request's
+  units are disturbed together, so their spreads add rather than average out);
+* **cold starts**: an invocation that finds no warm instance waits ``cold_start_ms``. With keep-warm pings
+  or steady load, instances stay warm and the model takes ``cold_p`` = 0 (the default); a deployment that
+  idles past the platform's timeout between requests sets it to the chance of a cold instance.
+
+Hedging (``hedge``: the runtime re-invokes a part still running past that percentile of its recent
+durations, and the first reply wins) cuts a worker's tail: past the hedge point d, the part finishes at
+the earlier of its own run and d plus a second run, so it runs past t >= d with probability
+``S(t) S(t - d)``, S the survival of one invoke + run; its q-quantile is where that falls to 1 - q.
+
+Two figures come out of it:
+
+* :func:`stage_quantile`, per stage, additive over stages: an upper bound (the sum of stage quantiles,
+  invoke and compute taken at the same level). The solvers check a percentile SLO against it, so a plan
+  that meets it meets it with at least the stated probability;
+* :func:`plan_quantile`, per plan: the quantile of the plan's latency sampled (4000 draws, a fixed
+  seed) from the same parts, independent across stages and parts. Tighter than the bound, it is what the
+  plan reports as its predicted percentile and what ``bench perfmodel``'s ``p99_error`` checks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+__all__ = ["DEFAULT_SIGMA", "StageShape", "plan_quantile", "sigma_from_p95", "stage_quantile"]
+
+#: a unit's compute spread when nothing measured it: a quiet machine's run-to-run variation
+DEFAULT_SIGMA = 0.05
+_MAX_SIGMA = 0.6
+_Z95 = 1.6448536269514722
+
+
+def sigma_from_p95(median_ms: float, p95_ms: float) -> float:
+    """The lognormal sigma whose p95 over median is ``p95_ms / median_ms`` (clipped to [0, 0.6])."""
+    if median_ms <= 0 or p95_ms <= median_ms:
+        return 0.0
+    return min(_MAX_SIGMA, math.log(p95_ms / median_ms) / _Z95)
+
+
+@lru_cache(maxsize=4096)
+def _z(q: float) -> float:
+    return float(stats.norm.ppf(min(max(q, 1e-9), 1 - 1e-9)))
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """What a stage's latency is made of (ms): the master's puts before the fork (``put_ms``), its own
+    part's compute (``master_ms``), each worker's fixed time (transfers, handling: ``worker_fixed``) and
+    compute (``worker_compute``), the master's CPU per invocation it sends (``dispatch_ms``), what follows
+    the last reply (``tail_ms``: reading outputs, joining), the floor its CPU share puts under the stage
+    (``floor_ms``), the compute spread (``sigma``), and a measured stage's offset from the model
+    (``shift_ms``)."""
+
+    put_ms: float
+    master_ms: float
+    worker_fixed: tuple[float, ...]
+    worker_compute: tuple[float, ...]
+    dispatch_ms: float
+    tail_ms: float
+    floor_ms: float
+    sigma: float
+    shift_ms: float = 0.0
+
+    @property
+    def n(self) -> int:
+        return len(self.worker_fixed)
+
+
+def _worker_quantile(invoke: Any, fixed: float, compute: float, sigma: float, level: float,
+                     hedge: float | None) -> float:
+    """The ``level`` quantile of one worker's invoke + run time (invoke and compute at the same level: an
+    upper bound), cut by hedging at ``hedge`` (see the module docstring)."""
+    spread = compute * math.exp(_z(level) * sigma)
+    plain = invoke.quantile(level) + fixed + spread
+    if hedge is None or level <= hedge:
+        return plain
+    # past the hedge point d a part ends at the earlier of its own run and d + a second run: P(T > t) =
+    # S(t) S(t - d), S the survival of invoke + run (the run taken at its median here, its spread at the
+    # level added after). The smallest t on a grid from d to the unhedged quantile where that is 1 - level.
+    run = fixed + compute
+    d = invoke.quantile(hedge) + run
+    grid = np.linspace(d, plain, 256)
+    dist = invoke._dist()
+    tail = dist.sf(grid - run) * dist.sf(grid - d - run)
+    below = np.nonzero(tail <= 1.0 - level)[0]
+    hedged = float(grid[below[0]]) + spread - compute if below.size else plain
+    return min(plain, hedged)
+
+
+def stage_quantile(shape: StageShape, invoke: Any, q: float, hedge: float | None = None) -> float:
+    """An upper bound on the stage's ``q`` quantile: the slowest of n workers at the ``q ** (1/n)`` level of
+    each, the master's part at ``q``."""
+    master = shape.master_ms * math.exp(_z(q) * shape.sigma)
+    if not shape.n:
+        return master + shape.tail_ms + shape.shift_ms
+    level = q ** (1.0 / shape.n)
+    worst = max(_worker_quantile(invoke, f, c, shape.sigma, level, hedge)
+                for f, c in zip(shape.worker_fixed, shape.worker_compute, strict=True))
+    lag = (shape.n - 1) * shape.dispatch_ms
+    busy = master + shape.n * shape.dispatch_ms
+    return max(shape.put_ms + max(busy, lag + worst) + shape.tail_ms, shape.floor_ms) + shape.shift_ms
+
+
+def _exgauss(invoke: Any, rng: np.random.Generator, size: Any) -> np.ndarray:
+    x = invoke.mu + invoke.sigma * rng.standard_normal(size)
+    if invoke.tau > 0:
+        x = x + rng.exponential(invoke.tau, size)
+    return np.maximum(x, 0.0)
+
+
+def _stage_samples(shape: StageShape, invoke: Any, rng: np.random.Generator, samples: int, hedge: float | None,
+                   cold_p: float, cold_ms: float) -> np.ndarray:
+    master = shape.master_ms * np.exp(shape.sigma * rng.standard_normal(samples))
+    if not shape.n:
+        return master + shape.tail_ms + shape.shift_ms
+    fixed = np.asarray(shape.worker_fixed)
+    compute = np.asarray(shape.worker_compute)
+
+    def run() -> np.ndarray:
+        return (_exgauss(invoke, rng, (samples, shape.n)) + fixed
+                + compute * np.exp(shape.sigma * rng.standard_normal((samples, shape.n))))
+
+    worker = run()
+    if cold_p > 0:
+        worker = worker + cold_ms * (rng.random((samples, shape.n)) < cold_p)
+    if hedge is not None:
+        d = np.quantile(worker, hedge, axis=0)
+        worker = np.where(worker > d, np.minimum(worker, d + run()), worker)
+    arrival = (worker + shape.dispatch_ms * np.arange(shape.n)).max(axis=1)
+    busy = master + shape.n * shape.dispatch_ms
+    return np.maximum(shape.put_ms + np.maximum(busy, arrival) + shape.tail_ms, shape.floor_ms) + shape.shift_ms
+
+
+def plan_quantile(shapes: Sequence[StageShape], invoke: Any, request_invoke: Any, request_io_ms: float, q: float,
+                  *, hedge: float | None = None, cold_p: float = 0.0, cold_ms: float = 0.0, samples: int = 4000,
+                  seed: int = 0) -> float:
+    """The ``q`` quantile of a plan's latency, sampled (see the module docstring): the request's own invoke
+    (``request_invoke``, plus ``request_io_ms``) and every stage, independent draws."""
+    rng = np.random.default_rng(seed)
+    total = _exgauss(request_invoke, rng, samples) + request_io_ms
+    if cold_p > 0:
+        total = total + cold_ms * (rng.random(samples) < cold_p)
+    for shape in shapes:
+        total = total + _stage_samples(shape, invoke, rng, samples, hedge, cold_p, cold_ms)
+    return float(np.quantile(total, q))

@@ -1,0 +1,174 @@
+"""Timing a plan's stages on the local platform, for the planner's measure-and-replan loop
+(:func:`partitioner.stage_times.refine`).
+
+    times = load_stage_times(lg, pm, request, cpu_limit)        # what earlier plans measured (cached)
+    timer = StageTimer(target, lg, request, pm, work_dir)        # deploys and times plans on ``target``
+    refined = refine(plan_fn, timer.measure, times, pm.use_stage_times, budget_s=60,
+                     on_record=lambda t: t.save(path))
+
+A plan is exported (verified), deployed on the platform as a fresh deployment, warmed up (every instance
+started, then ``warmup`` more requests), and sent ``samples`` sequential requests with random inputs; the
+master reports each stage's wall time (``stage{i}_ms``: from the stage's first send until every part's
+result is in), and the median per stage is recorded beside the model's figure for the same time. Stage
+times whose repeats disagree (the machine is busy with something else: the same check as the planner's
+whole-model timing) are used for this plan but not saved.
+
+The cache file is per model (its units' FLOPs, weights and outputs), platform (its CPU per MB, cores and
+how the platform limits CPU) and transport, under ``<cache>/stage-times/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from functions import settings
+from partitioner.stage_times import StageRecord, StageTimes, records_from
+
+__all__ = ["StageTimer", "load_stage_times", "measured_plan", "solve_on_target", "save_stage_times", "stage_times_path"]
+
+log = logging.getLogger(__name__)
+
+#: repeats of a stage whose quartiles differ more than this are timed on a busy machine: not saved
+_SPREAD_LIMIT = 1.25
+
+
+def stage_times_path(lg: Any, pm: Any, transport: str, cpu_limit: str) -> Path:
+    import onnxruntime as ort
+
+    from partitioner.planner import units_digest
+
+    p = pm.platform
+    key = (f"{lg.name}-{units_digest(lg)}-{p.name}-{p.mb_per_vcpu:g}mb-c{p.cores}-{cpu_limit}-{transport}"
+           f"-ort{ort.__version__}")
+    return settings.cache_dir() / "stage-times" / f"{key}.json"
+
+
+def load_stage_times(path: Path) -> StageTimes:
+    return StageTimes.load(path)
+
+
+def save_stage_times(times: StageTimes, path: Path, *, spread_limit: float = _SPREAD_LIMIT) -> None:
+    """Save the records taken on a quiet machine: those whose quartiles lie within ``spread_limit``."""
+    steady = StageTimes()
+    for r in times.records.values():
+        if r.spread <= spread_limit:
+            steady.add(r)
+    steady.save(path)
+
+
+class StageTimer:
+    """Deploys plans of ``lg`` on the local platform behind ``client`` and times their stages."""
+
+    def __init__(self, client: Any, url: str, lg: Any, request: Any, pm: Any, work: Path, *, samples: int = 10,
+                 warmup: int = 3) -> None:
+        self.client = client
+        self.url = url
+        self.lg = lg
+        self.request = request
+        self.pm = pm
+        self.work = work
+        self.samples = samples
+        self.warmup = warmup
+        self.round = 0
+
+    def measure(self, result: Any) -> list[StageRecord | None]:
+        """One record per stage of ``result``: its median stage time over ``samples`` warm requests."""
+        from partitioner.inputs import random_inputs
+        from partitioner.planner import export_solution
+        from serving.platform.deploy import deploy_bundle, new_deployment_id
+        from serving.platform.master_client import MasterClient
+
+        self.round += 1
+        bundle = self.work / f"measure-{self.round}"
+        export_solution(self.lg, result, self.request, bundle)
+        model = [self.pm.model_option(c, result.master_mb) for c in result.choices]
+        dep = deploy_bundle(self.client, bundle, transport=self.request.transport,
+                            deployment=new_deployment_id("measure-"))
+        stage_ms: list[list[float]] = [[] for _ in result.choices]
+        try:
+            caller = MasterClient(dep, self.url, timeout_s=120.0)
+            try:
+                for i in range(self.warmup + self.samples):
+                    _, timings = caller.infer_timed(random_inputs(self.lg.model, i % 4))
+                    if i < self.warmup:
+                        continue
+                    for s in range(len(result.choices)):
+                        t = timings.get(f"stage{s}_ms")
+                        if t is not None:
+                            stage_ms[s].append(float(t))
+            finally:
+                caller.close()
+        finally:
+            dep.remove(purge=True)
+            shutil.rmtree(bundle, ignore_errors=True)
+        records = records_from(result.choices, result.master_mb, stage_ms,
+                               [m.stage_ms if m is not None else 0.0 for m in model])
+        for r in records:
+            if r is not None and r.spread > _SPREAD_LIMIT:
+                log.warning("stage %d-%d (%s) timings disagree (quartiles %.2fx apart): the machine looks busy; "
+                            "using them for this plan only", r.first, r.last, r.split, r.spread)
+        return records
+
+
+def measured_plan(lg: Any, request: Any, pm: Any, plan: Any, *, budget_s: float, samples: int = 10,
+                  max_rounds: int = 6, progress: Any = None, spread_limit: float = _SPREAD_LIMIT) -> Any:
+    """``plan`` (a no-argument planner over ``pm``) refined by timing its plans' stages on the local platform
+    (the running one, else one started for it, only if something needs measuring), within ``budget_s``.
+    Stage times whose quartiles lie within ``spread_limit`` are saved for later plans. Returns
+    :class:`partitioner.stage_times.Refined`; ``pm`` keeps the stage times applied."""
+    import contextlib
+    import tempfile
+
+    from partitioner.stage_times import refine
+    from serving.calibrate.target import local_platform
+
+    expected = _expected_cpu_limit()
+    path = stage_times_path(lg, pm, request.transport, expected)
+    with contextlib.ExitStack() as stack:
+        state: dict[str, Any] = {"save": True}
+
+        def measure(result: Any) -> list[StageRecord | None]:
+            if "timer" not in state:  # the platform is started only when a plan needs measuring
+                t = stack.enter_context(local_platform(request.platform))
+                tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flatpack-stages-")))
+                state["timer"] = StageTimer(t.client, t.url, lg, request, pm, tmp, samples=samples)
+                running = str(t.client.health().get("cpu_limit") or "off")
+                if running != expected:
+                    log.warning("the running local platform limits CPU by %s, not %s as a platform started now "
+                                "would: its stage times are used for this plan but not saved", running, expected)
+                    state["save"] = False
+            return state["timer"].measure(result)
+
+        def save(times: StageTimes) -> None:
+            if state["save"]:
+                save_stage_times(times, path, spread_limit=spread_limit)
+
+        return refine(plan, measure, load_stage_times(path), pm.use_stage_times, budget_s=budget_s,
+                      max_rounds=max_rounds, progress=progress, on_record=save)
+
+
+def _expected_cpu_limit() -> str:
+    """How a platform started now would limit CPU (what a cache written by an earlier plan was keyed by)."""
+    from serving.platform.config import PlatformConfig
+    from serving.platform.cpu import detect
+
+    return detect(PlatformConfig.from_env(port=0).cpu_limit)
+
+
+def solve_on_target(lg: Any, request: Any, pm: Any, *, progress: Any = None) -> tuple[Any, Any]:
+    """Plan ``lg`` as ``request`` says; planning for the local platform with a profile budget, refined by
+    timing the plans' stages there (:func:`measured_plan`); its percentile sampled from the model. Returns
+    the solver result and the refinement (None where nothing was measured: another platform, or a zero
+    budget). Raises what ``solve`` raises."""
+    from partitioner.planner import solve, with_sampled_tail
+
+    def plan() -> Any:
+        return solve(lg, request, pm=pm)
+
+    if pm.platform.cores is None or request.profile_budget_s <= 0:
+        return with_sampled_tail(pm, plan()), None
+    refined = measured_plan(lg, request, pm, plan, budget_s=request.profile_budget_s, progress=progress)
+    return with_sampled_tail(pm, refined.result), refined

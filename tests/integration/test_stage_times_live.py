@@ -1,0 +1,89 @@
+"""Timing a plan's stages on the local platform: real deployments, real requests, the master's stage timings,
+and the cache that lets the next plan of the same model skip the measuring."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from partitioner.graph import LayerGraph
+from partitioner.perfmodel import ComputeModel, ExGauss, PerfModel, PlatformFacts
+from partitioner.planner import PlanRequest
+from partitioner.solvers.common import SearchSpace
+from partitioner.solvers.dp import latency_dp
+from platforms import load_profile
+from tests.onnx_builders import conv_stack
+
+CNN = [{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8},
+       {"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8},
+       {"op": "MaxPool", "k": (2, 2), "s": (2, 2)},
+       {"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}]
+MB = 512
+
+
+@pytest.fixture(scope="module")
+def lg() -> LayerGraph:
+    return LayerGraph.load(conv_stack(CNN, cin=3, h=32, w=32))
+
+
+def _pm(lg: LayerGraph) -> PerfModel:
+    """The local platform's profile with forks priced near zero, so that the fastest plan splits."""
+    facts = dataclasses.replace(PlatformFacts.from_profile(load_profile("local")), invoke=ExGauss(0.01, 0.01, 0.01),
+                                transfer_latency_ms=0.0)
+    compute = ComputeModel(tuple({1: 50.0, 2: 26.0} for _ in lg.units), tuple(u.flops for u in lg.units))
+    return PerfModel(lg, facts, compute, transport="shm")
+
+
+def _plan(pm: PerfModel):  # noqa: ANN202 - a SolverResult
+    from partitioner.solvers.common import SPLITS
+
+    space = SearchSpace(pm, worker_memories=[MB], splits=[s for s in SPLITS if s.degree <= 2])
+    return latency_dp(space, MB)
+
+
+def test_every_stage_of_a_deployed_plan_is_timed_and_nothing_is_left_deployed(platform, lg: LayerGraph,
+                                                                            tmp_path: Path) -> None:
+    from serving.calibrate.stages import StageTimer
+
+    pm = _pm(lg)
+    result = _plan(pm)
+    assert any(c.split.degree > 1 for c in result.choices)
+    request = PlanRequest(mode="lo", platform="local", memory=MB, transport="shm")
+    before = {f["name"] for f in platform.client.functions()}
+    timer = StageTimer(platform.client, platform.url, lg, request, pm, tmp_path, samples=4, warmup=1)
+    records = timer.measure(result)
+    assert len(records) == len(result.choices)
+    for rec, ch in zip(records, result.choices, strict=True):
+        assert rec is not None and rec.samples == 4 and rec.measured_ms > 0
+        assert (rec.first, rec.last, rec.split) == (ch.first, ch.last, ch.split)
+        assert rec.model_ms == pytest.approx(pm.model_option(ch, MB).stage_ms)
+    assert {f["name"] for f in platform.client.functions()} == before
+    assert not list(tmp_path.iterdir())  # the exported bundle went with the deployment
+
+
+def test_a_second_plan_of_the_same_model_takes_its_stage_times_from_the_cache(platform, lg: LayerGraph,
+                                                                              monkeypatch: pytest.MonkeyPatch,
+                                                                              tmp_path: Path) -> None:
+    """measured_plan measures on the running platform (found through its URL), saves the stage times, and
+    the next plan measures nothing: its stages are priced by what was measured. (Every record is saved
+    here however much its repeats disagree: this test is about the cache, on a machine other tests load.)"""
+    from serving.calibrate.stages import measured_plan
+
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FLATPACK_PLATFORM_PORT", str(platform.url.rsplit(":", 1)[1]))
+    monkeypatch.setenv("FLATPACK_PLATFORM_CPU_LIMIT", "off")
+    request = PlanRequest(mode="lo", platform="local", memory=MB, transport="shm", profile_budget_s=600)
+    pm = _pm(lg)
+    first = measured_plan(lg, request, pm, lambda: _plan(pm), budget_s=600, samples=3,
+                          spread_limit=float("inf"))
+    assert first.rounds >= 1 and first.all_measured, first.stopped
+    assert list((tmp_path / "cache" / "stage-times").glob("*.json"))
+    pm2 = _pm(lg)
+    again = measured_plan(lg, request, pm2, lambda: _plan(pm2), budget_s=600, samples=3,
+                          spread_limit=float("inf"))
+    assert again.rounds == 0 and again.all_measured
+    assert [str(c) for c in again.result.choices] == [str(c) for c in first.result.choices]
+    split = [c for c in again.result.choices if c.split.degree > 1]
+    assert all(pm2.option(c, MB).measured for c in split)

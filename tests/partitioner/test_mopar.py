@@ -1,0 +1,170 @@
+"""MOPAR's HyPAD: graph simplification to a fixpoint, MOPAR's aggregation rules, the plans it makes for small
+zoo models, its SLO, and that it never predicts more GB-s than the unsplit model."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pytest
+
+from partitioner.graph import LayerGraph
+from partitioner.perfmodel import PerfModel, PlatformFacts
+from partitioner.predictors.aggregate import LayerCost
+from partitioner.solvers.common import Infeasible
+from partitioner.solvers.mopar import hypad, simplify, unsplit_plan
+from partitioner.solvers.simplify import (
+    SINK,
+    SOURCE,
+    Layer,
+    LayerDag,
+    edge_elimination,
+    layer_dag,
+    node_elimination,
+    segments,
+    simplify_dag,
+)
+from platforms import load_profile
+from tests.onnx_builders import residual_block
+
+
+def _dag(mems: list[float], edges: list[tuple[int, int]], units: list[int] | None = None,
+         depths: list[int] | None = None) -> LayerDag:
+    units = units or list(range(len(mems)))
+    depths = depths or list(range(len(mems)))
+    layers = tuple(Layer((k,), units[k], LayerCost(1.0, m), depths[k]) for k, m in enumerate(mems))
+    return LayerDag(layers, {k: (k,) for k in range(len(mems))}, Counter(edges))
+
+
+def test_node_elimination_merges_a_layer_into_a_successor_within_five_percent() -> None:
+    # a chain 100 -> 103 -> 200 -> 50: only the first two are alike
+    dag = _dag([100, 103, 200, 50], [(SOURCE, 0), (0, 1), (1, 2), (2, 3), (3, SINK)])
+    out = node_elimination(dag)
+    assert sorted(out.groups.values()) == [(0, 1), (2,), (3,)]
+    assert out.edges == Counter({(SOURCE, 1): 1, (1, 2): 1, (2, 3): 1, (3, SINK): 1})
+
+
+def test_edge_elimination_merges_parallel_edges_and_the_fixpoint_folds_a_branch() -> None:
+    """A residual block (Fig. 6): fork 0 -> branch 1 -> 2 -> join 3, and the skip edge 0 -> 3. Eliminating the
+    branch leaves two edges 0 -> 3; edge elimination makes them one, and only then can the fork merge."""
+    dag = _dag([100, 101, 102, 100], [(SOURCE, 0), (0, 1), (1, 2), (2, 3), (0, 3), (3, SINK)],
+               units=[0, 0, 0, 0])
+    first = node_elimination(dag)
+    assert first.edges[(0, 3)] == 2  # the eliminated branch's edge beside the skip edge
+    assert edge_elimination(first).edges[(0, 3)] == 1
+    simple, rounds = simplify_dag(dag)
+    assert list(simple.groups.values()) == [(0, 1, 2, 3)]
+    assert rounds >= 2
+    again, _ = simplify_dag(simple)
+    assert again.groups == simple.groups and again.edges == simple.edges  # a fixpoint
+
+
+def test_dissimilar_layers_keep_their_cuts() -> None:
+    dag = _dag([10, 100, 1000], [(SOURCE, 0), (0, 1), (1, 2), (2, SINK)])
+    simple, _ = simplify_dag(dag)
+    assert len(simple.groups) == 3
+    assert segments(simple, 3) == [(0, 0), (1, 1), (2, 2)]
+
+
+def test_a_group_aggregates_branches_in_parallel_and_depths_in_chain() -> None:
+    """MOPAR's rules: layers at the same depth are branches (memory sum, time max), depths a chain (memory
+    max, time sum)."""
+    layers = (Layer((0,), 0, LayerCost(2.0, 10.0), 0), Layer((1,), 0, LayerCost(3.0, 20.0), 1),
+              Layer((2,), 0, LayerCost(5.0, 15.0), 1), Layer((3,), 0, LayerCost(1.0, 12.0), 2))
+    dag = LayerDag(layers, {0: (0, 1, 2, 3)}, Counter())
+    assert dag.profile(0) == LayerCost(2.0 + 5.0 + 1.0, max(10.0, 20.0 + 15.0, 12.0))
+
+
+def test_layer_dag_of_a_residual_block_has_its_skip_edge() -> None:
+    lg = LayerGraph.load(residual_block())
+    dag = layer_dag(lg, [1.0] * len(lg.units))
+    sources = [e for e in dag.edges if e[0] not in (SOURCE, SINK)]
+    # the fork feeds two layers (its branch and the join): two out-edges
+    assert any(sum(1 for e in sources if e[0] == a) >= 2 for a, _ in sources)
+    assert all(layer.cost.memory_mb > 0 for layer in dag.layers)
+
+
+def _pm(name: str, width: int, size: int | None, *, fixed_cpu: bool = False) -> PerfModel:
+    """The model on the local platform (CPU follows memory, as on Lambda), or with ``fixed_cpu`` on one
+    where every function computes with one vCPU whatever its memory (MOPAR's OpenFaaS setting)."""
+    from zoo.cache import zoo_file
+
+    lg = LayerGraph.load(zoo_file(name, width_div=width, input_size=size))
+    facts = PlatformFacts.from_profile(load_profile("local"))
+    if fixed_cpu:
+        facts = dataclasses.replace(facts, mb_per_vcpu=1.0, max_vcpu=1.0, cores=None)
+    return PerfModel(lg, facts, transport="shm")
+
+
+@pytest.fixture(scope="module")
+def vgg() -> PerfModel:
+    pytest.importorskip("torch")
+    return _pm("vgg16", 2, 224)
+
+
+@pytest.fixture(scope="module")
+def bert() -> PerfModel:
+    pytest.importorskip("torch")
+    return _pm("bert", 4, None)
+
+
+def test_simplification_keeps_vgg16s_layers_apart(vgg: PerfModel) -> None:
+    """The layers' own memory differs across VGG (weights grow, activations shrink), so most units keep
+    their cuts; the function's 60 MB runtime made almost all of them merge."""
+    assert len(simplify(vgg)) >= len(vgg.lg.units) // 2
+
+
+def test_mopar_slices_vgg16_where_cpu_does_not_follow_memory() -> None:
+    """MOPAR's own setting: a slice's time does not depend on its memory, so light slices on small functions
+    save GB-s: HyPAD splits VGG-16 and its plan is cheaper than the unsplit model, and no slower."""
+    pytest.importorskip("torch")
+    pm = _pm("vgg16", 2, 224, fixed_cpu=True)
+    r = hypad(pm)
+    whole = unsplit_plan(pm)
+    assert whole is not None and not r.estimate.warnings
+    assert len(r.choices) > 1
+    assert r.estimate.cost_usd < 0.9 * whole.estimate.cost_usd
+    assert r.estimate.latency_ms <= whole.estimate.latency_ms
+
+
+@pytest.mark.parametrize("model", ["vgg", "bert"])
+def test_where_cpu_follows_memory_mopar_never_predicts_more_than_unsplit(model: str,
+                                                                         request: pytest.FixtureRequest) -> None:
+    """On Lambda's resource model a slice's compute costs the same GB-s at any memory below one vCPU, so the
+    slices' hand-offs are pure cost: HyPAD falls back to one function rather than cost more."""
+    pm: PerfModel = request.getfixturevalue(model)
+    whole = unsplit_plan(pm)
+    r = hypad(pm)
+    assert whole is not None and not r.estimate.warnings
+    assert r.estimate.cost_usd <= whole.estimate.cost_usd + 1e-15
+    if len(r.choices) == 1:
+        assert r.choices[0].master_part and r.choices[0].split.family == "none"
+
+
+def test_mopar_meets_an_slo_and_refuses_one_it_cannot(vgg: PerfModel) -> None:
+    free = hypad(vgg)
+    slo = free.estimate.latency_ms * 0.5
+    tight = hypad(vgg, slo_ms=slo)
+    assert tight.estimate.latency_ms <= slo and not tight.estimate.warnings
+    assert tight.estimate.cost_usd >= free.estimate.cost_usd  # speed is bought, never free here
+    with pytest.raises(Infeasible) as e:
+        hypad(vgg, slo_ms=1.0)
+    assert e.value.fastest is not None and e.value.fastest.estimate.latency_ms > 1.0
+
+
+def test_a_platform_with_one_memory_size_gives_every_function_that_size(vgg: PerfModel) -> None:
+    """``--memory M`` for mopar: a perf model whose platform offers only M (``memory_min_mb = memory_max_mb``)."""
+    fixed = dataclasses.replace(vgg.platform, memory_min_mb=1024, memory_max_mb=1024)
+    r = hypad(PerfModel(vgg.lg, fixed, vgg.compute, transport="shm"))
+    assert r.master_mb == 1024 and all(c.worker_mb in (0, 1024) for c in r.choices)
+
+
+def test_a_model_too_big_for_every_function_is_sliced_to_fit_or_refused(vgg: PerfModel) -> None:
+    """vgg16/w2@224 needs 416 MB in one function: with 128 MB functions HyPAD cuts it until every part fits;
+    with functions smaller than the runtime itself there is no plan, and the planner says so."""
+    small = dataclasses.replace(vgg.platform, memory_min_mb=128, memory_max_mb=128)
+    r = hypad(PerfModel(vgg.lg, small, vgg.compute, transport="shm"))
+    assert not r.estimate.warnings and r.master_mb == 128 and len(r.choices) > 1
+    none = dataclasses.replace(vgg.platform, memory_min_mb=32, memory_max_mb=64)
+    with pytest.raises(Infeasible, match="fit"):
+        hypad(PerfModel(vgg.lg, none, vgg.compute, transport="shm"))

@@ -1,0 +1,118 @@
+"""The SLO solvers' search space: the platform's memory range on a grid with a tested bound, and memory as a
+hard constraint of every solver."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from functions.plan import Split
+from partitioner.graph import LayerGraph
+from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts
+from partitioner.planner import PlanRequest, solve
+from partitioner.solvers.bruteforce import bruteforce
+from partitioner.solvers.common import GRID_RATIO, Infeasible, SearchSpace, memory_options
+from partitioner.solvers.dp import latency_dp, slo_dp
+from platforms import load_profile
+from tests.onnx_builders import conv_stack
+from tests.partitioner.test_solvers import CNN
+
+
+@pytest.fixture(scope="module")
+def lg() -> LayerGraph:
+    return LayerGraph.load(conv_stack(CNN, cin=3, h=32, w=32))
+
+
+def _lambda(**kw: object) -> PlatformFacts:
+    return dataclasses.replace(PlatformFacts.from_profile(load_profile("aws-lambda")), **kw)
+
+
+def test_the_grid_spans_the_platform_in_bounded_steps_with_every_vcpu_breakpoint() -> None:
+    facts = _lambda()
+    grid = memory_options(facts)
+    assert grid[0] == 128 and grid[-1] == 10240
+    assert {1769, 3538, 5307, 7076, 8845} <= set(grid)  # where the thread count changes
+    assert all(b <= a * GRID_RATIO for a, b in zip(grid, grid[1:], strict=False))
+    assert len(grid) < 60  # what keeps the search fast
+    small = _lambda(memory_min_mb=128, memory_max_mb=160, memory_step_mb=1)
+    assert memory_options(small, 1.0) == list(range(128, 161))  # ratio 1: every size
+    with pytest.raises(ValueError, match="at least 1"):
+        memory_options(facts, 0.5)
+
+
+@pytest.mark.parametrize("slo_factor", [1.1, 1.5, 3.0])
+def test_the_grid_optimum_is_within_its_ratio_of_the_optimum_over_every_size(lg: LayerGraph,
+                                                                            slo_factor: float) -> None:
+    """Brute force over every size of a platform offering 128-512 MB in 4 MB steps, against the exact solver
+    on the grid of ratio 1.25: never cheaper than the true optimum, never more than 1.25 x it."""
+    facts = _lambda(memory_min_mb=128, memory_max_mb=512, memory_step_mb=4)
+    pm = PerfModel(lg, facts, ComputeModel.from_flops(lg, gflops=0.2))
+    splits = (Split(), Split("spatial", (2, 1)), Split("channel", (2,)))
+    every = list(range(128, 513, 4))
+    grid = memory_options(facts, 1.25)
+    assert len(grid) < len(every) / 4
+    fastest = latency_dp(SearchSpace(pm, max_group=2, splits=splits, worker_memories=[512]), 512).estimate.latency_ms
+    slo = fastest * slo_factor
+    full = bruteforce(SearchSpace(pm, max_group=2, splits=splits, worker_memories=every), slo, every)
+    coarse = slo_dp(SearchSpace(pm, max_group=2, splits=splits, worker_memories=grid), slo, grid, nl=4000)
+    assert full.estimate.cost_usd <= coarse.estimate.cost_usd * (1 + 1e-9)
+    assert coarse.estimate.cost_usd <= full.estimate.cost_usd * 1.25
+    assert coarse.estimate.latency_ms <= slo + 1e-6
+
+
+# -- memory is a hard constraint ------------------------------------------------------------------------
+
+# compute models whose weights and activations weigh on small functions (as a full-size VGG-16's do)
+HEAVY = [(150.0, 3000.0), (20.0, 5000.0)]
+
+
+def _heavy(lg: LayerGraph, act: float, weights: float) -> PerfModel:
+    compute = dataclasses.replace(ComputeModel.from_flops(lg, gflops=0.05), activation_factor=act,
+                                  weight_factor=weights)
+    return PerfModel(lg, _lambda(), compute)
+
+
+@pytest.mark.parametrize("act,weights", HEAVY)
+@pytest.mark.parametrize("solver", ["exact", "bruteforce"])
+def test_no_exact_solver_returns_a_plan_that_breaks_its_memory_model(lg: LayerGraph, act: float, weights: float,
+                                                                     solver: str) -> None:
+    pm = _heavy(lg, act, weights)
+    fastest = solve(lg, PlanRequest(mode="lo"), pm=pm)
+    assert not fastest.estimate.warnings
+    for memory, factor in (("auto", 1.3), (256, 3.0)):
+        request = PlanRequest(mode="slo", slo_ms=fastest.estimate.latency_ms * factor, solver=solver,
+                              memory=memory, max_group=1)
+        try:
+            r = solve(lg, request, pm=pm)
+        except Infeasible:
+            continue
+        assert not r.estimate.warnings, (memory, factor, r.estimate.memory_mb)
+        assert r.estimate.memory_mb["master"] <= r.master_mb
+
+
+@pytest.mark.parametrize("act,weights", HEAVY)
+def test_rl_and_bo_return_no_plan_that_breaks_its_memory_model(lg: LayerGraph, act: float, weights: float) -> None:
+    pytest.importorskip("stable_baselines3")
+    pytest.importorskip("optuna")
+    from partitioner.solvers.bo import bo_solver
+    from partitioner.solvers.rl import rl_solver
+
+    pm = _heavy(lg, act, weights)
+    mems = [128, 192, 256, 512, 1769]
+    space = SearchSpace(pm, max_group=2, worker_memories=mems)
+    slo = latency_dp(space, max(mems)).estimate.latency_ms * 2
+    for r in (rl_solver(space, slo, mems, timesteps=512, n_steps=128, batch_size=32), bo_solver(space, slo, mems,
+                                                                                                 trials=8)):
+        assert not r.estimate.warnings, (r.solver, r.estimate.memory_mb)
+
+
+@pytest.mark.parametrize("act,weights", HEAVY)
+def test_lo_and_mopar_plans_fit_their_memory(lg: LayerGraph, act: float, weights: float) -> None:
+    pm = _heavy(lg, act, weights)
+    for request in (PlanRequest(mode="lo"), PlanRequest(mode="lo", memory=256), PlanRequest(mode="mopar")):
+        try:
+            r = solve(lg, request, pm=pm)
+        except Infeasible:
+            continue
+        assert not r.estimate.warnings, (request, r.estimate.memory_mb)

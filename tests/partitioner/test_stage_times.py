@@ -1,0 +1,167 @@
+"""Stage times measured on the target: how the performance model prices them, and the measure-and-replan loop.
+
+The loop's ``measure`` here is the performance model itself with a known distortion (split stages slower
+than modelled, as small parts are live): what a platform would report, without one. The loop on a
+real platform is tests/integration/test_stage_times_live.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from functions.plan import Split
+from partitioner.graph import LayerGraph
+from partitioner.perfmodel import ComputeModel, ExGauss, PerfModel, PlatformFacts, StageChoice
+from partitioner.solvers.common import SPLITS, SearchSpace
+from partitioner.solvers.dp import latency_dp
+from partitioner.stage_times import StageRecord, StageTimes, records_from, refine, stage_key
+from platforms import load_profile
+from tests.onnx_builders import conv_stack
+
+CNN = [{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 16},
+       {"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 16},
+       {"op": "MaxPool", "k": (2, 2), "s": (2, 2)},
+       {"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 32}]
+MB = 1769
+
+
+@pytest.fixture(scope="module")
+def lg() -> LayerGraph:
+    return LayerGraph.load(conv_stack(CNN, cin=3, h=32, w=32))
+
+
+def _pm(lg: LayerGraph) -> PerfModel:
+    """Cheap forks and 100 ms units: the model's fastest plan splits."""
+    facts = dataclasses.replace(PlatformFacts.from_profile(load_profile("aws-lambda")),
+                                invoke=ExGauss(1.0, 0.1, 0.1), transfer_latency_ms=0.1, bandwidth_mb_s=1e5)
+    compute = ComputeModel(tuple({1: 100.0, 2: 55.0} for _ in lg.units), tuple(u.flops for u in lg.units))
+    return PerfModel(lg, facts, compute)
+
+
+def _plan(pm: PerfModel):  # noqa: ANN202 - a SolverResult
+    return latency_dp(SearchSpace(pm, worker_memories=[MB]), MB)
+
+
+def _record(choice: StageChoice, measured_ms: float, model_ms: float) -> StageRecord:
+    return StageRecord(choice.first, choice.last, choice.split, choice.master_part, choice.worker_mb, MB,
+                       measured_ms, model_ms, samples=10)
+
+
+def _split_stage(pm: PerfModel) -> StageChoice:
+    result = _plan(pm)
+    split = [c for c in result.choices if c.split.degree > 1]
+    assert split, "the model's fastest plan must split for these tests to mean anything"
+    return split[0]
+
+
+def test_a_measured_stage_is_priced_by_its_measurement(lg: LayerGraph) -> None:
+    pm = _pm(lg)
+    ch = _split_stage(pm)
+    model = pm.option(ch, MB)
+    assert model is not None and not model.measured
+    times = StageTimes()
+    times.add(_record(ch, 3 * model.stage_ms, model.stage_ms))
+    pm.use_stage_times(times)
+    got = pm.option(ch, MB)
+    assert got is not None and got.measured
+    assert got.stage_ms == pytest.approx(3 * model.stage_ms)
+    # reading the outputs and joining them come after what the master times: the model's still
+    assert got.latency_ms - got.stage_ms == pytest.approx(model.latency_ms - model.stage_ms)
+    assert got.latency_q_ms - got.latency_ms == pytest.approx(model.latency_q_ms - model.latency_ms)
+    assert pm.model_option(ch, MB) == model  # the model's own figures stay available
+
+
+def test_split_stages_not_measured_take_the_measured_ratio_of_their_degree(lg: LayerGraph) -> None:
+    pm = _pm(lg)
+    ch = _split_stage(pm)
+    model = pm.option(ch, MB)
+    assert model is not None
+    times = StageTimes()
+    times.add(_record(ch, 2 * model.stage_ms, model.stage_ms))
+    pm.use_stage_times(times)
+    n = len(lg.units)
+    others = [StageChoice(a, b, s, ch.master_part) for a in range(n) for b in range(a, n) for s in SPLITS
+              if s.degree == ch.split.degree and (a, b, s) != (ch.first, ch.last, ch.split)]
+    other = next(o for o in others if pm.model_option(o, MB) is not None)
+    before, after = pm.model_option(other, MB), pm.option(other, MB)
+    assert before is not None and after is not None and not after.measured
+    assert after.stage_ms == pytest.approx(2 * before.stage_ms)
+    # an unsplit stage is its units' profiled time: no ratio applies
+    whole = StageChoice(0, len(lg.units) - 1, Split())
+    assert pm.option(whole, MB) == pm.model_option(whole, MB)
+    assert times.ratio(1) is None
+
+
+def test_refine_measures_until_the_plan_stands_on_measurements(lg: LayerGraph) -> None:
+    """Split stages 40x slower live than modelled (slower than unsplit, even split 16 ways): the loop measures
+    the model's split plan, learns the ratio, and ends on the plan that is fastest with it (here: no split),
+    every stage accounted for."""
+    pm = _pm(lg)
+    first_plan = _plan(pm)
+    calls: list[int] = []
+
+    def measure(result):  # noqa: ANN001, ANN202
+        calls.append(len(result.choices))
+        model = [pm.model_option(c, result.master_mb) for c in result.choices]
+        slow = [[(40.0 if c.split.degree > 1 else 1.0) * m.stage_ms] * 3
+                for c, m in zip(result.choices, model, strict=True)]
+        return records_from(result.choices, result.master_mb, slow, [m.stage_ms for m in model])
+
+    refined = refine(lambda: _plan(pm), measure, StageTimes(), pm.use_stage_times, budget_s=1e9)
+    assert calls and refined.rounds == len(calls)
+    assert refined.all_measured, refined.stopped
+    assert any(c.split.degree > 1 for c in first_plan.choices)
+    assert all(c.split.degree == 1 for c in refined.result.choices)
+
+
+def test_refine_keeps_a_split_plan_that_runs_as_modelled(lg: LayerGraph) -> None:
+    pm = _pm(lg)
+    first = _plan(pm)
+
+    def measure(result):  # noqa: ANN001, ANN202
+        model = [pm.model_option(c, result.master_mb) for c in result.choices]
+        return records_from(result.choices, result.master_mb, [[m.stage_ms] for m in model],
+                            [m.stage_ms for m in model])
+
+    refined = refine(lambda: _plan(pm), measure, StageTimes(), pm.use_stage_times, budget_s=1e9)
+    assert refined.rounds == 1 and refined.all_measured
+    assert refined.result.choices == first.choices
+    assert refined.result.estimate.latency_ms == pytest.approx(first.estimate.latency_ms)
+
+
+def test_refine_with_no_budget_measures_nothing_and_says_so(lg: LayerGraph) -> None:
+    pm = _pm(lg)
+
+    def measure(result):  # noqa: ANN001, ANN202
+        raise AssertionError("nothing may be measured without a budget")
+
+    refined = refine(lambda: _plan(pm), measure, StageTimes(), pm.use_stage_times, budget_s=0)
+    assert refined.rounds == 0 and not refined.all_measured
+    assert "budget" in refined.stopped
+
+
+def test_stage_times_survive_a_round_trip_and_a_broken_file_is_empty(lg: LayerGraph, tmp_path: Path) -> None:
+    pm = _pm(lg)
+    ch = _split_stage(pm)
+    times = StageTimes()
+    times.add(_record(ch, 12.5, 10.0))
+    path = tmp_path / "t.json"
+    times.save(path)
+    back = StageTimes.load(path)
+    key = stage_key(ch.first, ch.last, ch.split, ch.master_part, ch.worker_mb, MB)
+    assert back.get(key) == times.get(key)
+    assert back.ratio(ch.split.degree) == pytest.approx(1.25)
+    path.write_text("{not json")
+    assert len(StageTimes.load(path)) == 0
+
+
+def test_a_degree_not_measured_interpolates_from_one_at_one_part() -> None:
+    times = StageTimes()
+    times.add(StageRecord(0, 1, Split("spatial", (2, 2)), True, 0, MB, 30.0, 10.0, samples=10))
+    assert times.ratio(4) == pytest.approx(3.0)
+    assert times.ratio(2) == pytest.approx(1 + 2.0 / 3)  # a third of the way from 1 part to 4
+    assert times.ratio(6) == pytest.approx(3.0)  # held beyond the largest degree measured
+    assert times.ratio(1) is None

@@ -1,0 +1,90 @@
+"""The latency distribution a percentile SLO is planned against: compute spread, fan-out order statistics,
+hedging and cold starts; the per-stage bound against the sampled plan quantile."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from functions.plan import Split
+from partitioner.graph import LayerGraph
+from partitioner.perfmodel import ComputeModel, ExGauss, PerfModel, PlatformFacts, StageChoice
+from partitioner.tail import StageShape, plan_quantile, sigma_from_p95, stage_quantile
+from platforms import load_profile
+from tests.onnx_builders import conv_stack
+
+INVOKE = ExGauss(2.0, 0.3, 3.0)  # a heavy tail: the mean is 5 ms, p99 about 16 ms
+
+
+def _shape(n: int, *, sigma: float = 0.1, compute: float = 20.0) -> StageShape:
+    return StageShape(put_ms=0.5, master_ms=compute, worker_fixed=(1.0,) * n, worker_compute=(compute,) * n,
+                      dispatch_ms=0.5, tail_ms=0.5, floor_ms=0.0, sigma=sigma)
+
+
+def test_a_spread_is_the_lognormal_sigma_of_the_profiled_p95() -> None:
+    sigma = sigma_from_p95(10.0, 12.0)
+    assert 10.0 * math.exp(1.6449 * sigma) == pytest.approx(12.0, rel=1e-3)
+    assert sigma_from_p95(10.0, 9.0) == 0.0
+    assert sigma_from_p95(10.0, 1e6) == 0.6  # clipped: a p95 that far out is not compute spread
+
+
+@pytest.mark.parametrize("n", [0, 1, 4])
+def test_the_stage_bound_is_above_the_sampled_quantile_and_not_far(n: int) -> None:
+    shape = _shape(n)
+    bound = stage_quantile(shape, INVOKE, 0.99)
+    sampled = plan_quantile([shape], ExGauss(0.0, 1e-6, 1e-6), ExGauss(0.0, 1e-6, 1e-6), 0.0, 0.99)
+    if n:  # the stage's invokes are the stage's: put them back in the sample
+        sampled = plan_quantile([shape], INVOKE, ExGauss(0.0, 1e-6, 1e-6), 0.0, 0.99)
+    assert sampled <= bound * 1.01
+    assert bound <= sampled * 1.35
+
+
+def test_more_workers_wait_for_a_slower_straggler() -> None:
+    q = [plan_quantile([_shape(n)], INVOKE, INVOKE, 0.0, 0.99) for n in (1, 2, 4, 8)]
+    assert q == sorted(q) and q[-1] > q[0] + 3.0
+
+
+def test_hedging_cuts_a_heavy_tail_and_the_bound_knows() -> None:
+    """Workers whose invocations now and then take far longer than their work (a 20 ms exponential tail
+    on 7 ms of work): a second invocation past the p75 wins often. Where the work dominates, a second run
+    takes as long again and hedging buys nothing; the model says so too."""
+    straggly, quiet = ExGauss(1.0, 0.2, 20.0), ExGauss(0.0, 1e-6, 1e-6)
+    shape = dataclasses.replace(_shape(4, compute=5.0), master_ms=0.0)  # only workers: hedging is about them
+    plain = plan_quantile([shape], straggly, quiet, 0.0, 0.99)
+    hedged = plan_quantile([shape], straggly, quiet, 0.0, 0.99, hedge=0.75)
+    assert hedged < plain * 0.8
+    bound, hedged_bound = (stage_quantile(shape, straggly, 0.99, hedge=h) for h in (None, 0.75))
+    assert hedged <= hedged_bound < bound * 0.8
+    work_bound = dataclasses.replace(shape, worker_compute=(100.0,) * 4, sigma=0.05)
+    assert stage_quantile(work_bound, INVOKE, 0.99, hedge=0.75) == stage_quantile(work_bound, INVOKE, 0.99)
+    # below the hedge point nothing changes
+    assert stage_quantile(shape, straggly, 0.5, hedge=0.9) == stage_quantile(shape, straggly, 0.5)
+
+
+def test_cold_starts_show_in_the_tail_when_they_are_likely() -> None:
+    shape = _shape(2)
+    warm = plan_quantile([shape], INVOKE, INVOKE, 0.0, 0.99)
+    rare = plan_quantile([shape], INVOKE, INVOKE, 0.0, 0.99, cold_p=0.001, cold_ms=500.0)
+    often = plan_quantile([shape], INVOKE, INVOKE, 0.0, 0.99, cold_p=0.05, cold_ms=500.0)
+    assert rare < warm + 50 and often > warm + 400
+
+
+def test_the_model_samples_its_plans_within_the_bound_the_solvers_check() -> None:
+    lg = LayerGraph.load(conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * 3,
+                                    cin=3, h=32, w=32))
+    facts = dataclasses.replace(PlatformFacts.from_profile(load_profile("aws-lambda")), invoke=INVOKE)
+    compute = ComputeModel(tuple({1: 30.0, 2: 16.0} for _ in lg.units), tuple(u.flops for u in lg.units),
+                           unit_sigma=(0.2,) * len(lg.units))
+    pm = PerfModel(lg, facts, compute, percentile=0.99)
+    choices = [StageChoice(0, 1, Split("spatial", (2, 1)), True), StageChoice(2, len(lg.units) - 1, Split())]
+    est = pm.estimate(choices, 1769)
+    sampled = pm.plan_quantile(choices, 1769)
+    assert est.latency_ms < sampled <= est.latency_q_ms
+    assert compute.sigma(0, 1) == pytest.approx(0.2)
+    assert ComputeModel(compute.unit_ms, compute.unit_flops).sigma(0, 1) == pytest.approx(0.05)  # the default
+    with pytest.raises(ValueError, match="hedge"):
+        PerfModel(lg, facts, compute, hedge=1.5)
+    assert np.isfinite(PerfModel(lg, facts, compute, percentile=0.99, hedge=0.95).plan_quantile(choices, 1769))

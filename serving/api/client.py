@@ -100,7 +100,7 @@ class InferClient:
 
 def _outputs(data: bytes, header_length: str | None) -> dict[str, np.ndarray]:
     n = int(header_length) if header_length is not None else len(data)
-    doc: dict[str, Any] = json_codec.loads(memoryview(data)[:n])
+    doc: dict[str, Any] = json_codec.loads_tensors(memoryview(data)[:n], "outputs")
     out, offset = {}, n
     for o in doc["outputs"]:
         dtype = DATATYPES[o["datatype"]]

@@ -153,3 +153,45 @@ def test_json_codec_refuses_what_the_standard_library_refuses_in_its_words() -> 
     assert json_codec.loads(b'{"n": [1, 2.5, "s", true, null]}') == {"n": [1, 2.5, "s", True, None]}
     doc = json.loads(json_codec.dumps({"y": np.array([0.1, 2.5], np.float32), "i": np.int64(3)}))
     assert np.array_equal(np.asarray(doc["y"], np.float32), np.array([0.1, 2.5], np.float32)) and doc["i"] == 3
+
+
+@pytest.mark.parametrize("body", [
+    b'{"id": "r", "inputs": [{"name": "x", "datatype": "FP32", "shape": [3], "data": [1, 2.5, -3e-2]}]}',
+    b'{"inputs": [{"name": "x", "datatype": "FP16", "shape": [2, 2], "data": [[1, 2], [3, 4]]}]}',
+    b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1, "a"]}]}',
+    b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [3], "data": [1, [2, 3]]}]}',
+    b'{"inputs": [{"name": "x", "datatype": "FP64", "shape": [0], "data": []}, 7]}',
+    b'{"inputs": [{"name": "t", "datatype": "INT64", "shape": [2], "data": [9007199254740993, 2]}]}',
+    b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": null}], "parameters": {"a": [1]}}',
+    b'{"inputs": {"name": "x"}}', b'[1, 2]',
+])
+def test_loads_tensors_reads_what_loads_reads(body: bytes) -> None:
+    """The fast reading of tensors' numbers (pysimdjson) gives the values loads gives: flat float data as an
+    array, anything else (nested, mixed, integer tensors, other shapes of document) exactly as loads."""
+    fast, plain = json_codec.loads_tensors(body, "inputs"), json_codec.loads(body)
+
+    def same(a: object, b: object) -> bool:
+        if isinstance(a, np.ndarray):
+            return a.dtype == np.float64 and np.array_equal(a, np.asarray(b, np.float64))
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+        return type(a) is type(b) and a == b
+
+    assert same(fast, plain)
+
+
+def test_loads_tensors_takes_flat_float_data_as_an_array_and_refuses_bad_json_in_the_same_words() -> None:
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    body = json_codec.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1000], "data": x}]})
+    data = json_codec.loads_tensors(body, "inputs")["inputs"][0]["data"]
+    if json_codec._simdjson is not None:  # installed with the server extra
+        assert isinstance(data, np.ndarray)
+    assert np.array_equal(np.asarray(data, np.float32), x)  # the shortest float32 decimal reads back exactly
+    for bad in (b'{"inputs": [', b'{"a": NaN}'):
+        with pytest.raises(json.JSONDecodeError) as fast:
+            json_codec.loads_tensors(bad, "inputs")
+        with pytest.raises(json.JSONDecodeError) as plain:
+            json_codec.loads(bad)
+        assert str(fast.value) == str(plain.value)

@@ -125,12 +125,16 @@ class InProcessRunner:
     def __init__(self, bundle_dir: str | Path, *, intra_op_threads: int = 0) -> None:
         self._dir = Path(bundle_dir)
         self._sessions = SessionCache(intra_op_threads=intra_op_threads)
+        self._paths: dict[str, Path] = {}  # a Path joined and hashed per request costs more than a lookup
 
     def run_stage(self, stage: Stage, inputs: Sequence[Tensors]) -> list[Tensors]:
         return [self.run_file(p.file, x) for p, x in zip(stage.parts, inputs, strict=True)]
 
     def run_file(self, file: str, inputs: Mapping[str, np.ndarray]) -> Tensors:
-        return self._sessions.run(self._dir / file, inputs)
+        path = self._paths.get(file)
+        if path is None:
+            path = self._paths[file] = self._dir / file
+        return self._sessions.run(path, inputs)
 
     def run_epilogue(self, stage: Stage, env: Mapping[str, np.ndarray]) -> Tensors:
         assert stage.epilogue is not None

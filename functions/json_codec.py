@@ -32,9 +32,12 @@ except ImportError:  # a function package without it: the standard library
 try:
     import simdjson as _simdjson
 except ImportError:  # tensors' data as Python lists, as loads reads them
-    _simdjson = None
+    _simdjson = None  # type: ignore[assignment]  # the module or nothing: checked before every use
 
 __all__ = ["FAST", "JSONDecodeError", "dumps", "loads", "loads_tensors"]
+
+#: documents shorter than this (bytes) go to loads: a parser costs ~10 us to set up, more than it saves there
+_SIMDJSON_FROM = 16 * 1024
 
 JSONDecodeError = json.JSONDecodeError
 
@@ -62,7 +65,7 @@ def loads_tensors(data: bytes | memoryview, entries: str) -> Any:
     ``datatype`` is FP16, FP32 or FP64 and whose data is a flat list of numbers may come back as a float64
     array instead of a list (pysimdjson installed); any other document comes back as :func:`loads` reads
     it, and one that is not valid JSON raises as :func:`loads` does."""
-    if _simdjson is None:
+    if _simdjson is None or len(data) < _SIMDJSON_FROM:
         return loads(data)
     try:
         # a parser per document: a parser holds one document at a time, and requests may be parsed in threads

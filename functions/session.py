@@ -45,6 +45,7 @@ class SessionCache:
         self._threads = intra_op_threads
         self._sessions: dict[Path, ort.InferenceSession] = {}
         self._given: dict[str | Path, ort.InferenceSession] = {}
+        self._names: dict[ort.InferenceSession, tuple[list[str], list[str]]] = {}
         self._lock = threading.Lock()
 
     def get(self, path: str | Path) -> ort.InferenceSession:
@@ -65,9 +66,11 @@ class SessionCache:
 
     def run(self, path: str | Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         sess = self.get(path)
-        feeds = {i.name: np.ascontiguousarray(inputs[i.name]) for i in sess.get_inputs()}
-        names = [o.name for o in sess.get_outputs()]
-        return dict(zip(names, sess.run(names, feeds), strict=True))
+        names = self._names.get(sess)
+        if names is None:  # asking the session builds its NodeArgs anew each time: a few us per request
+            names = self._names[sess] = ([i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()])
+        feeds = {n: np.ascontiguousarray(inputs[n]) for n in names[0]}
+        return dict(zip(names[1], sess.run(names[1], feeds), strict=True))
 
     def __len__(self) -> int:
         return len(self._sessions)

@@ -613,7 +613,8 @@ class PerfModel:
             shapes.append(oc.shape)
         mean, _ = self.request_ms()
         inv = self.platform.invoke
-        return plan_quantile(shapes, inv, inv, mean - inv.mean, self.q if q is None else q, hedge=self.hedge,
+        offset = mean - inv.mean + self._handling_slower(master_mb)
+        return plan_quantile(shapes, inv, inv, offset, self.q if q is None else q, hedge=self.hedge,
                              cold_p=self.cold_p, cold_ms=self.cold_start_ms)
 
     def evaluate(self, choices: Sequence[StageChoice], master_mb: int) -> tuple[float, float, float, bool]:
@@ -659,9 +660,20 @@ class PerfModel:
         stretch = cpu_stretch(p.vcpu(master_mb))
         if stretch <= 1.0 or not p.cores:  # measured on the local platform (its top-up); the solvers' sums hold
             return lat + fixed, lat_q + fixed_q, lat
-        busy = (master_cpu_ms + self.request_master_cpu_ms()) * stretch
-        floor = p.invoke.mean + busy
-        return max(lat + fixed, floor), max(lat_q + fixed_q, p.invoke.quantile(self.q) + busy), max(lat, busy)
+        handling = self.compute.invocation_overhead_ms
+        slower = self._handling_slower(master_mb)
+        busy = (master_cpu_ms + self.request_master_cpu_ms()) * stretch  # its handling included
+        floor, floor_q = p.invoke.mean - handling + busy, p.invoke.quantile(self.q) - handling + busy
+        return max(lat + fixed + slower, floor), max(lat_q + fixed_q + slower, floor_q), max(lat, busy)
+
+    def _handling_slower(self, master_mb: int) -> float:
+        """How much longer the master's own handling of a request takes at its share than in the invoke
+        latency, which is measured with a one-vCPU function (calibrate's probe); 0 in the cloud profiles,
+        whose invoke latencies the solvers' sums take as they are."""
+        p = self.platform
+        if not p.cores:
+            return 0.0
+        return self.compute.invocation_overhead_ms * (cpu_stretch(p.vcpu(master_mb)) - 1.0)
 
     def request_master_cpu_ms(self) -> float:
         """The master's CPU per request beside its stages: receiving the inputs, sending the outputs, its

@@ -139,7 +139,7 @@ class EndpointResult:
         }
 
 
-def measure_endpoint(*, n: int = 200, model: str = "resnet18", say: Callable[[str], None] | None = None
+def measure_endpoint(*, n: int = 500, model: str = "resnet18", say: Callable[[str], None] | None = None
                      ) -> EndpointResult:
     """``n`` timed requests on each path for zoo ``model`` (width / 2, 64 x 64, unsplit), and 5 s of 8
     concurrent clients on each endpoint path (binary tensors)."""

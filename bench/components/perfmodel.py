@@ -3,7 +3,8 @@
 1. Invoke latency of this machine's local platform: round trips of a trivial function, fitted as an
    exponentially modified Gaussian (scipy.stats.exponnorm), as Gillis modelled Lambda's.
 2. For several plans of several zoo models (families, fan-outs, transports): deploy the bundle, warm it
-   up, run requests one at a time (warm-up excluded) with a no-op round trip before each, then predict
+   up, run requests one at a time (warm-up excluded) with a no-op round trip before each (a one-vCPU
+   function, as `flatpack calibrate` probes the platform), then predict
    latency and billed GB-s with the model - unit times from the cached profile scaled to whole-model
    runs (in this process, one thread, as a 1769 MB function) taken between the plan's requests, invoke
    latency and the platform's billed overhead from the no-op round trips - and compare the median
@@ -255,19 +256,15 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flatpack-perf-")))
         local = stack.enter_context(LocalPlatform(PlatformConfig.from_env(port=0)))
-        probes = {mb: _NoopProbe(local, tmp, mb) for mb in memories}
-        for p in probes.values():
-            stack.callback(p.close)
+        # the invoke latency and billed overhead of a no-op function at one vCPU, as `flatpack calibrate` measures
+        # them for the planner: the model stretches the master's own handling by its share
+        probe = _NoopProbe(local, tmp, MEMORY_MB)
+        stack.callback(probe.close)
         base_facts = PlatformFacts.from_profile(load_profile("local"))
-        facts: dict[int, Any] = {}
-        all_samples: list[float] = []
-        for mb, p in probes.items():
-            for _ in range(50):
-                p()
-            first, noop_ms = p.take()
-            facts[mb] = _facts(base_facts, first, noop_ms)
-            if mb == MEMORY_MB:
-                all_samples += first
+        for _ in range(50):
+            probe()
+        all_samples, noop_ms = probe.take()
+        facts = _facts(base_facts, all_samples, noop_ms)
         for model, opts, plans in cases:
             path = build_to_file(model, tmp / f"{model}.onnx", **opts)
             lg = LayerGraph.load(path)
@@ -276,14 +273,13 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
             feeds = random_inputs(lg.model, 0)
             calib.run(None, feeds)
             for (label, spec, transport), mb in itertools.product(plans, memories):
-                probe = probes[mb]
                 # unit times from the (cached) profile, scaled to whole-model timings taken now (two threads)
                 # and between the plan's requests (one thread), so prediction and runs see the same machine
                 cm, source = compute_model(lg, "measure", fresh=True)
                 out = tmp / f"{model}-{label}-{mb}"
                 if spec == "lo":
                     req = PlanRequest(mode="lo", platform="local", memory=mb, max_group=4, transport=transport)
-                    result = solve(lg, req, pm=PerfModel(lg, facts[mb], cm, transport=transport))
+                    result = solve(lg, req, pm=PerfModel(lg, facts, cm, transport=transport))
                     choices = list(result.choices)
                     export_solution(lg, result, req, out)
                 else:
@@ -315,26 +311,25 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
                     client.close()
                     dep.remove()
                 # the model's platform facts for this plan: invoke latency and billed overhead probed
-                # between its requests, at its memory size
+                # between its requests
                 samples, noop_ms = probe.take()
-                if mb == MEMORY_MB:
-                    all_samples += samples
-                facts[mb] = _facts(base_facts, samples, noop_ms)
+                all_samples += samples
+                facts = _facts(base_facts, samples, noop_ms)
                 # and the one-thread unit times scaled to whole-model runs taken between its requests
                 cm, source = scale_to_whole(cm, {1: statistics.median(whole)})
-                pm = PerfModel(lg, facts[mb], cm, transport=transport)
+                pm = PerfModel(lg, facts, cm, transport=transport)
                 est = pm.estimate(choices, mb)
                 predicted_gb_s = (est.cost_usd - (1 + _worker_invocations(pm, choices, mb))
-                                  * facts[mb].price_request) / facts[mb].price_gb_s
+                                  * facts.price_request) / facts.price_gb_s
                 rows.append(PlanCheck(
                     model, label, transport, mb, len(choices), sum(c.split.degree for c in choices),
                     est.latency_ms, statistics.median(lat), predicted_gb_s, (after - before) / n,
                     dict(est.memory_mb), {k: rss[k] for k in est.memory_mb if k in rss},
-                    (facts[mb].invoke.mu, facts[mb].invoke.sigma, facts[mb].invoke.tau), noop_ms, source))
+                    (facts.invoke.mu, facts.invoke.sigma, facts.invoke.tau), noop_ms, source))
             if not tails_done:
                 tails_done = True
                 # the unit times of its last plan: scaled to whole-model runs taken between that plan's requests
-                tails = [_tail_check(local, lg, model, facts[mb], cm, tmp / f"{model}-p99-{mb}", mb,
+                tails = [_tail_check(local, lg, model, facts, cm, tmp / f"{model}-p99-{mb}", mb,
                                      requests=max(10 * n, 300), say=say) for mb in memories]
     return PerfModelResult(tuple(rows), tuple(all_samples), tuple(tails))
 

@@ -4,7 +4,7 @@ the JSON codec (orjson or the standard library, with the same answers)."""
 
 from __future__ import annotations
 
-import gzip
+import gzip  # every gzip.compress with mtime=0: the bytes are test ids, the same in every xdist worker
 import json
 import zlib
 
@@ -28,18 +28,18 @@ def _raw_deflate(data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize(("coding", "encoded"), [
-    (None, BODY), ("identity", BODY), ("gzip", gzip.compress(BODY)), ("GZIP", gzip.compress(BODY)),
-    ("x-gzip", gzip.compress(BODY)), ("deflate", zlib.compress(BODY)), ("deflate", _raw_deflate(BODY)),
-    ("gzip", gzip.compress(BODY[:10]) + gzip.compress(BODY[10:])),  # two members back to back
-    ("gzip", gzip.compress(BODY) + b"\0\0\0"),  # zero padding after the member, as gzip readers allow
-    ("deflate, gzip", gzip.compress(zlib.compress(BODY))),  # applied in the order listed
+    (None, BODY), ("identity", BODY), ("gzip", gzip.compress(BODY, mtime=0)), ("GZIP", gzip.compress(BODY, mtime=0)),
+    ("x-gzip", gzip.compress(BODY, mtime=0)), ("deflate", zlib.compress(BODY)), ("deflate", _raw_deflate(BODY)),
+    ("gzip", gzip.compress(BODY[:10], mtime=0) + gzip.compress(BODY[10:], mtime=0)),  # two members back to back
+    ("gzip", gzip.compress(BODY, mtime=0) + b"\0\0\0"),  # zero padding after the member, as gzip readers allow
+    ("deflate, gzip", gzip.compress(zlib.compress(BODY), mtime=0)),  # applied in the order listed
 ])
 def test_encoded_bodies_decode_to_the_request(coding: str | None, encoded: bytes) -> None:
     assert decode_body(encoded, coding, len(BODY)) == BODY
 
 
 def test_a_decompression_bomb_stops_at_the_limit() -> None:
-    bomb = gzip.compress(b"\0" * (64 * 2**20))  # 64 MiB of zeros in about 64 KiB
+    bomb = gzip.compress(b"\0" * (64 * 2**20), mtime=0)  # 64 MiB of zeros in about 64 KiB
     assert len(bomb) < 2**20
     with pytest.raises(RequestTooLarge, match="decodes \\(gzip\\) to more than the 1048576 byte limit"):
         decode_body(bomb, "gzip", 2**20)
@@ -48,7 +48,7 @@ def test_a_decompression_bomb_stops_at_the_limit() -> None:
 
 @pytest.mark.parametrize(("coding", "encoded", "error", "message"), [
     ("gzip", BODY, InvalidInput, "not valid gzip data"),
-    ("gzip", gzip.compress(BODY)[:-12], InvalidInput, "ends before the stream does"),
+    ("gzip", gzip.compress(BODY, mtime=0)[:-12], InvalidInput, "ends before the stream does"),
     ("deflate", b"\x00\x01\x02", InvalidInput, "not valid deflate data"),
     ("deflate", zlib.compress(BODY) + b"junk", InvalidInput, "4 bytes after the end of its deflate data"),
     ("br", BODY, UnsupportedEncoding, "Content-Encoding 'br' is not supported"),

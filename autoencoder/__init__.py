@@ -7,12 +7,27 @@ per-edge options a planner chooses among.
     >>> sc.bytes_before / sc.bytes_after, sc.fidelity.accuracy_drop
     >>> compress_bundle("digits.onnx", 1, 4, "build/digits-ae4")        # a verified two-stage bundle
     >>> edge_options("digits.onnx", 1, compress="ae:4", max_accuracy_drop=0.005)
+    >>> codecs, why = PlanCodecs.for_model(lg, AutoencoderOptions(parse_compress("ae:4")))  # for --mode mopar
 """
 
 from autoencoder.augment import Augmentation, augment_images
-from autoencoder.bundle import ORIGINAL_FILE, Placement, compress_bundle, uncompressed_bundle, write_compressed_bundle
+from autoencoder.bundle import (
+    ORIGINAL_FILE,
+    Placement,
+    compress_bundle,
+    uncompressed_bundle,
+    write_coded_bundle,
+    write_compressed_bundle,
+)
 from autoencoder.cache import CACHE_FORMAT, AutoencoderCache, CacheEntry, cache_key
-from autoencoder.calibration import CalibrationSet, calibration_for, image_input, load_calibration, synthetic_images
+from autoencoder.calibration import (
+    CalibrationSet,
+    calibration_for,
+    image_input,
+    load_calibration,
+    shipped_calibration,
+    synthetic_images,
+)
 from autoencoder.compress import (
     ModelSource,
     PhaseProgress,
@@ -32,8 +47,16 @@ from autoencoder.errors import CompressionError
 from autoencoder.export import CODE_SUFFIX, code_name, decoder_model, encoder_model
 from autoencoder.fidelity import Fidelity, measure_fidelity
 from autoencoder.lossless import DEFAULT_CODECS, WIRE_CODECS, LosslessResult, measure_lossless
+from autoencoder.plan_codecs import AutoencoderOptions, PlanCodecs, export_planned, with_autoencoders
 from autoencoder.runner import BatchRunner
-from autoencoder.spec import DEFAULT_AE_RATIOS, CompressKind, CompressSpec, parse_accuracy_drop, parse_compress
+from autoencoder.spec import (
+    DEFAULT_AE_RATIOS,
+    DEFAULT_MAX_ACCURACY_DROP,
+    CompressKind,
+    CompressSpec,
+    parse_accuracy_drop,
+    parse_compress,
+)
 from autoencoder.splice import DECODED_SUFFIX, attach_decoder, attach_encoder, insert_autoencoder
 from autoencoder.train import TrainedWeights, train_weights
 
@@ -43,10 +66,12 @@ __all__ = [
     "DECODED_SUFFIX",
     "DEFAULT_AE_RATIOS",
     "DEFAULT_CODECS",
+    "DEFAULT_MAX_ACCURACY_DROP",
     "ORIGINAL_FILE",
     "WIRE_CODECS",
     "AEDesign",
     "Augmentation",
+    "AutoencoderOptions",
     "AutoencoderCache",
     "BatchRunner",
     "CacheEntry",
@@ -61,6 +86,7 @@ __all__ = [
     "ModelSource",
     "PhaseProgress",
     "Placement",
+    "PlanCodecs",
     "SplitCompression",
     "SplitPoint",
     "TrainConfig",
@@ -79,6 +105,7 @@ __all__ = [
     "design_for",
     "edge_options",
     "encoder_model",
+    "export_planned",
     "image_input",
     "insert_autoencoder",
     "load_calibration",
@@ -88,9 +115,12 @@ __all__ = [
     "parse_accuracy_drop",
     "parse_compress",
     "prefix_model",
+    "shipped_calibration",
     "split_point",
     "synthetic_images",
     "train_weights",
     "uncompressed_bundle",
+    "with_autoencoders",
+    "write_coded_bundle",
     "write_compressed_bundle",
 ]

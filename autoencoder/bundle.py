@@ -30,6 +30,7 @@ from autoencoder.compress import ModelSource, PhaseProgress, SplitCompression, c
 from autoencoder.config import TrainConfig
 from autoencoder.errors import CompressionError
 from autoencoder.export import code_name
+from autoencoder.fidelity import Fidelity
 from autoencoder.splice import attach_decoder, attach_encoder
 from functions.bundle import MANIFEST_SCHEMA, Bundle, sha256_file
 from functions.plan import Function, Part, PartInput, Plan, Stage, TensorSpec, full_region
@@ -37,7 +38,8 @@ from partitioner.export import export_bundle
 from partitioner.graph import LayerGraph
 from partitioner.model_file import save_model
 
-__all__ = ["ORIGINAL_FILE", "Placement", "compress_bundle", "uncompressed_bundle", "write_compressed_bundle"]
+__all__ = ["ORIGINAL_FILE", "Placement", "compress_bundle", "uncompressed_bundle", "write_coded_bundle",
+           "write_compressed_bundle"]
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,20 @@ def _two_stages(lg: LayerGraph, unit: int, work: Path) -> tuple[Path, Plan]:
     return plain, plan
 
 
+def _seal(root: Path, out: Path, lg: LayerGraph, plan: Plan, source: onnx.ModelProto, compression: dict[str, Any], *,
+          source_sha256: str, tolerance: float, reference: str) -> None:
+    """A compressed bundle's plan, ``source`` (the compressed definition) and the original model written into
+    ``root``, the manifest's ``compression`` entry naming both, then :func:`_finish`."""
+    plan.validate()
+    plan.save(root / "plan.json")
+    save_model(source, root / "source.onnx")
+    save_model(lg.model, root / ORIGINAL_FILE)
+    compression = {**compression, "original": ORIGINAL_FILE, "original_sha256": source_sha256,
+                   "source_sha256": sha256_file(root / "source.onnx")}
+    _finish(root, out, source_sha256=source_sha256, source_file=lg.source_path, extra={"compression": compression},
+            tolerance=tolerance, reference=reference)
+
+
 def _finish(root: Path, out: Path, *, source_sha256: str, source_file: Path | None, extra: dict[str, Any],
             tolerance: float, reference: str) -> None:
     """Manifest, verification against ``source.onnx``, and the move into place."""
@@ -174,6 +190,47 @@ def uncompressed_bundle(model: ModelSource, split_after_unit: int, out_dir: str 
     return out
 
 
+def _code_cut(root: Path, stages: list[Stage], k: int, sc: SplitCompression) -> None:
+    """Bake ``sc`` into the bundle at ``root``: the encoder into stage ``k``'s one part, the decoder into stage
+    ``k + 1``'s, and the encoded tensor named in both stages where the split tensor was (``stages`` is
+    updated in place; stage ``k`` names the codec).
+
+    Raises:
+        CompressionError: the stages are not two one-part stages exchanging the split tensor.
+    """
+    tensor = sc.split.tensor
+    first, second = stages[k], stages[k + 1]
+    if len(first.parts) != 1 or len(second.parts) != 1:
+        raise CompressionError(f"an autoencoder after unit {sc.split.unit} needs one part on each side of the cut; "
+                               f"stages {k} and {k + 1} have {len(first.parts)} and {len(second.parts)}")
+    if tensor not in [o.name for o in first.outputs] or tensor not in second.inputs:
+        raise CompressionError(f"stages {k} and {k + 1} do not exchange the split tensor {tensor!r}")
+    producer, consumer = root / first.parts[0].file, root / second.parts[0].file
+    save_model(attach_encoder(onnx.load(str(producer)), tensor, sc.encoder), producer)
+    save_model(attach_decoder(sc.decoder, tensor, onnx.load(str(consumer))), consumer)
+    code = TensorSpec(code_name(tensor), sc.split.dtype, sc.code_shape)
+    stages[k] = dataclasses.replace(_rename_stage(first, tensor, code), codec=f"ae:{sc.ratio:g}")
+    stages[k + 1] = _rename_stage(second, tensor, code)
+
+
+def _edge_json(sc: SplitCompression) -> dict[str, Any]:
+    return {
+        "split_after": sc.split.unit,
+        "tensor": sc.split.tensor,
+        "code_tensor": code_name(sc.split.tensor),
+        "shape_before": list(sc.split.shape),
+        "shape_after": list(sc.code_shape),
+        "ratio": sc.ratio,
+        "achieved_ratio": sc.achieved_ratio,
+        "bytes_before": sc.bytes_before,
+        "bytes_after": sc.bytes_after,
+        "fidelity": sc.fidelity.to_json(),
+        "added_ms": sc.added_ms,
+        "calibration": sc.calibration,
+        "cache_key": sc.cache_key,
+    }
+
+
 def write_compressed_bundle(lg: LayerGraph, sc: SplitCompression, out_dir: str | Path, *, source_sha256: str,
                             placement: Placement = "slices", tolerance: float = 1e-4) -> Path:
     """Write the compressed bundle for ``sc`` (trained on ``lg``) to ``out_dir`` and verify it.
@@ -190,52 +247,64 @@ def write_compressed_bundle(lg: LayerGraph, sc: SplitCompression, out_dir: str |
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         plain, plan = _two_stages(lg, u, work)
-        first, second = plan.stages
-        if tensor not in [o.name for o in first.outputs] or tensor not in second.inputs:
-            raise CompressionError(f"the stages around unit {u} do not exchange the split tensor {tensor!r}")
-        producer = onnx.load(str(plain / first.parts[0].file))
-        consumer = onnx.load(str(plain / second.parts[0].file))
-        code = TensorSpec(code_name(tensor), sc.split.dtype, sc.code_shape)
         root = work / "bundle"
-        (root / "parts").mkdir(parents=True)
-        save_model(attach_encoder(producer, tensor, sc.encoder), root / first.parts[0].file)
-        save_model(attach_decoder(sc.decoder, tensor, consumer), root / second.parts[0].file)
-        save_model(sc.compressed_model(lg.model), root / "source.onnx")
-        save_model(lg.model, root / ORIGINAL_FILE)
+        shutil.copytree(plain / "parts", root / "parts")
+        stages = list(plan.stages)
+        _code_cut(root, stages, 0, sc)
         new_plan = dataclasses.replace(
             plan,
-            stages=(_rename_stage(first, tensor, code), _rename_stage(second, tensor, code)),
-            predicted={**plan.predicted, "compression": {"split_after": u, "tensor": tensor, "code": code.name,
+            stages=tuple(stages),
+            predicted={**plan.predicted, "compression": {"split_after": u, "tensor": tensor, "code": code_name(tensor),
                                                          "ratio": sc.achieved_ratio}},
         )
-        new_plan = _place(new_plan, placement)
-        new_plan.validate()
-        new_plan.save(root / "plan.json")
-        compression = {
-            "kind": "autoencoder",
-            "split_after": u,
-            "tensor": tensor,
-            "code_tensor": code.name,
-            "shape_before": list(sc.split.shape),
-            "shape_after": list(sc.code_shape),
-            "ratio": sc.ratio,
-            "achieved_ratio": sc.achieved_ratio,
-            "bytes_before": sc.bytes_before,
-            "bytes_after": sc.bytes_after,
-            "fidelity": sc.fidelity.to_json(),
-            "added_ms": sc.added_ms,
-            "calibration": sc.calibration,
-            "original": ORIGINAL_FILE,
-            "original_sha256": source_sha256,
-            "source_sha256": sha256_file(root / "source.onnx"),
-            "cache_key": sc.cache_key,
-        }
-        _finish(root, out, source_sha256=source_sha256, source_file=lg.source_path,
-                extra={"compression": compression}, tolerance=tolerance,
-                reference="source.onnx (the compressed definition)")
+        _seal(root, out, lg, _place(new_plan, placement), sc.compressed_model(lg.model),
+              {"kind": "autoencoder", **_edge_json(sc)}, source_sha256=source_sha256, tolerance=tolerance,
+              reference="source.onnx (the compressed definition)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log.info("wrote compressed bundle %s (R=%.3g after unit %d)", out, sc.achieved_ratio, u)
+    return out
+
+
+def write_coded_bundle(plain: str | Path, lg: LayerGraph, compressions: Sequence[SplitCompression],
+                       out_dir: str | Path, *, source_sha256: str, fidelity: Fidelity | None = None,
+                       tolerance: float = 1e-4) -> Path:
+    """A planned bundle (``plain``, as :func:`partitioner.planner.export_solution` writes it) with an
+    autoencoder baked in at each cut of ``compressions``: the encoder into the part before the cut, the
+    decoder into the part after it, the encoded tensor crossing instead. ``source.onnx`` becomes the model
+    with every autoencoder inserted (what the parts are verified against and ``flatpack run`` checks),
+    ``original.onnx`` the model; the manifest's ``compression`` lists the cuts and ``fidelity`` (the whole
+    compressed model's, when given). Written to ``out_dir`` (replacing it) once verified.
+
+    Raises:
+        CompressionError: a cut that is not between two one-part stages of the plan, or parts that do not
+            reproduce the compressed definition within ``tolerance`` (nothing is written then).
+    """
+    plan = Bundle.load(plain).plan
+    ends = {s.units[1]: s.index for s in plan.stages[:-1]}
+    missing = sorted(sc.split.unit for sc in compressions if sc.split.unit not in ends)
+    if missing:
+        raise CompressionError(f"the plan has no cut after units {missing}; its cuts lie after units {sorted(ends)}")
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        root = work / "bundle"
+        shutil.copytree(Path(plain) / "parts", root / "parts")
+        stages = list(plan.stages)
+        model = lg.model
+        for sc in sorted(compressions, key=lambda c: c.split.unit):
+            _code_cut(root, stages, ends[sc.split.unit], sc)
+            model = sc.compressed_model(model)
+        predicted = {**plan.predicted, **({"fidelity": fidelity.to_json()} if fidelity is not None else {})}
+        compression = {"kind": "autoencoders", "edges": [_edge_json(sc) for sc in compressions],
+                       "fidelity": None if fidelity is None else fidelity.to_json()}
+        _seal(root, out, lg, dataclasses.replace(plan, stages=tuple(stages), predicted=predicted), model, compression,
+              source_sha256=source_sha256, tolerance=tolerance,
+              reference="source.onnx (the model with its autoencoders)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log.info("wrote bundle %s with autoencoders after units %s", out, [sc.split.unit for sc in compressions])
     return out
 
 

@@ -25,7 +25,8 @@ from onnx import helper
 
 from autoencoder.errors import CompressionError
 
-__all__ = ["CalibrationSet", "calibration_for", "image_input", "load_calibration", "synthetic_images"]
+__all__ = ["CalibrationSet", "calibration_for", "image_input", "load_calibration", "shipped_calibration",
+           "synthetic_images"]
 
 log = logging.getLogger(__name__)
 
@@ -117,25 +118,40 @@ def _zoo_info(model: onnx.ModelProto) -> dict | None:
     return None
 
 
-def calibration_for(model: onnx.ModelProto, *, seed: int = 0, synthetic_train: int = _SYNTHETIC_TRAIN,
-                    synthetic_test: int = _SYNTHETIC_TEST) -> CalibrationSet:
-    """The calibration set a model calls for: digits for ``digits-cnn``, synthetic images otherwise.
+def shipped_calibration(model: onnx.ModelProto) -> CalibrationSet | None:
+    """The labelled data a model ships with (``digits-cnn``: the digits split it was trained on, scored on the
+    part it never saw), or None.
 
     Raises:
         CompressionError: the model does not take one float NCHW image (see :func:`image_input`).
     """
     name, shape = image_input(model)
     info = _zoo_info(model)
-    if info is not None and info.get("family") == "digits":
-        from zoo import load_digits_split
+    if info is None or info.get("family") != "digits":
+        return None
+    from zoo import load_digits_split
 
-        meta = {p.key: p.value for p in model.metadata_props}
-        split_seed = int(meta.get(_SPLIT_SEED_KEY, info.get("options", {}).get("seed", 0)))
-        x_train, _, x_test, y_test = load_digits_split(shape[2], split_seed)
-        if x_train.shape[1:] != shape[1:]:
-            raise CompressionError(f"digits images are {list(x_train.shape[1:])}, the model takes {list(shape)}")
-        return CalibrationSet(f"digits (scikit-learn, split seed {split_seed})", name, x_train, x_test, y_test,
-                              bounds=(0.0, 1.0))
+    meta = {p.key: p.value for p in model.metadata_props}
+    split_seed = int(meta.get(_SPLIT_SEED_KEY, info.get("options", {}).get("seed", 0)))
+    x_train, _, x_test, y_test = load_digits_split(shape[2], split_seed)
+    if x_train.shape[1:] != shape[1:]:
+        raise CompressionError(f"digits images are {list(x_train.shape[1:])}, the model takes {list(shape)}")
+    return CalibrationSet(f"digits (scikit-learn, split seed {split_seed})", name, x_train, x_test, y_test,
+                          bounds=(0.0, 1.0))
+
+
+def calibration_for(model: onnx.ModelProto, *, seed: int = 0, synthetic_train: int = _SYNTHETIC_TRAIN,
+                    synthetic_test: int = _SYNTHETIC_TEST) -> CalibrationSet:
+    """The calibration set a model calls for: what it ships with (:func:`shipped_calibration`), synthetic
+    images otherwise.
+
+    Raises:
+        CompressionError: the model does not take one float NCHW image (see :func:`image_input`).
+    """
+    shipped = shipped_calibration(model)
+    if shipped is not None:
+        return shipped
+    name, shape = image_input(model)
     chw = shape[1:]
     return CalibrationSet(
         f"synthetic images (seed {seed})", name,

@@ -58,6 +58,8 @@ class EdgeOption:
             (an upper bound on the drop).
         requested_ratio: the ratio the autoencoder was trained for (``ae`` only).
         cache_key: where the trained autoencoder is cached (``ae`` only).
+        encode_ms, decode_ms: ``added_ms`` by side: the sender's compress or encoder, the receiver's
+            decompress or decoder.
     """
 
     kind: EdgeKind
@@ -69,6 +71,8 @@ class EdgeOption:
     accuracy_drop: float
     requested_ratio: float | None = None
     cache_key: str | None = None
+    encode_ms: float = 0.0
+    decode_ms: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,12 +80,12 @@ class EdgeOption:
 
 def _lossless_option(r: LosslessResult) -> EdgeOption:
     return EdgeOption("lossless", r.codec, r.ratio, r.bytes_before, r.bytes_after,
-                      r.compress_ms + r.decompress_ms, 0.0)
+                      r.compress_ms + r.decompress_ms, 0.0, encode_ms=r.compress_ms, decode_ms=r.decompress_ms)
 
 
 def _ae_option(sc: SplitCompression) -> EdgeOption:
     return EdgeOption("ae", "ae", sc.achieved_ratio, sc.bytes_before, float(sc.bytes_after), sc.added_ms,
-                      max(0.0, sc.fidelity.accuracy_drop), sc.ratio, sc.cache_key)
+                      max(0.0, sc.fidelity.accuracy_drop), sc.ratio, sc.cache_key, sc.encoder_ms, sc.decoder_ms)
 
 
 def _split_activations(lg: LayerGraph, tensor: str, calibration: CalibrationSet | None, seed: int) -> np.ndarray:

@@ -7,9 +7,13 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["DEFAULT_AE_RATIOS", "CompressKind", "CompressSpec", "parse_accuracy_drop", "parse_compress"]
+__all__ = ["DEFAULT_AE_RATIOS", "DEFAULT_MAX_ACCURACY_DROP", "CompressKind", "CompressSpec", "parse_accuracy_drop",
+           "parse_compress"]
 
 CompressKind = Literal["none", "lossless", "ae"]
+
+#: ``--max-accuracy-drop`` when not given: half a point of top-1 accuracy (issue 22).
+DEFAULT_MAX_ACCURACY_DROP = 0.005
 
 #: Ratios tried for ``--compress ae`` without an explicit ratio.
 DEFAULT_AE_RATIOS: tuple[float, ...] = (2.0, 4.0, 8.0)

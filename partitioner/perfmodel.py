@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import lru_cache
@@ -40,6 +40,8 @@ from platforms import PlatformProfile
 
 __all__ = [
     "ComputeModel",
+    "CutCodec",
+    "CutCodecs",
     "ExGauss",
     "OptionCost",
     "PerfModel",
@@ -385,18 +387,66 @@ def _unit_sigma(u: Any) -> float:
 
 
 @dataclass(frozen=True)
+class CutCodec:
+    """A lossy codec baked into the two parts around a cut (MOPAR's split-point autoencoder): the part
+    before the cut after unit ``after`` encodes ``tensor`` (``bytes_before``) into ``bytes_after`` bytes in
+    ``encode_ms``, the part after it decodes them in ``decode_ms`` (both one thread at one vCPU, measured).
+    ``accuracy_drop``: what it costs the model's top-1 accuracy (a fraction, measured on labelled held-out
+    data); ``label``: how plans show it (``ae:4``)."""
+
+    after: int
+    tensor: str
+    bytes_before: int
+    bytes_after: int
+    encode_ms: float
+    decode_ms: float
+    accuracy_drop: float
+    label: str
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+
+#: What a planner may ask about the cut after a unit: the codecs it may place there (none: empty).
+CutCodecs = Callable[[int], Sequence[CutCodec]]
+
+
+@dataclass(frozen=True)
 class StageChoice:
-    """One stage of a candidate plan: units, split, whether the master runs part 0, worker memory."""
+    """One stage of a candidate plan: units, split, whether the master runs part 0, worker memory; and the
+    codecs its one part runs at its edges: ``decode`` the cut before it, ``encode`` the cut after it (an
+    unsplit stage only: the codec works on the whole tensor)."""
 
     first: int
     last: int
     split: Split
     master_part: bool = True
     worker_mb: int = 0  # 0: the same memory as the master
+    decode: CutCodec | None = None
+    encode: CutCodec | None = None
 
     def __str__(self) -> str:
         place = "m+w" if self.master_part else "w"
-        return f"{self.first}-{self.last}:{self.split}[{place}{'@' + str(self.worker_mb) if self.worker_mb else ''}]"
+        codecs = "".join(f"{s}{c.label}" for s, c in (("<", self.decode), (">", self.encode)) if c is not None)
+        return (f"{self.first}-{self.last}:{self.split}[{place}{'@' + str(self.worker_mb) if self.worker_mb else ''}]"
+                f"{codecs}")
+
+    @property
+    def plain(self) -> StageChoice:
+        """This choice without its codecs."""
+        return self if self.decode is None and self.encode is None else replace(self, decode=None, encode=None)
+
+    @property
+    def codec_ms(self) -> float:
+        """The compute its codecs add, one thread at one vCPU."""
+        return ((self.decode.decode_ms if self.decode is not None else 0.0)
+                + (self.encode.encode_ms if self.encode is not None else 0.0))
+
+    def coded(self, cost: PartCost) -> PartCost:
+        """``cost`` (the stage's one part) with the bytes its codecs save off its input and output."""
+        return replace(cost, input_bytes=cost.input_bytes - (self.decode.saved_bytes if self.decode else 0),
+                       output_bytes=cost.output_bytes - (self.encode.saved_bytes if self.encode else 0))
 
 
 @dataclass(frozen=True)
@@ -502,7 +552,10 @@ class PerfModel:
             if hit is not None and times is not None:
                 rec = times.get(stage_key(choice.first, choice.last, choice.split, choice.master_part,
                                           choice.worker_mb, master_mb))
-                hit = with_measured(hit, rec, times.ratio(choice.split.degree))
+                # stages are timed without codecs: a coded stage takes the plain one's measured correction
+                plain = self._option(choice.plain, master_mb) if choice.plain is not choice else None
+                hit = with_measured(hit, rec, times.ratio(choice.split.degree),
+                                    model_ms=plain.stage_ms if plain is not None else None)
             self._options[key] = hit
         return hit
 
@@ -514,6 +567,11 @@ class PerfModel:
         costs = self.part_costs(choice.first, choice.last, choice.split)
         if costs is None:
             return None
+        codec_ms = choice.codec_ms
+        if choice.plain is not choice:
+            if len(costs) != 1:  # a codec runs in a stage's one part, on the whole tensor
+                return None
+            costs = [choice.coded(costs[0])]
         p = self.platform
         c = self.compute
         worker_mb = choice.worker_mb or master_mb
@@ -529,7 +587,9 @@ class PerfModel:
             slow = max(1.0, demand / p.cores)
         else:
             slow = 1.0
-        t_master = c.part_time(choice.first, choice.last, mine[0].flops, v_master) * slow if mine else 0.0
+        # a codec's time is one thread's: stretched below one vCPU, not sped up above it
+        t_master = ((c.part_time(choice.first, choice.last, mine[0].flops, v_master)
+                     + codec_ms * cpu_stretch(v_master)) * slow if mine else 0.0)
         # A function's own handling (decoding, encoding, the master's slicing and joining, and on one host the
         # shared-memory copies) is CPU work too. How a CPU share slows it down depends on who does it:
         # - a worker computes from the moment it is invoked to its reply, so all its work runs at its share
@@ -542,7 +602,8 @@ class PerfModel:
         io_w = cpu_w if p.cores else 1.0
         worker_fixed = tuple((p.transfer_ms(x.input_bytes) + p.transfer_ms(x.output_bytes)) * io_w
                              + c.invocation_overhead_ms * cpu_w for x in theirs)
-        worker_compute = tuple(c.part_time(choice.first, choice.last, x.flops, v_worker) * slow for x in theirs)
+        worker_compute = tuple((c.part_time(choice.first, choice.last, x.flops, v_worker)
+                                + codec_ms * cpu_stretch(v_worker)) * slow for x in theirs)
         worker_ms = [f + t for f, t in zip(worker_fixed, worker_compute, strict=True)]
         put = sum(p.transfer_ms(x.input_bytes) for x in theirs)
         get = sum(p.transfer_ms(x.output_bytes) for x in theirs)

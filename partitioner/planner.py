@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +20,12 @@ from functions import settings
 from functions.plan import Plan, Split
 from partitioner.export import Placement, build_plan, export_bundle
 from partitioner.graph import LayerGraph
-from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts, StageChoice
+from partitioner.perfmodel import ComputeModel, CutCodec, CutCodecs, PerfModel, PlatformFacts, StageChoice
 from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult, memory_options
 from platforms import PlatformProfile, load_profile
 
-__all__ = ["MODES", "SOLVERS", "PlanRequest", "compute_model", "export_solution", "make_perfmodel", "mode_problem",
-           "plan_for", "solve"]
+__all__ = ["MODES", "SOLVERS", "PlanRequest", "codecs_of", "compute_model", "export_solution", "make_perfmodel",
+           "mode_problem", "plan_for", "solve"]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,12 @@ class PlanRequest:
     What each mode does with each option (:func:`mode_problem` refuses the rest): ``lo`` honours
     ``memory``, ``percentile`` (the latency it minimises), ``max_group`` and ``slo_ms`` (a check: the
     fastest plan must meet it); ``slo`` honours all; ``mopar`` sizes its functions and slices itself, and
-    honours ``slo_ms`` (a check of MOPAR's plan) and ``percentile`` with it (the latency checked)."""
+    honours ``slo_ms`` (a check of MOPAR's plan) and ``percentile`` with it (the latency checked).
+
+    ``compress``: ``none``, or ``ae[:R]``: MOPAR's split-point autoencoders, which ``mopar`` places (the other
+    modes refuse them). ``codecs``: what it may place, attached once the model is loaded
+    (``autoencoder.PlanCodecs``; None: nothing, e.g. a model without labelled data to measure them on), their
+    accuracy drops summed over the plan's cuts within ``max_accuracy_drop`` (a fraction)."""
 
     mode: str = "lo"
     slo_ms: float | None = None
@@ -65,6 +70,9 @@ class PlanRequest:
     hedge: float | None = None
     seed: int = 0
     extra: dict = field(default_factory=dict)
+    compress: str = "none"
+    codecs: CutCodecs | None = field(default=None, compare=False, repr=False)
+    max_accuracy_drop: float = 0.005
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -84,6 +92,10 @@ class PlanRequest:
             raise ValueError(f"--hedge p{self.hedge * 100:g} must lie between p0 and p100, e.g. p95")
         if self.profile_budget_s < 0:
             raise ValueError(f"--profile-budget {self.profile_budget_s:g} must be 0 or more seconds")
+        if self.codecs is not None and self.compress == "none":
+            raise ValueError("codecs to place were given, but compress is 'none'")
+        if not 0 <= self.max_accuracy_drop <= 1:
+            raise ValueError(f"--max-accuracy-drop {self.max_accuracy_drop:g} must lie between 0 and 1 (100 %)")
         if self.max_group is not None and self.max_group < 1:
             raise ValueError(f"--max-group {self.max_group} must be at least 1 unit; leave it out to search groups "
                              "of any length")
@@ -93,6 +105,9 @@ def mode_problem(request: PlanRequest) -> str:
     """Why ``request`` asks its mode for something the mode does not do ("" if nothing): an option a mode
     would otherwise ignore is refused, never dropped."""
     mode = request.mode
+    if request.compress != "none" and mode != "mopar":
+        return (f"--compress {request.compress} places MOPAR's split-point autoencoders, which --mode mopar chooses; "
+                f"--mode {mode} takes the wire codecs (deploy --compress lossless|zstd|lz4)")
     if request.solver is not None and mode != "slo":
         return (f"--solver picks the SLO solver of --mode slo; --mode {mode} has one planner "
                 f"({'the latency DP' if mode == 'lo' else 'HyPAD'})")
@@ -340,7 +355,8 @@ def solve(lg: LayerGraph, request: PlanRequest, *, pm: PerfModel | None = None,
     if request.mode == "mopar":
         from partitioner.solvers.mopar import hypad
 
-        result = _merged(pm, hypad(pm, slo_ms=request.slo_ms))
+        result = _merged(pm, hypad(pm, slo_ms=request.slo_ms, codecs=request.codecs,
+                                   max_accuracy_drop=request.max_accuracy_drop))
     elif request.mode == "lo":
         result = _fastest(pm, request, mems)
     else:
@@ -442,13 +458,18 @@ def _merged(pm: PerfModel, result: SolverResult) -> SolverResult:
         prev = out[-1] if out else None
         if (prev is not None and prev.split.family == "none" and ch.split.family == "none"
                 and prev.master_part and ch.master_part):
-            out[-1] = StageChoice(prev.first, ch.last, Split(), True, 0)
+            out[-1] = StageChoice(prev.first, ch.last, Split(), True, 0, decode=prev.decode, encode=ch.encode)
         else:
             out.append(ch)
     if len(out) == len(result.choices):
         return result
     est = pm.estimate(out, result.master_mb)
     return replace(result, choices=tuple(out), estimate=est)
+
+
+def codecs_of(result: SolverResult) -> list[CutCodec]:
+    """The codecs a plan places, by cut."""
+    return [c.encode for c in result.choices if c.encode is not None]
 
 
 def _specs(result: SolverResult) -> tuple[list, list[Placement]]:
@@ -473,21 +494,25 @@ def _predicted(result: SolverResult, request: PlanRequest, source: str) -> dict:
         "slo_ms": request.slo_ms,
         "compute_source": source,
         "warnings": list(e.warnings),
+        **({"autoencoders": [asdict(c) for c in codecs]} if (codecs := codecs_of(result)) else {}),
     }
 
 
 def plan_for(lg: LayerGraph, result: SolverResult, request: PlanRequest, *, source: str = "") -> Plan:
-    """The plan.json object of a solution (parts are cut to name their files and regions)."""
+    """The plan.json object of a solution (parts are cut to name their files and regions; a stage whose
+    output is encoded names its codec, as a bundle with the codecs baked in does)."""
     specs, places = _specs(result)
     plan, _ = build_plan(lg, specs, source_sha256="", placements=places, master_mb=result.master_mb,
                          platform=request.platform, transport=request.transport, mode=request.mode,
                          predicted=_predicted(result, request, source))
-    return plan
+    return replace(plan, stages=tuple(replace(st, codec=ch.encode.label) if ch.encode is not None else st
+                                      for st, ch in zip(plan.stages, result.choices, strict=True)))
 
 
 def export_solution(lg: LayerGraph, result: SolverResult, request: PlanRequest, out: str | Path, *,
                     source: str = "", progress: Callable[[str], None] | None = None) -> Path:
-    """Write the solution as a verified bundle."""
+    """Write the solution as a verified bundle, its parts as cut: codecs the solution places are left out
+    (``autoencoder.export_planned`` bakes them in)."""
     specs, places = _specs(result)
     return export_bundle(lg, specs, out, placements=places, master_mb=result.master_mb, platform=request.platform,
                          transport=request.transport, mode=request.mode,

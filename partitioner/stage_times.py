@@ -230,11 +230,13 @@ def records_from(choices: Iterable[Any], master_mb: int, stage_ms: Sequence[Sequ
     return out
 
 
-def with_measured(oc: Any, rec: StageRecord | None, ratio: float | None) -> Any:
+def with_measured(oc: Any, rec: StageRecord | None, ratio: float | None, *, model_ms: float | None = None) -> Any:
     """``oc`` (an ``OptionCost``) with its stage time replaced by the measured one, or scaled by
-    ``ratio`` (a split stage not measured); unchanged if neither is known."""
+    ``ratio`` (a split stage not measured); unchanged if neither is known. ``model_ms``: the model's time
+    for the stage ``rec`` measured where ``oc`` is a variant of it (codecs added): ``oc`` then moves by
+    what the measurement corrected in that figure."""
     if rec is not None:
-        new = rec.measured_ms
+        new = rec.measured_ms + (oc.stage_ms - model_ms if model_ms is not None else 0.0)
     elif ratio is not None:
         new = oc.stage_ms * ratio
     else:

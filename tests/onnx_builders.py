@@ -112,3 +112,51 @@ def shared_seq(features: int = 4, seed: int = 0) -> onnx.ModelProto:
         [("a", ("batch", "seq", features)), ("b", ("batch", "seq", features))], ["output"],
         {"w": rng.standard_normal((features, features)).astype(np.float32)},
     )
+
+
+def heavy_blocks(blocks: int = 1, side: int = 16, channels: int = 16, hidden: int = 1024, classes: int = 10,
+                 seed: int = 0) -> onnx.ModelProto:
+    """Weight-heavy blocks between 4-D cuts, for planning tests that need MOPAR to slice (a platform whose
+    largest function holds one heavy part but not two) and an autoencoder to fit the cuts.
+
+    input [1, 1, 2S, 2S]; per block: Gemm (to C x S x S: 16.8 MB at the defaults) reshaped to an image, + a
+    bias per channel, -> Conv 3x3 + Relu; then Gemm (C x S x S -> hidden, 16.8 MB) + Relu -> Gemm
+    (-> classes). The first block's Gemm mixes two smooth views of the input into each channel (2x2
+    averages, and 2x2 averages a pixel over), so its image is smooth and has two degrees of freedom per
+    pixel, as image features have few. Units: two per block (the Gemm, whose output is [1, C, S, S], and
+    the Conv), then the two Gemms.
+    """
+    rng = np.random.default_rng(seed)
+    s_in, n = 2 * side, channels * side * side
+    pool = np.zeros((side * side, s_in * s_in), np.float32)
+    shifted = np.zeros_like(pool)
+    for i in range(side):
+        for j in range(side):
+            for di in range(2):
+                for dj in range(2):
+                    pool[i * side + j, (2 * i + di) * s_in + 2 * j + dj] = 0.25
+                    shifted[i * side + j, min(s_in - 1, 2 * i + di + 1) * s_in + min(s_in - 1, 2 * j + dj + 1)] = 0.25
+    mix = rng.standard_normal((channels, 2)).astype(np.float32)
+    inits: dict[str, np.ndarray] = {"shape": np.array([-1, channels, side, side], np.int64)}
+    nodes = [helper.make_node("Flatten", ["input"], ["x0"], axis=1)]
+    for b in range(blocks):
+        inits[f"g{b}"] = (np.concatenate([p * pool + q * shifted for p, q in mix]) if b == 0 else
+                          (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32))
+        inits[f"bias{b}"] = (0.1 * rng.standard_normal((1, channels, 1, 1))).astype(np.float32)
+        inits[f"k{b}"] = (rng.standard_normal((channels, channels, 3, 3)) / np.sqrt(9 * channels)).astype(np.float32)
+        nodes += [
+            helper.make_node("Gemm", [f"x{b}", f"g{b}"], [f"m{b}"], transB=1),
+            helper.make_node("Reshape", [f"m{b}", "shape"], [f"r{b}"]),
+            helper.make_node("Add", [f"r{b}", f"bias{b}"], [f"i{b}"]),
+            helper.make_node("Conv", [f"i{b}", f"k{b}"], [f"c{b}"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", [f"c{b}"], [f"a{b}"]),
+            helper.make_node("Flatten", [f"a{b}"], [f"x{b + 1}"], axis=1),
+        ]
+    inits["w_hidden"] = (rng.standard_normal((hidden, n)) / np.sqrt(n)).astype(np.float32)
+    inits["w_out"] = (rng.standard_normal((classes, hidden)) / np.sqrt(hidden)).astype(np.float32)
+    nodes += [
+        helper.make_node("Gemm", [f"x{blocks}", "w_hidden"], ["h"], transB=1),
+        helper.make_node("Relu", ["h"], ["hr"]),
+        helper.make_node("Gemm", ["hr", "w_out"], ["output"], transB=1),
+    ]
+    return make_model(nodes, [("input", (1, 1, s_in, s_in))], ["output"], inits)

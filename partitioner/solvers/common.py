@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from functions.plan import Split
@@ -138,6 +138,10 @@ class SolverResult:
     frontier: tuple[tuple[float, float], ...] = ()  # (latency ms, cost USD) Pareto points, if computed
     notes: tuple[str, ...] = field(default_factory=tuple)
     max_group: int | None = None  # the most units a stage could hold in the space searched, where stated
+
+    def noted(self, note: str) -> SolverResult:
+        """This result with ``note`` after its notes (itself for an empty note)."""
+        return replace(self, notes=(*self.notes, note)) if note else self
 
 
 @dataclass

@@ -11,6 +11,10 @@
    its own need) chosen by latency: the fastest option that does not make the plan costlier while the
    plan meets its latency bound, the fastest outright while it does not.
 
+4. Optionally (``codecs``), MOPAR's autoencoders at the plan's split points (section II-D): at each cut
+   between two unsplit slices, the codec whose smaller transfers save more than its encoder and decoder
+   cost, one cut at a time while one pays, within an accuracy budget summed over the cuts.
+
 The latency bound is the user's SLO (``slo_ms``) or, without one, the unsplit model's latency (MOPAR's
 constraint t <= sum of the layers' times). Where CPU follows memory (Lambda, the local platform), a slice's
 compute costs the same GB-s at any memory up to one vCPU, so slicing pays only where it removes waiting or
@@ -22,11 +26,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from functions.plan import Split
-from partitioner.perfmodel import PerfModel, PlanEstimate, PlatformFacts, StageChoice
+from partitioner.perfmodel import CutCodec, CutCodecs, PerfModel, PlanEstimate, PlatformFacts, StageChoice
 from partitioner.solvers.common import SPLITS, Infeasible, SolverResult
 from partitioner.solvers.simplify import SIMILARITY, layer_dag, segments, simplify_dag
 
@@ -242,11 +246,72 @@ def _at(pm: PerfModel, choices: tuple[StageChoice, ...], mb: int) -> _Plan | Non
     return None if est.warnings else _Plan(choices, mb, est)
 
 
-def hypad(pm: PerfModel, *, slo_ms: float | None = None, max_slice_units: int = 64) -> SolverResult:
+def _codec_cuts(choices: Sequence[StageChoice]) -> list[int]:
+    """The stages k whose cut to stage k + 1 may carry a codec: both unsplit (the codec runs in one part, on
+    the whole tensor), not both on the master (which hands itself nothing), not coded yet."""
+    return [k for k in range(len(choices) - 1)
+            if choices[k].split.degree == 1 and choices[k + 1].split.degree == 1 and choices[k].encode is None
+            and not (choices[k].master_part and choices[k + 1].master_part)]
+
+
+def _with_codec(choices: Sequence[StageChoice], k: int, codec: CutCodec) -> tuple[StageChoice, ...]:
+    out = list(choices)
+    out[k], out[k + 1] = replace(out[k], encode=codec), replace(out[k + 1], decode=codec)
+    return tuple(out)
+
+
+def _better(pm: PerfModel, a: _Plan, b: _Plan, bound_ms: float) -> bool:
+    """Whether ``a`` beats ``b``: cheaper and within the bound while ``b`` meets it, else faster."""
+    if b.latency(pm) <= bound_ms + 1e-9:
+        return a.latency(pm) <= bound_ms + 1e-9 and a.estimate.cost_usd < b.estimate.cost_usd * (1 - 1e-9)
+    return a.latency(pm) < b.latency(pm)
+
+
+def _coded(pm: PerfModel, plan: _Plan, ask: CutCodecs, budget: float, bound_ms: float) -> _Plan:
+    """``plan`` with codecs at its cuts where they pay (:func:`_better`): the best single addition at a
+    time, while the accuracy drops of the codecs placed add up to at most ``budget``. The master keeps its
+    memory (a codec only shrinks what it holds)."""
+    spent = 0.0
+    while True:
+        best: tuple[_Plan, CutCodec] | None = None
+        for k in _codec_cuts(plan.choices):
+            for codec in ask(plan.choices[k].last):
+                if spent + codec.accuracy_drop > budget + 1e-12:
+                    continue
+                cand = _at(pm, _with_codec(plan.choices, k, codec), plan.master_mb)
+                if cand is not None and _better(pm, cand, best[0] if best else plan, bound_ms):
+                    best = (cand, codec)
+        if best is None:
+            return plan
+        plan, spent = best[0], spent + best[1].accuracy_drop
+
+
+def _codec_notes(plan: _Plan, asked: dict[int, Sequence[CutCodec]], budget: float) -> list[str]:
+    placed = [c.encode for c in plan.choices if c.encode is not None]
+    if placed:
+        return [f"{c.label} at the cut after unit {c.after}: {c.bytes_before} -> {c.bytes_after} bytes, "
+                f"+{c.encode_ms + c.decode_ms:.3f} ms to encode and decode, accuracy drop {c.accuracy_drop * 100:.2f} "
+                f"points (budget {budget * 100:.2f} for all cuts)" for c in placed]
+    if not asked:
+        return ["no autoencoder: the plans have no cut between two unsplit slices to compress"]
+    offered = sum(c.accuracy_drop <= budget + 1e-12 for v in asked.values() for c in v)
+    cuts = ", ".join(str(u) for u in sorted(asked))
+    if not offered:
+        return [f"no autoencoder: none fits the cuts after units {cuts} within the accuracy budget "
+                f"({budget * 100:.2f} points)"]
+    return [f"no autoencoder: {offered} priced at the cuts after units {cuts}; none lowers the cost (encoding and "
+            "decoding take longer than the smaller transfers save)"]
+
+
+def hypad(pm: PerfModel, *, slo_ms: float | None = None, max_slice_units: int = 64, codecs: CutCodecs | None = None,
+          max_accuracy_drop: float = 0.005) -> SolverResult:
     """MOPAR's plan for ``pm``'s model; ``slo_ms``: a latency bound the plan must meet (the percentile's when
     ``pm`` plans against one), else the unsplit model's latency bounds it. Raises Infeasible (with the
     fastest plan found) when no plan meets ``slo_ms``. Memory comes from ``pm.platform``'s options: to fix
-    every function at M MB (``--memory M``), give a platform whose smallest and largest size are both M."""
+    every function at M MB (``--memory M``), give a platform whose smallest and largest size are both M.
+
+    ``codecs``: the autoencoders the plan may place at a cut (asked once per cut of a candidate plan, so
+    only those cuts are trained for); their accuracy drops add up to at most ``max_accuracy_drop``."""
     t0 = time.perf_counter()
     segs, note = _simplified(pm)
     unsplit = unsplit_plan(pm)
@@ -262,6 +327,14 @@ def hypad(pm: PerfModel, *, slo_ms: float | None = None, max_slice_units: int = 
     fallback = unsplit_plan(pm, bound)
     candidates += [fallback] if fallback is not None else []
     notes = [note, f"latency bound {bound:.1f} ms ({'the SLO' if slo_ms is not None else 'the unsplit model'})"]
+    asked: dict[int, Sequence[CutCodec]] = {}
+    if codecs is not None:
+        def ask(after: int) -> Sequence[CutCodec]:
+            if after not in asked:
+                asked[after] = tuple(codecs(after))
+            return asked[after]
+
+        candidates = [_coded(pm, p, ask, max_accuracy_drop, bound) for p in candidates]
     if not candidates:
         raise Infeasible("no slicing fits the platform's functions, even with horizontal splits")
     meeting = [p for p in candidates if p.latency(pm) <= bound + 1e-9]
@@ -275,6 +348,8 @@ def hypad(pm: PerfModel, *, slo_ms: float | None = None, max_slice_units: int = 
     elif len(best.choices) > 1 and any(c.master_part for c in best.choices):
         k = next(i for i, c in enumerate(best.choices) if c.master_part)
         notes.append(f"the master runs slice {k} itself (one invocation less, no idle master)")
+    if codecs is not None:
+        notes += _codec_notes(best, asked, max_accuracy_drop)
     return _result(best, t0, notes)
 
 

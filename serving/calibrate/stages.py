@@ -83,8 +83,9 @@ class StageTimer:
 
         self.round += 1
         bundle = self.work / f"measure-{self.round}"
-        export_solution(self.lg, result, self.request, bundle)
-        model = [self.pm.model_option(c, result.master_mb) for c in result.choices]
+        export_solution(self.lg, result, self.request, bundle)  # codecs left out: the stages are timed plain
+        plain = [c.plain for c in result.choices]
+        model = [self.pm.model_option(c, result.master_mb) for c in plain]
         dep = deploy_bundle(self.client, bundle, transport=self.request.transport,
                             deployment=new_deployment_id("measure-"))
         stage_ms: list[list[float]] = [[] for _ in result.choices]
@@ -104,7 +105,7 @@ class StageTimer:
         finally:
             dep.remove(purge=True)
             shutil.rmtree(bundle, ignore_errors=True)
-        records = records_from(result.choices, result.master_mb, stage_ms,
+        records = records_from(plain, result.master_mb, stage_ms,
                                [m.stage_ms if m is not None else 0.0 for m in model])
         for r in records:
             if r is not None and r.spread > _SPREAD_LIMIT:

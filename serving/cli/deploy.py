@@ -18,7 +18,15 @@ from rich.table import Table
 
 from serving.api.client import InferError, infer_http
 from serving.cli.models import resolve_model
-from serving.cli.plan import plan_options, print_solution, report_infeasible, request_from
+from serving.cli.plan import (
+    autoencoder_options,
+    autoencoders_from,
+    fidelity_line,
+    plan_options,
+    print_solution,
+    report_infeasible,
+    request_from,
+)
 from serving.cli.shapes import shape_options
 from serving.console import console, err_console
 
@@ -138,9 +146,10 @@ def _calibrated_local(recalibrate: bool) -> str:
 @click.option("--port", default=8080, show_default=True, help="Endpoint port (0: any free port).")
 @click.option("--detach", is_flag=True, help="Serve in the background and return once ready.")
 @click.option("--compress", "compress", default="none", show_default=True, metavar="none|lossless|zstd|lz4|ae[:R]",
-              help="Compress tensors between functions: lossless (zstd) or lz4 on the wire; ae:R (MOPAR's "
-                   "autoencoder) is built with `flatpack compress MODEL --split-after U --ratio R -o B` and "
-                   "served with `flatpack serve B`.")
+              help="Compress tensors between functions: lossless (zstd) or lz4 on the wire; ae[:R]: MOPAR's "
+                   "autoencoders at the plan's split points where they pay (--mode mopar; ratios 2, 4, 8 or R), "
+                   "within --max-accuracy-drop.")
+@autoencoder_options
 @click.option("--keep-warm", type=float, default=0.0, metavar="SECONDS",
               help="Ping the functions every SECONDS so instances stay warm (Gillis); off by default.")
 @click.option("--hedge", "hedge", default="auto", show_default=True, metavar="auto|off|pNN",
@@ -170,8 +179,8 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
                platform: str | None, transport: str | None, name: str | None, host: str, port: int, detach: bool,
                keep_warm: float, hedge: str, dry_run: bool, out_dir: str | None, region: str | None,
                endpoint_url: str | None,
-               gateway: str | None, no_vendor: bool, compress: str, backend: str, calibrate_platform: bool,
-               recalibrate: bool) -> None:
+               gateway: str | None, no_vendor: bool, compress: str, max_accuracy_drop: str | None,
+               calibration: Path | None, backend: str, calibrate_platform: bool, recalibrate: bool) -> None:
     """Plan MODEL (a file or zoo name), export verified parts, start its functions and serve an endpoint.
 
     With --target lambda or openfaas: render the service (one function per plan function) and deploy it
@@ -187,8 +196,12 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     if target == "local" and (dry_run or out_dir or gateway or endpoint_url or region):
         raise click.UsageError("--dry-run, -o, --region, --endpoint-url and --gateway are for --target lambda|openfaas")
     compression = _compression(compress)
+    autoencoders = autoencoders_from(compress, max_accuracy_drop, calibration)
+    if autoencoders is not None and backend != "onnxruntime":
+        raise click.UsageError(f"--compress {compress} bakes autoencoders into onnxruntime parts; --backend {backend} "
+                               "runs parts rewritten for it: drop one of the two")
     request = request_from(mode, slo, percentile, solver, platform, memory, max_group, transport, profile_mode,
-                           profile_budget)
+                           profile_budget, autoencoders)
     if backend != "onnxruntime":  # parts written in the form that backend imports
         request = dataclasses.replace(request, extra={**request.extra, "backend": backend})
     request = dataclasses.replace(request, hedge=_hedge(hedge, request.percentile, target))
@@ -198,13 +211,17 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
         _check_name(name)
     try:
         with err_console.status("planning") as st:
-            bundle, result, source, pm = prepare(path, request, name, shapes=shapes, progress=lambda m: st.update(m))
+            bundle, result, source, pm = prepare(path, request, name, shapes=shapes, progress=lambda m: st.update(m),
+                                                 autoencoders=autoencoders)
     except Infeasible as e:
         _refuse_infeasible(path, request, e, shapes)
-    except ValueError as e:
+    except ValueError as e:  # CompressionError included
         raise click.ClickException(str(e)) from e
     lg = pm.lg
     print_solution(lg, result, request, source, pm)
+    fidelity = _fidelity(bundle)
+    if fidelity is not None:
+        console.print(fidelity_line(fidelity))
     picture = _draw(lg, result, Path(bundle) / "plan.png")
     if picture is not None:
         console.print(f"plan picture: {picture}")
@@ -273,17 +290,25 @@ def _draw(lg: Any, result: Any, path: Path) -> Path | None:
 
 
 def _compression(spec: str) -> str:
-    """The wire codec for --compress; MOPAR's autoencoder is a per-split model change, made by `compress`."""
+    """The wire codec for --compress (none for ae[:R]: MOPAR's autoencoders are baked into the parts, and what
+    they send is not compressed again)."""
     spec = spec.strip().lower()
     if spec in ("none", "zstd", "lz4"):
         return spec
     if spec == "lossless":
         return "zstd"
     if spec.startswith("ae"):
-        raise click.UsageError("autoencoder compression changes the model at a split point: build it with "
-                               "`flatpack compress MODEL --split-after UNIT --ratio R -o BUNDLE`, then "
-                               "`flatpack serve BUNDLE`")
-    raise click.BadParameter(f"{spec!r}: use none, lossless, zstd, lz4 or ae:R", param_hint="--compress")
+        return "none"
+    raise click.BadParameter(f"{spec!r}: use none, lossless, zstd, lz4 or ae[:R]", param_hint="--compress")
+
+
+def _fidelity(bundle: Path) -> Any:
+    """The fidelity a bundle with autoencoders records (None for any other bundle)."""
+    from autoencoder import Fidelity
+    from functions.bundle import Bundle
+
+    doc = Bundle.load(bundle, check_hashes=False).plan.predicted.get("fidelity")
+    return Fidelity.from_json(doc) if isinstance(doc, dict) else None
 
 
 def _deploy_cloud(target: str, name: str, model: Path, bundle: Path, *, transport: str, mode: str, dry_run: bool,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -16,13 +17,15 @@ from serving.cli.shapes import shape_options
 from serving.console import console, err_console
 
 if TYPE_CHECKING:  # the planner is imported when a command runs, not when the CLI starts
+    from autoencoder import AutoencoderOptions
     from partitioner.graph import LayerGraph
     from partitioner.normalize import ShapeFixes
     from partitioner.perfmodel import PerfModel
     from partitioner.planner import PlanRequest
     from partitioner.solvers.common import Infeasible, SolverResult
 
-__all__ = ["plan_cmd", "plan_options", "print_solution", "report_infeasible", "request_from"]
+__all__ = ["autoencoder_options", "autoencoders_from", "fidelity_line", "plan_cmd", "plan_options", "print_solution",
+           "report_infeasible", "request_from"]
 
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
@@ -61,6 +64,43 @@ def plan_options(f: _Command) -> _Command:
     return f
 
 
+def autoencoder_options(f: _Command) -> _Command:
+    """``--max-accuracy-drop`` and ``--calibration``: what the autoencoders of ``--compress ae`` may cost and
+    what it is measured on (`plan` and `deploy`)."""
+    opts = [
+        click.option("--max-accuracy-drop", "max_accuracy_drop", default=None, metavar="DROP",
+                     help="With --compress ae: the most top-1 accuracy the plan's autoencoders may cost together, "
+                          "measured on labelled held-out data, e.g. 0.5% or 0.005 (default 0.5%)."),
+        click.option("--calibration", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+                     metavar="FILE.npz",
+                     help="With --compress ae: labelled inputs to train and measure the autoencoders on (x_train, "
+                          "x_test, y_test), for a model that ships none (digits-cnn ships its digits)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def autoencoders_from(compress: str, max_accuracy_drop: str | None, calibration: Path | None
+                      ) -> AutoencoderOptions | None:
+    """``--compress ae[:R]`` with its budget and data (None for any other ``--compress``); a budget or data
+    without it is refused."""
+    from autoencoder import DEFAULT_MAX_ACCURACY_DROP, AutoencoderOptions, parse_accuracy_drop, parse_compress
+
+    if not compress.strip().lower().startswith("ae"):
+        for flag, given in (("--max-accuracy-drop", max_accuracy_drop), ("--calibration", calibration)):
+            if given is not None:
+                raise click.UsageError(f"{flag} is for the autoencoders of --compress ae[:R] (with --mode mopar); "
+                                       f"this command has --compress {compress}")
+        return None
+    try:
+        spec = parse_compress(compress)
+        drop = parse_accuracy_drop(max_accuracy_drop) if max_accuracy_drop is not None else DEFAULT_MAX_ACCURACY_DROP
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    return AutoencoderOptions(spec, drop, calibration)
+
+
 def profile_budget_s(given: float | None) -> float:
     """--profile-budget, else $FLATPACK_PROFILE_BUDGET, else 60 s."""
     import os
@@ -79,7 +119,7 @@ DEFAULT_PROFILE_BUDGET_S = 60.0
 
 def request_from(mode: str, slo: str | None, percentile: float | None, solver: str | None, platform: str,
                  memory: str, max_group: int | None, transport: str, profile_mode: str,
-                 profile_budget: float | None = None) -> PlanRequest:
+                 profile_budget: float | None = None, autoencoders: AutoencoderOptions | None = None) -> PlanRequest:
     from partitioner.planner import PlanRequest
 
     if percentile is not None and percentile >= 1:
@@ -87,10 +127,14 @@ def request_from(mode: str, slo: str | None, percentile: float | None, solver: s
     if memory != "auto" and not memory.isdigit():
         raise click.UsageError(f"--memory {memory!r}: give auto or a whole number of MB, e.g. 1769")
     try:
-        return PlanRequest(mode=mode, slo_ms=parse_duration_ms(slo) if slo else None, solver=solver,
-                           platform=platform, memory=memory if memory == "auto" else int(memory),
-                           percentile=percentile, max_group=max_group, transport=transport, profile=profile_mode,
-                           profile_budget_s=profile_budget_s(profile_budget))
+        request = PlanRequest(mode=mode, slo_ms=parse_duration_ms(slo) if slo else None, solver=solver,
+                              platform=platform, memory=memory if memory == "auto" else int(memory),
+                              percentile=percentile, max_group=max_group, transport=transport, profile=profile_mode,
+                              profile_budget_s=profile_budget_s(profile_budget))
+        if autoencoders is None:
+            return request
+        return dataclasses.replace(request, compress=str(autoencoders.spec),
+                                   max_accuracy_drop=autoencoders.max_accuracy_drop)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
 
@@ -111,7 +155,10 @@ def print_solution(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
     est = result.estimate
     table = Table(title=f"{lg.name}: {request.mode} plan on {request.platform} ({result.solver}, "
                         f"{result.seconds:.2f} s)")
-    for col in ("stage", "units", "ops", "split", "parts", "runs on", "function MB", "latency ms", "times"):
+    coded = any(ch.encode is not None for ch in result.choices)
+    cols = ("stage", "units", "ops", "split", "parts", "runs on", "function MB", "latency ms", "times",
+            *(("sends",) if coded else ()))
+    for col in cols:
         table.add_column(col, justify="right" if col in ("stage", "parts", "function MB", "latency ms") else "left")
     for i, ch in enumerate(result.choices):
         opt = pm.option(ch, result.master_mb)
@@ -120,8 +167,10 @@ def print_solution(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
         n = ch.split.degree
         where = ("master" if n == 1 else f"master + {n - 1} workers") if ch.master_part else f"{n} worker(s)"
         mb = f"{result.master_mb}" if ch.master_part and n == 1 else f"{ch.worker_mb or result.master_mb}"
+        sends = () if not coded else (
+            f"{ch.encode.label}: {ch.encode.bytes_before} -> {ch.encode.bytes_after} B" if ch.encode else "raw",)
         table.add_row(str(i), f"{ch.first}-{ch.last}", ops[:28], str(ch.split), str(n), where, mb,
-                      f"{oc:.1f}" if oc is not None else "?", times_label(pm, ch, opt))
+                      f"{oc:.1f}" if oc is not None else "?", times_label(pm, ch, opt), *sends)
     console.print(table)
     pct = f"p{round((request.percentile or 0.99) * 100)}"
     console.print(
@@ -134,6 +183,13 @@ def print_solution(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
         console.print(f"[yellow]warning:[/] {w}")
     for note in result.notes:
         console.print(f"[dim]{note}[/]")
+
+
+def fidelity_line(f: Any) -> str:
+    """What the autoencoders of a bundle cost, as measured on its held-out labelled inputs."""
+    return (f"with its autoencoders the model scores {f.accuracy_ae:.4f} top-1 against {f.accuracy_full:.4f} without "
+            f"(accuracy drop {f.accuracy_drop * 100:.2f} points, agreement {f.agreement:.4f}) on {f.samples} held-out "
+            "labelled inputs")
 
 
 def times_label(pm: PerfModel, choice: Any, opt: Any) -> str:
@@ -168,9 +224,10 @@ def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
         "master_mb": result.master_mb,
         "memory_mb": e.memory_mb,
         "stages": [{"units": [c.first, c.last], "split": str(c.split), "master_part": c.master_part,
-                    "worker_mb": c.worker_mb or result.master_mb,
+                    "worker_mb": c.worker_mb or result.master_mb, "sends": c.encode.label if c.encode else "raw",
                     **({"times": times_label(pm, c, pm.option(c, result.master_mb))} if pm is not None else {})}
                    for c in result.choices],
+        "autoencoders": [dataclasses.asdict(c.encode) for c in result.choices if c.encode is not None],
         "seconds": result.seconds,
         "max_group": result.max_group,
         "frontier": [{"latency_ms": a, "cost_usd": b} for a, b in result.frontier],
@@ -191,22 +248,31 @@ def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False), default=None, help="Write plan.json here.")
 @click.option("--bundle", type=click.Path(file_okay=False), default=None, help="Also export a verified bundle.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Draw the partition (PNG).")
+@click.option("--compress", default="none", show_default=True, metavar="none|ae[:R]",
+              help="ae: MOPAR's autoencoders at the plan's split points where they pay (--mode mopar), ratios 2, 4, "
+                   "8 or R; trained on first use (cached).")
+@autoencoder_options
 def plan_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str | None, memory: str,
              max_group: int | None, profile_mode: str, profile_budget: float | None, shapes: ShapeFixes,
-             platform: str, transport: str, as_json: bool, out: str | None, bundle: str | None, plot: str | None
-             ) -> None:
+             platform: str, transport: str, as_json: bool, out: str | None, bundle: str | None, plot: str | None,
+             compress: str, max_accuracy_drop: str | None, calibration: Path | None) -> None:
     """Plan MODEL (an ONNX file or a zoo name): stages, splits, placement and function memory.
 
     Exits 2 if no plan meets the SLO, after printing the fastest plan there is.
     """
+    from autoencoder import CompressionError, export_planned, with_autoencoders
     from partitioner.errors import ModelError
     from partitioner.graph import LayerGraph
-    from partitioner.planner import export_solution, make_perfmodel, plan_for
+    from partitioner.planner import make_perfmodel, plan_for
     from partitioner.solvers.common import Infeasible
     from serving.calibrate.stages import solve_on_target
 
+    if compress.strip().lower() in ("lossless", "zstd", "lz4"):
+        raise click.UsageError(f"--compress {compress} is a wire codec, chosen when deploying: "
+                               f"flatpack deploy --compress {compress}")
+    autoencoders = autoencoders_from(compress, max_accuracy_drop, calibration)
     request = request_from(mode, slo, percentile, solver, platform, memory, max_group, transport, profile_mode,
-                           profile_budget)
+                           profile_budget, autoencoders)
     path = resolve_model(model)
     try:
         with err_console.status(f"loading {path.name}"):
@@ -215,9 +281,11 @@ def plan_cmd(model: str, mode: str, slo: str | None, percentile: float | None, s
             pm, _, source = make_perfmodel(lg, request, progress=st.update, unit_progress=unit_progress(st))
         t0 = time.perf_counter()
         with err_console.status(f"solving ({request.mode}{', ' + request.solver if request.solver else ''})") as st:
+            request, ae_note = with_autoencoders(lg, request, autoencoders, progress=st.update)
             result, refined = solve_on_target(lg, request, pm, progress=st.update)
         source = measured_source(source, refined)
-    except (ModelError, ValueError) as e:
+        result = result.noted(ae_note)
+    except (ModelError, ValueError, CompressionError) as e:
         if isinstance(e, Infeasible):
             report_infeasible(lg, e, request, source, as_json, pm)
         raise click.ClickException(str(e)) from e
@@ -233,9 +301,15 @@ def plan_cmd(model: str, mode: str, slo: str | None, percentile: float | None, s
         plan.save(out)
         err_console.print(f"wrote {out}")
     if bundle:
-        with err_console.status("exporting and verifying the bundle") as st:
-            export_solution(lg, result, request, bundle, source=source, progress=lambda m: st.update(m))
+        try:
+            with err_console.status("exporting and verifying the bundle") as st:
+                _, fidelity = export_planned(lg, result, request, bundle, source=source,
+                                             progress=lambda m: st.update(m))
+        except CompressionError as e:
+            raise click.ClickException(str(e)) from e
         err_console.print(f"wrote bundle {bundle}")
+        if fidelity is not None:
+            err_console.print(fidelity_line(fidelity))
     if plot:
         from partitioner.plot import plot_plan
 

@@ -29,6 +29,7 @@ from serving.api.server import AppServer
 from serving.deploy.state import DeploymentRecord, state_dir
 
 if TYPE_CHECKING:  # the platform and the planner are imported where they are used
+    from autoencoder import AutoencoderOptions
     from partitioner.normalize import ShapeFixes
     from partitioner.perfmodel import PerfModel
     from partitioner.planner import PlanRequest
@@ -78,19 +79,27 @@ class PlatformBackend:
 
 
 def prepare(model: Path, request: PlanRequest, name: str, *, shapes: ShapeFixes | None = None,
-            progress: Callable[[str], None] | None = None) -> tuple[Path, SolverResult, str, PerfModel]:
+            progress: Callable[[str], None] | None = None, autoencoders: AutoencoderOptions | None = None
+            ) -> tuple[Path, SolverResult, str, PerfModel]:
     """Plan ``model`` as ``request`` says and export a verified bundle for deployment ``name``.
 
     ``shapes`` fixes the model's dynamic input dimensions; the bundle's plan and source model keep the
     fixed shapes, so the functions and the endpoint (which read them from there) agree. Units not
     profiled yet are profiled within the request's budget; planning for the local platform, the plans'
     stages are timed there within it too (:func:`serving.calibrate.stages.solve_on_target`).
+    With ``autoencoders`` (``--compress ae``), mopar may place MOPAR's split-point autoencoders, and the
+    bundle has them baked into its parts (its plan's ``predicted.fidelity`` says what they cost); the
+    result's notes say where they went, or why there are none.
     Returns (bundle path, solver result, where the times came from, the performance model it priced; its
     ``lg`` is the model's layer graph).
+
+    Raises:
+        autoencoder.CompressionError: autoencoders that cannot be trained or baked in (a ValueError).
     """
+    from autoencoder import export_planned, with_autoencoders
     from partitioner.graph import LayerGraph
     from partitioner.normalize import ShapeFixes
-    from partitioner.planner import export_solution, make_perfmodel
+    from partitioner.planner import make_perfmodel
     from serving.calibrate.stages import solve_on_target
 
     say = progress or (lambda _m: None)
@@ -101,12 +110,14 @@ def prepare(model: Path, request: PlanRequest, name: str, *, shapes: ShapeFixes 
     pm, _, source = make_perfmodel(
         lg, request, progress=say, unit_progress=lambda done, total, _k: say(f"profiling units: {done}/{total}"))
     say(f"planning ({request.mode})")
+    request, note = with_autoencoders(lg, request, autoencoders, progress=say)
     result, refined = solve_on_target(lg, request, pm, progress=say)
+    result = result.noted(note)
     if refined is not None and (refined.rounds or any(refined.timed)):
         source = f"{source}; {refined.summary()}"
     out = state_dir() / "bundles" / name
     say("exporting and verifying the parts")
-    export_solution(lg, result, request, out, source=source, progress=say)
+    export_planned(lg, result, request, out, source=source, progress=say)
     return out, result, source, pm
 
 

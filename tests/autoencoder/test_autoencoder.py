@@ -6,6 +6,7 @@ trained model scored on the real held-out digits) are marked slow, as building t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -19,9 +20,11 @@ from onnx import TensorProto, helper, numpy_helper
 from autoencoder import (
     AEDesign,
     AutoencoderCache,
+    AutoencoderOptions,
     CalibrationSet,
     CompressionError,
     CompressSpec,
+    PlanCodecs,
     TrainConfig,
     attach_decoder,
     attach_encoder,
@@ -324,6 +327,28 @@ def test_edge_options_for_the_planner(tiny_path: Path, tiny_calibration: Calibra
     assert {o.kind for o in edge_options(tiny_path, 2, compress="ae:2", **kw)} <= {"none", "lossless"}
 
 
+def test_plan_codecs_are_measured_on_labelled_data_only(tiny_path: Path, tiny_calibration: CalibrationSet,
+                                                         cache: AutoencoderCache) -> None:
+    lg = LayerGraph.load(tiny_path)
+    options = AutoencoderOptions(parse_compress("ae:4"), 1.0, config=FAST)
+    none, why = PlanCodecs.for_model(lg, options)  # a random-weight model ships no labels
+    assert none is None and "ships no labelled data" in why and "--calibration" in why
+    unlabelled = dataclasses.replace(tiny_calibration, test_labels=None)
+    with pytest.raises(CompressionError, match="no labels"):
+        PlanCodecs(lg, options, unlabelled)
+    codecs = PlanCodecs(lg, options, tiny_calibration, cache=cache)
+    (codec,) = codecs(0)
+    assert (codec.after, codec.label, codec.bytes_before, codec.bytes_after) == (0, "ae:4", 2048, 512)
+    assert codec.encode_ms > 0 and codec.decode_ms > 0 and 0 <= codec.accuracy_drop <= 1
+    assert codecs(2) == ()  # after a Gemm: no image to encode
+    (sc,) = codecs.compressions([codec])
+    assert sc.split.unit == 0 and sc.ratio == 4
+    assert codecs.fidelity([sc]).accuracy_drop == pytest.approx(codec.accuracy_drop)
+    strict = PlanCodecs(lg, dataclasses.replace(options, max_accuracy_drop=codec.accuracy_drop - 1e-9),
+                        tiny_calibration, cache=cache)
+    assert strict(0) == ()
+
+
 # -- bundles -------------------------------------------------------------------------------------------------
 
 
@@ -433,3 +458,13 @@ def test_digits_cnn_at_ratio_4_keeps_its_accuracy(tmp_path: Path, digits_path: P
     assert doc["accuracy_full"] > 0.95 and doc["samples"] == 540
     assert doc["accuracy_full"] - doc["accuracy_ae"] <= 0.005
     assert verify_bundle(tmp_path / "b").ok
+
+
+@pytest.mark.slow
+def test_digits_cnn_ships_the_data_its_autoencoders_are_measured_on(tmp_path: Path, digits_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
+    codecs, why = PlanCodecs.for_model(LayerGraph.load(digits_path), AutoencoderOptions(parse_compress("ae:4")))
+    assert codecs is not None and why == "" and codecs.calibration.name.startswith("digits")
+    offered = codecs(1)
+    assert all(c.accuracy_drop <= 0.005 for c in offered) and offered  # R=4 after unit 1 keeps its accuracy

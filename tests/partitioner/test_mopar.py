@@ -1,5 +1,6 @@
 """MOPAR's HyPAD: graph simplification to a fixpoint, MOPAR's aggregation rules, the plans it makes for small
-zoo models, its SLO, and that it never predicts more GB-s than the unsplit model."""
+zoo models, its SLO, that it never predicts more GB-s than the unsplit model, and the split-point
+autoencoders it places where they pay, within an accuracy budget."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from collections import Counter
 
 import pytest
 
+from functions.plan import Split
 from partitioner.graph import LayerGraph
-from partitioner.perfmodel import PerfModel, PlatformFacts
+from partitioner.perfmodel import CutCodec, CutCodecs, PerfModel, PlatformFacts, StageChoice
+from partitioner.planner import PlanRequest, plan_for, solve
 from partitioner.predictors.aggregate import LayerCost
 from partitioner.solvers.common import Infeasible
 from partitioner.solvers.mopar import hypad, simplify, unsplit_plan
@@ -25,7 +28,7 @@ from partitioner.solvers.simplify import (
     simplify_dag,
 )
 from platforms import load_profile
-from tests.onnx_builders import residual_block
+from tests.onnx_builders import heavy_blocks, residual_block
 
 
 def _dag(mems: list[float], edges: list[tuple[int, int]], units: list[int] | None = None,
@@ -168,3 +171,72 @@ def test_a_model_too_big_for_every_function_is_sliced_to_fit_or_refused(vgg: Per
     none = dataclasses.replace(vgg.platform, memory_min_mb=32, memory_max_mb=64)
     with pytest.raises(Infeasible, match="fit"):
         hypad(PerfModel(vgg.lg, none, vgg.compute, transport="shm"))
+
+
+# -- split-point autoencoders (section II-D) -----------------------------------------------------------------
+
+
+def _blocks(blocks: int, side: int, min_mb: int, max_mb: int) -> PerfModel:
+    """``heavy_blocks`` on a platform like the local one whose functions hold one heavy part at most (so
+    HyPAD must slice) and whose tensors cross a slow network (1 MB/s), where a smaller tensor pays."""
+    facts = dataclasses.replace(PlatformFacts.from_profile(load_profile("local")), memory_min_mb=min_mb,
+                                memory_max_mb=max_mb, bandwidth_mb_s=1.0)
+    return PerfModel(LayerGraph.load(heavy_blocks(blocks, side=side)), facts, transport="shm")
+
+
+def _codecs(lg: LayerGraph, *, drop: float = 0.003, ms: float = 0.02) -> CutCodecs:
+    """A 4x autoencoder at every cut whose tensor is an image, costing ``drop`` and ``ms`` on each side."""
+    def ask(after: int) -> tuple[CutCodec, ...]:
+        t = lg.units[after].output
+        if len(lg.tensors[t].shape) != 4:
+            return ()
+        b = lg.tensors[t].nbytes
+        return (CutCodec(after, t, b, b // 4, ms, ms, drop, "ae:4"),)
+    return ask
+
+
+@pytest.fixture(scope="module")
+def halves() -> PerfModel:
+    return _blocks(1, 16, 112, 124)
+
+
+def test_an_autoencoder_goes_where_its_smaller_transfer_pays_for_its_compute(halves: PerfModel) -> None:
+    plain = hypad(halves)
+    assert len(plain.choices) == 2  # the model does not fit one function
+    coded = hypad(halves, codecs=_codecs(halves.lg))
+    first, second = coded.choices
+    assert first.last == 0 and first.encode is not None and second.decode == first.encode
+    assert coded.estimate.cost_usd < plain.estimate.cost_usd and coded.estimate.latency_ms < plain.estimate.latency_ms
+    # what crosses is the code: 4096 bytes instead of the 16384 of the [1, 16, 16, 16] tensor
+    opt = halves.option(second, coded.master_mb)
+    assert opt is not None and opt.payload_bytes == 16384 // 4
+    assert any(n.startswith("ae:4 at the cut after unit 0: 16384 -> 4096 bytes") for n in coded.notes)
+    # a codec that computes longer than its smaller transfer saves is left out, and the plan says why
+    slow = hypad(halves, codecs=_codecs(halves.lg, ms=500.0))
+    assert all(c.plain is c for c in slow.choices) and "none lowers the cost" in slow.notes[-1]
+    # a codec runs in a stage's one part, on the whole tensor: a split stage takes none
+    codec = _codecs(halves.lg)(1)[0]
+    assert halves.option(StageChoice(1, 1, Split("channel", (2,)), False, 128, encode=codec), 128) is None
+
+
+def test_the_accuracy_budget_bounds_the_drops_of_every_autoencoder_together(halves: PerfModel) -> None:
+    assert all(c.plain is c for c in hypad(halves, codecs=_codecs(halves.lg), max_accuracy_drop=0.0).choices)
+    three = _blocks(3, 8, 64, 72)  # three heavy parts: two cuts
+    placed = {}
+    for budget in (0.0, 0.003, 0.006):
+        r = hypad(three, codecs=_codecs(three.lg, drop=0.003), max_accuracy_drop=budget)
+        placed[budget] = [c.encode for c in r.choices if c.encode is not None]
+        assert sum(c.accuracy_drop for c in placed[budget]) <= budget + 1e-12
+    assert [len(v) for v in placed.values()] == [0, 1, 2]
+
+
+def test_the_planner_takes_autoencoders_in_mopar_only_and_records_them(halves: PerfModel) -> None:
+    lg = halves.lg
+    request = PlanRequest(mode="mopar", compress="ae:4", codecs=_codecs(lg), platform="local")
+    result = solve(lg, request, pm=halves)
+    plan = plan_for(lg, result, request)
+    assert [s.codec for s in plan.stages] == ["ae:4", "raw"]
+    assert [a["after"] for a in plan.predicted["autoencoders"]] == [0]
+    for mode, extra in (("lo", {}), ("slo", {"slo_ms": 100.0})):
+        with pytest.raises(ValueError, match="--mode mopar chooses"):
+            PlanRequest(mode=mode, compress="ae", **extra)

@@ -109,3 +109,35 @@ def test_deploy_with_an_unmeetable_slo_prints_the_fastest_plan_and_exits_2(model
 
 def test_deploy_refuses_a_flag_its_mode_ignores(model: Path) -> None:
     _refused(_run(model, "lo", "--solver", "bo", command="deploy"), "--solver picks the SLO solver")
+
+
+# -- autoencoders (--compress ae) -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["plan", "deploy"])
+@pytest.mark.parametrize("mode,extra", [("lo", ()), ("slo", ("--slo", "10s"))])
+def test_autoencoders_are_placed_by_mopar_alone(model: Path, command: str, mode: str, extra: tuple[str, ...]) -> None:
+    _refused(_run(model, mode, "--compress", "ae:4", *extra, command=command),
+             "places MOPAR's split-point autoencoders, which --mode mopar chooses")
+
+
+@pytest.mark.parametrize("command,args,words", [
+    ("plan", ("--max-accuracy-drop", "1%"), "--max-accuracy-drop is for the autoencoders of --compress ae"),
+    ("deploy", ("--compress", "lz4", "--max-accuracy-drop", "1%"), "this command has --compress lz4"),
+    ("plan", ("--calibration", "CALIB"), "--calibration is for the autoencoders of --compress ae"),
+    ("plan", ("--compress", "ae", "--max-accuracy-drop", "lots"), "is not a number; write it as 0.5% or 0.005"),
+    ("plan", ("--compress", "ae", "--max-accuracy-drop", "150%"), "must lie between 0 and 100%"),
+    ("plan", ("--compress", "ae:1"), "the ratio after 'ae:' must be a number above 1"),
+    ("plan", ("--compress", "lossless"), "a wire codec, chosen when deploying"),
+    ("deploy", ("--compress", "ae", "--backend", "mxnet"), "drop one of the two"),
+])
+def test_autoencoder_flags_are_refused_where_they_do_not_apply(model: Path, tmp_path: Path, command: str,
+                                                               args: tuple[str, ...], words: str) -> None:
+    calib = tmp_path / "calib.npz"
+    calib.write_bytes(b"")
+    _refused(_run(model, "mopar", *(str(calib) if a == "CALIB" else a for a in args), command=command), words)
+
+
+def test_a_model_without_labelled_data_gets_no_autoencoder_and_says_why(model: Path) -> None:
+    data = _plan(model, "mopar", "--compress", "ae")
+    assert data["autoencoders"] == [] and {s["sends"] for s in data["stages"]} == {"raw"}
+    assert any("ships no labelled data" in n and "--calibration" in n for n in data["notes"])

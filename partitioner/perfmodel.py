@@ -667,16 +667,21 @@ class PerfModel:
         stages' distributions (:func:`partitioner.tail.plan_quantile`; tighter than :meth:`estimate`'s sum
         of stage quantiles, which is an upper bound)."""
         shapes = []
+        cpu = 0.0
         for ch in choices:
             oc = self.option(ch, master_mb)
             if oc is None or oc.shape is None:
                 raise ValueError(f"stage {ch} is not admissible")
             shapes.append(oc.shape)
+            cpu += oc.master_cpu_ms
         mean, _ = self.request_ms()
         inv = self.platform.invoke
+        q = self.q if q is None else q
         offset = mean - inv.mean + self._handling_slower(master_mb)
-        return plan_quantile(shapes, inv, inv, offset, self.q if q is None else q, hedge=self.hedge,
-                             cold_p=self.cold_p, cold_ms=self.cold_start_ms)
+        sampled = plan_quantile(shapes, inv, inv, offset, q, hedge=self.hedge, cold_p=self.cold_p,
+                                cold_ms=self.cold_start_ms)
+        floor = self._cpu_floor(cpu, master_mb)  # as under the mean (see _request_total)
+        return sampled if floor is None else max(sampled, inv.quantile(q) + floor)
 
     def evaluate(self, choices: Sequence[StageChoice], master_mb: int) -> tuple[float, float, float, bool]:
         """The hot-loop form of :meth:`estimate`: (mean ms, percentile ms, USD, fits in memory)."""
@@ -717,15 +722,24 @@ class PerfModel:
         top-up makes the instance's wall time its CPU time over its share, as Lambda's continuous share
         does): measured on resnet50/w2@224 at 512 MB, 62 ms in the handler and 80 ms at the caller."""
         fixed, fixed_q = self.request_ms()
+        floor = self._cpu_floor(master_cpu_ms, master_mb)
+        if floor is None:  # measured on the local platform (its top-up); the solvers' sums hold
+            return lat + fixed, lat_q + fixed_q, lat
+        inv = self.platform.invoke
+        slower = self._handling_slower(master_mb)
+        mean = max(lat + fixed + slower, inv.mean + floor)
+        quantile = max(lat_q + fixed_q + slower, inv.quantile(self.q) + floor)
+        return mean, quantile, max(lat, floor + self.compute.invocation_overhead_ms)
+
+    def _cpu_floor(self, master_cpu_ms: float, master_mb: int) -> float | None:
+        """The request's floor beside the invoke latency where the master's share throttles it (see
+        :meth:`_request_total`), else None: its CPU at its share, less the handling the invoke latency
+        (measured with a one-vCPU probe) already holds."""
         p = self.platform
         stretch = cpu_stretch(p.vcpu(master_mb))
-        if stretch <= 1.0 or not p.cores:  # measured on the local platform (its top-up); the solvers' sums hold
-            return lat + fixed, lat_q + fixed_q, lat
-        handling = self.compute.invocation_overhead_ms
-        slower = self._handling_slower(master_mb)
-        busy = (master_cpu_ms + self.request_master_cpu_ms()) * stretch  # its handling included
-        floor, floor_q = p.invoke.mean - handling + busy, p.invoke.quantile(self.q) - handling + busy
-        return max(lat + fixed + slower, floor), max(lat_q + fixed_q + slower, floor_q), max(lat, busy)
+        if stretch <= 1.0 or not p.cores:
+            return None
+        return (master_cpu_ms + self.request_master_cpu_ms()) * stretch - self.compute.invocation_overhead_ms
 
     def _handling_slower(self, master_mb: int) -> float:
         """How much longer the master's own handling of a request takes at its share than in the invoke

@@ -50,6 +50,9 @@ class StageRecord:
     model_ms: float
     samples: int
     spread: float = 1.0  # upper over lower quartile of the samples
+    # the master's CPU in the stage (median ms, every thread), and the model's figure for it at one vCPU
+    master_cpu_ms: float | None = None
+    model_cpu_ms: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -59,13 +62,17 @@ class StageRecord:
         return {"first": self.first, "last": self.last, "split": self.split.to_json(),
                 "master_part": self.master_part, "worker_mb": self.worker_mb, "master_mb": self.master_mb,
                 "measured_ms": round(self.measured_ms, 4), "model_ms": round(self.model_ms, 4),
-                "samples": self.samples, "spread": round(self.spread, 4)}
+                "samples": self.samples, "spread": round(self.spread, 4),
+                **({"master_cpu_ms": round(self.master_cpu_ms, 4), "model_cpu_ms": round(self.model_cpu_ms, 4)}
+                   if self.master_cpu_ms is not None and self.model_cpu_ms is not None else {})}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> StageRecord:
         return cls(int(d["first"]), int(d["last"]), Split.from_json(d["split"]), bool(d["master_part"]),
                    int(d["worker_mb"]), int(d["master_mb"]), float(d["measured_ms"]), float(d["model_ms"]),
-                   int(d["samples"]), float(d.get("spread", 1.0)))
+                   int(d["samples"]), float(d.get("spread", 1.0)),
+                   float(d["master_cpu_ms"]) if "master_cpu_ms" in d else None,
+                   float(d["model_cpu_ms"]) if "model_cpu_ms" in d else None)
 
 
 #: the key of a stage choice at a master memory, as the performance model memoises options: a stage that
@@ -112,6 +119,15 @@ class StageTimes:
         xs = [1, *sorted(by_degree)]
         ys = [1.0, *(float(np.median(by_degree[d])) for d in xs[1:])]
         return float(np.interp(degree, xs, ys))
+
+    def cpu_ratio(self) -> float | None:
+        """The master's measured CPU over the model's, median over the stages measured with it; None if
+        none was. Below one vCPU a quota descheduling the instance every few milliseconds makes the same
+        work cost more CPU than it does on a whole core (caches refilled after each pause): resnet50/w2@224
+        used 24.7 ms at 512 MB where its units took 22.5 ms alone, and at 0.29 vCPU that is 8 ms more."""
+        ratios = [r.master_cpu_ms / r.model_cpu_ms for r in self.records.values()
+                  if r.master_cpu_ms is not None and r.model_cpu_ms is not None and r.model_cpu_ms >= 1.0]
+        return float(np.median(ratios)) if ratios else None
 
     def to_json(self) -> dict[str, Any]:
         return {"records": [r.to_json() for r in self.records.values()]}
@@ -216,25 +232,39 @@ def _unmeasured(result: Any, times: StageTimes, split_only: bool) -> list[int]:
 
 
 def records_from(choices: Iterable[Any], master_mb: int, stage_ms: Sequence[Sequence[float]],
-                 model_ms: Sequence[float]) -> list[StageRecord | None]:
+                 model_ms: Sequence[float], stage_cpu_ms: Sequence[Sequence[float]] | None = None,
+                 model_cpu_ms: Sequence[float] | None = None) -> list[StageRecord | None]:
     """Records of a plan's stages from the per-request stage times the master reported (one list of samples
-    per stage) and what the model said of each (its modelled stage time, see ``OptionCost.stage_ms``)."""
+    per stage) and what the model said of each (its modelled stage time, see ``OptionCost.stage_ms``); and,
+    where given, the master's CPU in each stage and the model's figure for it (``OptionCost.master_cpu_ms``)."""
     out: list[StageRecord | None] = []
-    for c, samples, model in zip(choices, stage_ms, model_ms, strict=True):
+    n = len(stage_ms)
+    cpus = stage_cpu_ms if stage_cpu_ms is not None else [[]] * n
+    model_cpus = model_cpu_ms if model_cpu_ms is not None else [0.0] * n
+    for c, samples, model, cpu, model_cpu in zip(choices, stage_ms, model_ms, cpus, model_cpus, strict=True):
         if not samples:
             out.append(None)
             continue
         q1, med, q3 = np.percentile(samples, [25, 50, 75])
+        cpu_med = float(np.median(cpu)) if cpu else None
         out.append(StageRecord(c.first, c.last, c.split, c.master_part, c.worker_mb, master_mb, float(med),
-                               float(model), len(samples), float(q3 / q1) if q1 > 0 else 1.0))
+                               float(model), len(samples), float(q3 / q1) if q1 > 0 else 1.0,
+                               cpu_med, float(model_cpu) if cpu_med is not None else None))
     return out
 
 
-def with_measured(oc: Any, rec: StageRecord | None, ratio: float | None, *, model_ms: float | None = None) -> Any:
+def with_measured(oc: Any, rec: StageRecord | None, ratio: float | None, *, model_ms: float | None = None,
+                  cpu_ratio: float | None = None, model_cpu_ms: float | None = None) -> Any:
     """``oc`` (an ``OptionCost``) with its stage time replaced by the measured one, or scaled by
     ``ratio`` (a split stage not measured); unchanged if neither is known. ``model_ms``: the model's time
     for the stage ``rec`` measured where ``oc`` is a variant of it (codecs added): ``oc`` then moves by
-    what the measurement corrected in that figure."""
+    what the measurement corrected in that figure. The master's CPU likewise: the measured one, or the
+    model's times ``cpu_ratio`` (:meth:`StageTimes.cpu_ratio`); ``model_cpu_ms`` as ``model_ms``."""
+    if rec is not None and rec.master_cpu_ms is not None and rec.model_cpu_ms is not None:
+        cpu = rec.master_cpu_ms + (oc.master_cpu_ms - model_cpu_ms if model_cpu_ms is not None else 0.0)
+        oc = replace(oc, master_cpu_ms=max(0.0, cpu))
+    elif cpu_ratio is not None:
+        oc = replace(oc, master_cpu_ms=oc.master_cpu_ms * cpu_ratio)
     if rec is not None:
         new = rec.measured_ms + (oc.stage_ms - model_ms if model_ms is not None else 0.0)
     elif ratio is not None:

@@ -89,6 +89,7 @@ class StageTimer:
         dep = deploy_bundle(self.client, bundle, transport=self.request.transport,
                             deployment=new_deployment_id("measure-"))
         stage_ms: list[list[float]] = [[] for _ in result.choices]
+        stage_cpu_ms: list[list[float]] = [[] for _ in result.choices]
         try:
             caller = MasterClient(dep, self.url, timeout_s=120.0)
             try:
@@ -100,13 +101,17 @@ class StageTimer:
                         t = timings.get(f"stage{s}_ms")
                         if t is not None:
                             stage_ms[s].append(float(t))
+                        c = timings.get(f"stage{s}_cpu_ms")
+                        if c is not None:
+                            stage_cpu_ms[s].append(float(c))
             finally:
                 caller.close()
         finally:
             dep.remove(purge=True)
             shutil.rmtree(bundle, ignore_errors=True)
         records = records_from(plain, result.master_mb, stage_ms,
-                               [m.stage_ms if m is not None else 0.0 for m in model])
+                               [m.stage_ms if m is not None else 0.0 for m in model], stage_cpu_ms,
+                               [m.master_cpu_ms if m is not None else 0.0 for m in model])
         for r in records:
             if r is not None and r.spread > _SPREAD_LIMIT:
                 log.warning("stage %d-%d (%s) timings disagree (quartiles %.2fx apart): the machine looks busy; "

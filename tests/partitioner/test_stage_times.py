@@ -165,3 +165,33 @@ def test_a_degree_not_measured_interpolates_from_one_at_one_part() -> None:
     assert times.ratio(2) == pytest.approx(1 + 2.0 / 3)  # a third of the way from 1 part to 4
     assert times.ratio(6) == pytest.approx(3.0)  # held beyond the largest degree measured
     assert times.ratio(1) is None
+
+
+def test_the_masters_measured_cpu_prices_its_stage_and_scales_the_stages_not_measured(lg: LayerGraph) -> None:
+    """Below one vCPU the same work costs the master more CPU than on a whole core; the measured CPU of a
+    stage replaces the model's, and the median measured/model ratio scales the master's CPU elsewhere."""
+    pm = _pm(lg)
+    ch = _split_stage(pm)
+    model = pm.option(ch, MB)
+    assert model is not None and model.master_cpu_ms >= 1.0
+    (rec,) = records_from([ch], MB, [[10.0, 11.0, 12.0]], [model.stage_ms], [[1.2 * model.master_cpu_ms] * 3],
+                          [model.master_cpu_ms])
+    assert rec is not None and rec.master_cpu_ms == pytest.approx(1.2 * model.master_cpu_ms)
+    times = StageTimes()
+    times.add(rec)
+    back = StageRecord.from_json(rec.to_json())
+    assert back.master_cpu_ms == pytest.approx(rec.master_cpu_ms, abs=1e-3) and back.model_cpu_ms is not None
+    assert times.cpu_ratio() == pytest.approx(1.2)
+    pm.use_stage_times(times)
+    got = pm.option(ch, MB)
+    assert got is not None and got.master_cpu_ms == pytest.approx(1.2 * model.master_cpu_ms)
+    whole = StageChoice(0, len(lg.units) - 1, Split())
+    plain = pm.model_option(whole, MB)
+    scaled = pm.option(whole, MB)
+    assert plain is not None and scaled is not None
+    assert scaled.master_cpu_ms == pytest.approx(1.2 * plain.master_cpu_ms)
+    assert scaled.stage_ms == plain.stage_ms  # the time of an unsplit stage is still its units' profiled time
+    # records without the CPU (older caches) leave the master's CPU as the model has it
+    old = StageTimes()
+    old.add(_record(ch, model.stage_ms, model.stage_ms))
+    assert old.cpu_ratio() is None

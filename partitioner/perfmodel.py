@@ -556,7 +556,6 @@ class PerfModel:
                 plain = self._option(choice.plain, master_mb) if choice.plain is not choice else None
                 hit = with_measured(hit, rec, times.ratio(choice.split.degree),
                                     model_ms=plain.stage_ms if plain is not None else None,
-                                    cpu_ratio=times.cpu_ratio(),
                                     model_cpu_ms=plain.master_cpu_ms if plain is not None else None)
             self._options[key] = hit
         return hit

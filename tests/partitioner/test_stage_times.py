@@ -167,9 +167,9 @@ def test_a_degree_not_measured_interpolates_from_one_at_one_part() -> None:
     assert times.ratio(1) is None
 
 
-def test_the_masters_measured_cpu_prices_its_stage_and_scales_the_stages_not_measured(lg: LayerGraph) -> None:
+def test_the_masters_measured_cpu_prices_its_stage_and_only_that_stage(lg: LayerGraph) -> None:
     """Below one vCPU the same work costs the master more CPU than on a whole core; the measured CPU of a
-    stage replaces the model's, and the median measured/model ratio scales the master's CPU elsewhere."""
+    stage replaces the model's there; the ratio is reported but the stages not measured keep the model's."""
     pm = _pm(lg)
     ch = _split_stage(pm)
     model = pm.option(ch, MB)
@@ -189,8 +189,7 @@ def test_the_masters_measured_cpu_prices_its_stage_and_scales_the_stages_not_mea
     plain = pm.model_option(whole, MB)
     scaled = pm.option(whole, MB)
     assert plain is not None and scaled is not None
-    assert scaled.master_cpu_ms == pytest.approx(1.2 * plain.master_cpu_ms)
-    assert scaled.stage_ms == plain.stage_ms  # the time of an unsplit stage is still its units' profiled time
+    assert scaled == plain
     # records without the CPU (older caches) leave the master's CPU as the model has it
     old = StageTimes()
     old.add(_record(ch, model.stage_ms, model.stage_ms))

@@ -40,7 +40,10 @@ def _print(result: SolversResult) -> None:
               help="Comma-separated solvers (brute force runs on vgg11 only).")
 @click.option("--out", type=click.Path(file_okay=False), default="bench/results", show_default=True)
 def solvers_cmd(as_json: bool, quick: bool, models: str | None, seed: int, which: str, out: str) -> None:
-    """Cost, latency, SLO attainment and wall time of exact, rl, bo, mopar and brute force (aws-lambda profile)."""
+    """Cost, latency, SLO attainment and wall time of exact, rl, bo, mopar and brute force (aws-lambda profile).
+
+    The JSON's ``checks`` say whether exact equals brute force, no plan within its SLO is cheaper than exact's,
+    and rl and bo find a plan wherever exact does; ``hits_exact`` how often each heuristic matched exact."""
     from serving.console import err_console
 
     names = models.split(",") if models else (["vgg11"] if quick else list(MODELS_FULL))

@@ -21,13 +21,14 @@ from typing import Any
 
 from bench.harness.provenance import git_revision
 
-__all__ = ["BIG_MODEL", "MODELS_FULL", "SLO_FACTORS", "SOLVERS", "SolverRow", "SolversResult",
+__all__ = ["BIG_MODEL", "HIT_TOLERANCE", "MODELS_FULL", "SLO_FACTORS", "SOLVERS", "SolverRow", "SolversResult",
            "run_solvers"]
 
 MODELS_FULL = ("vgg11", "vgg16", "wrn-50-4", "bert")
 BIG_MODEL = "wrn-50-5"  # the full run also times lo and exact on it
 SLO_FACTORS = (1.15, 1.6, 3.0)  # x the fastest plan's latency
 SOLVERS = ("exact", "rl", "bo", "mopar", "bruteforce")
+HIT_TOLERANCE = 1e-6  # relative: costs this close are the same plan's (the checks in SolversResult.checks)
 
 
 def _space(pm: Any, max_group: int | None) -> Any:
@@ -103,9 +104,46 @@ class SolversResult:
     compute_source: Mapping[str, str]
     big_model_seconds: Mapping[str, float] | None = None
 
+    def checks(self) -> dict[str, bool]:
+        """What the run should show, each True when it holds (a check whose solvers did not run is left out):
+
+        - ``exact_equals_bruteforce``: at every SLO both ran at, the same cost, or no plan from either;
+        - ``exact_cheapest``: no plan that meets its SLO costs less than exact's at that SLO;
+        - ``<solver>_feasible`` (rl, bo): a plan within the SLO wherever exact has one.
+        """
+        by_slo: dict[tuple[str, float], dict[str, SolverRow]] = {}
+        for r in self.rows:
+            by_slo.setdefault((r.model, r.slo_ms), {})[r.solver] = r
+        ran = {r.solver for r in self.rows}
+        out: dict[str, bool] = {}
+        if {"exact", "bruteforce"} <= ran:
+            out["exact_equals_bruteforce"] = all(_same_cost(at["exact"], at["bruteforce"]) for at in by_slo.values()
+                                                 if "exact" in at and "bruteforce" in at)
+        if "exact" in ran and len(ran) > 1:
+            out["exact_cheapest"] = all(_not_below(at["exact"], r) for at in by_slo.values() for r in at.values())
+        for solver in ("rl", "bo"):
+            if {"exact", solver} <= ran:
+                met = [at[solver] for at in by_slo.values() if at["exact"].meets_slo]
+                out[f"{solver}_feasible"] = all(r.meets_slo for r in met)
+        return out
+
+    def hits_exact(self) -> dict[str, list[int]]:
+        """Per heuristic solver (rl, bo, mopar): [SLOs where it matched exact's cost, SLOs where exact has a plan]."""
+        met = [r for r in self.rows if r.solver == "exact" and r.meets_slo]
+        out: dict[str, list[int]] = {}
+        for solver in ("rl", "bo", "mopar"):
+            rows = {(r.model, r.slo_ms): r for r in self.rows if r.solver == solver}
+            if rows:
+                hits = [rows[(e.model, e.slo_ms)] for e in met]
+                out[solver] = [sum(1 for r, e in zip(hits, met, strict=True) if r.meets_slo and _same_cost(r, e)),
+                               len(met)]
+        return out
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "machine": {"cores": os.cpu_count(), "python": _platform.python_version(), "git": git_revision()},
+            "checks": self.checks(),
+            "hits_exact": self.hits_exact(),
             "results": [r.to_json() for r in self.rows],
             "plans_per_second": dict(self.plans_per_second),
             "compute_source": dict(self.compute_source),
@@ -113,6 +151,19 @@ class SolversResult:
         if self.big_model_seconds is not None:
             out[f"{BIG_MODEL}_seconds"] = dict(self.big_model_seconds)
         return out
+
+
+def _not_below(exact: SolverRow, other: SolverRow) -> bool:
+    """``other`` has no plan within its SLO cheaper than exact's (none at all where exact has none)."""
+    if not other.meets_slo or other.cost_usd is None:
+        return True
+    return exact.meets_slo and exact.cost_usd is not None and other.cost_usd >= exact.cost_usd * (1 - HIT_TOLERANCE)
+
+
+def _same_cost(a: SolverRow, b: SolverRow) -> bool:
+    if a.cost_usd is None or b.cost_usd is None:
+        return a.cost_usd is None and b.cost_usd is None and a.error is None and b.error is None
+    return abs(a.cost_usd - b.cost_usd) <= HIT_TOLERANCE * b.cost_usd
 
 
 def _plans_per_second(pm: Any, n_units: int) -> int:

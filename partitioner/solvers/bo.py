@@ -12,14 +12,18 @@ are random), seeded, over a fixed-length encoding of a plan:
   memory by ``ChoiceTable.resolve`` (nearest admissible choice), as the RL planner's heads are;
 - ``master``: the index of the master's memory.
 
-The first trial is the latency-optimal plan (Gillis's DP at the largest master), so the search starts from a
-plan within the SLO whenever there is one: random encodings rarely are (one trial in hundreds on VGG-11 at a
-tight SLO), and a GP fitted to misses only learns how far they miss.
+The first trials are ``encoding.start_plans``: the latency-optimal plan (Gillis's DP at the largest master),
+so the search starts from a plan within the SLO whenever there is one (random encodings rarely are: one
+trial in hundreds on VGG-11 at a tight SLO, and a GP fitted to misses only learns how far they miss), and
+the one-function plan.
 
 The objective, minimised, is minus Gillis's reward (``Scoring``): ``C / ref - B / ref`` within the SLO,
 the relative latency overshoot outside it, and a fixed penalty for plans that break a memory limit, so
-every plan within the SLO scores below every plan that misses it. Plans are decoded deterministically,
-so equal encodings share one evaluation. Returns the cheapest feasible plan among the trials.
+every plan within the SLO scores below every plan that misses it. ``C`` is the cost of the plan's shape at
+its cheapest sizes (``sizing.Incumbent``, sized once per shape), the plan the solver would return for it.
+Plans are decoded deterministically, so equal encodings share one evaluation. Returns the cheapest plan
+found, polished off the grid as ``slo_dp``'s is; stops early once ``patience`` trials in a row found no
+cheaper plan.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ import time
 import warnings
 from collections.abc import Callable
 
-from partitioner.perfmodel import PlanEstimate, StageChoice
+from partitioner.perfmodel import StageChoice
 from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult
-from partitioner.solvers.encoding import ChoiceTable, Scoring, fastest_plan
+from partitioner.solvers.encoding import ChoiceTable, Scoring, start_plans
+from partitioner.solvers.sizing import Incumbent
 
 try:
     import optuna
@@ -40,11 +45,13 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ImportError("the BO planner needs optuna (with torch and scipy for its GP): pip install 'flatpack[rl]'"
                       ) from e
 
-__all__ = ["bo_solver", "decode_plan", "encode_plan"]
+__all__ = ["TRIALS_PER_UNIT", "bo_solver", "decode_plan", "default_trials", "encode_plan"]
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, str], None]  # (done, total, message), like partitioner.verify's
+
+TRIALS_PER_UNIT = 10  # the default budget's trials per unit of the model (see default_trials)
 
 
 def decode_plan(table: ChoiceTable, params: dict[str, int], master_mb: int) -> list[StageChoice] | None:
@@ -85,12 +92,9 @@ def encode_plan(table: ChoiceTable, choices: list[StageChoice] | tuple[StageChoi
     return params
 
 
-def _fastest_seed(space: SearchSpace, table: ChoiceTable, masters: list[int]) -> dict[str, int] | None:
-    """The encoding of :func:`encoding.fastest_plan` (None if no plan fits the largest master)."""
-    found = fastest_plan(space, masters)
-    if found is None:
-        return None
-    return {**encode_plan(table, found[0]), "master": masters.index(found[1])}
+def _start_params(space: SearchSpace, table: ChoiceTable, masters: list[int]) -> list[dict[str, int]]:
+    """The encodings of :func:`encoding.start_plans` (the first trials)."""
+    return [{**encode_plan(table, choices), "master": masters.index(mb)} for choices, mb in start_plans(space, masters)]
 
 
 def _sampler(seed: int, startup_trials: int) -> tuple[optuna.samplers.BaseSampler, str]:
@@ -100,9 +104,16 @@ def _sampler(seed: int, startup_trials: int) -> tuple[optuna.samplers.BaseSample
     return gp(seed=seed, n_startup_trials=startup_trials, deterministic_objective=True), "GP"
 
 
-def bo_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, trials: int = 150, seed: int = 0,
-              progress: Progress | None = None, startup_trials: int = 10, torch_threads: int = 1,
-              start_fastest: bool = True) -> SolverResult:
+def default_trials(space: SearchSpace) -> int:
+    """The trials ``bo_solver`` runs by default: ``TRIALS_PER_UNIT`` per unit of the model (each unit adds five
+    parameters to the encoding)."""
+    return TRIALS_PER_UNIT * space.n
+
+
+def bo_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, trials: int | None = None,
+              patience: int | None = None, seed: int = 0, progress: Progress | None = None, startup_trials: int = 10,
+              torch_threads: int = 1, warm_start: bool = True, resize: bool = True,
+              polish: bool = True) -> SolverResult:
     """The cheapest plan within ``slo_ms`` among ``trials`` plans proposed by GP-based BO.
 
     Parameters
@@ -111,8 +122,10 @@ def bo_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
         As for ``slo_dp``: candidate choices, the SLO on the mean latency (or on the percentile the
         performance model plans for), master sizes to try (MB).
     trials:
-        Plans evaluated. The GP's cost grows with the trials so far; the default takes about 100 s of
-        CPU for VGG-11 (11 units: 55 parameters).
+        Plans evaluated; None: :func:`default_trials`, derived from the space. The GP's cost grows with the
+        trials so far.
+    patience:
+        Stop early once this many trials in a row found no cheaper plan; None: a third of ``trials``.
     seed:
         Seeds the sampler; the same seed gives the same plan.
     progress:
@@ -121,16 +134,24 @@ def bo_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
         Random trials before the GP takes over.
     torch_threads:
         Torch threads for the GP (restored afterwards); one is fastest for GPs this small.
-    start_fastest:
-        Make the latency-optimal plan the first trial (False: the sampler's own trials only).
+    warm_start, resize, polish:
+        As ``rl.rl_solver``'s: ``encoding.start_plans`` are the first trials (so a plan within the SLO is
+        returned whenever there is one); each shape a trial finds within the SLO is scored at its cheapest
+        sizes (``sizing.Incumbent``); the best plan is polished off the grid (``dp.shrink_memory``).
 
     Raises ``Infeasible`` if no trial met the SLO within the memory limits, which does not prove that
     no plan does (``slo_dp`` is exact on the same space).
     """
     if slo_ms <= 0:
         raise ValueError(f"slo_ms must be positive, got {slo_ms}")
+    if trials is None:
+        trials = default_trials(space)
     if trials < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
+    if patience is None:
+        patience = max(1, trials // 3)
+    if patience < 1:
+        raise ValueError(f"patience must be at least 1 trial, got {patience}")
     if not master_memories:
         raise ValueError("master_memories is empty; give at least one master memory size in MB")
     t0 = time.perf_counter()
@@ -141,10 +162,11 @@ def bo_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
         raise Infeasible(f"no plan can meet the {slo_ms:g} ms SLO: even the fastest choice for every group "
                          f"takes {floor:.1f} ms; relax the SLO or allow larger functions")
     scoring = Scoring.for_space(space, slo_ms, masters)
+    incumbent = Incumbent(space, slo_ms, masters, resize=resize)
     pm = space.pm
     n = space.n
-    seen: dict[tuple[tuple[StageChoice, ...], int], tuple[float, PlanEstimate | None, bool]] = {}
-    best: list[tuple[float, tuple[StageChoice, ...], int, PlanEstimate]] = []
+    seen: dict[tuple[tuple[StageChoice, ...], int], tuple[float, bool]] = {}
+    improved_at = [0]  # the last trial that found a cheaper plan
 
     def objective(trial: optuna.Trial) -> float:
         params: dict[str, int] = {}
@@ -163,15 +185,23 @@ def bo_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
         if key not in seen:
             est = pm.estimate(choices, mb)
             reward, feasible = scoring.plan(space, est)
-            seen[key] = (reward, est, feasible)
-            if feasible and (not best or est.cost_usd < best[0][0]):
-                best[:] = [(est.cost_usd, key[0], mb, est)]
+            if feasible:
+                before = incumbent.best
+                # scored at the shape's cheapest sizes: the plan the solver would return for it
+                reward = scoring.within_slo(incumbent.offer(key[0], mb, trial.number, est))
+                if incumbent.best is not before:
+                    improved_at[0] = trial.number
+            seen[key] = (reward, feasible)
         return -seen[key][0]
 
-    def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    def monitor(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        stop = trial.number + 1 - improved_at[0] > patience
         if progress is not None:
-            msg = f"best ${best[0][0] * 1000:.5f}/1000" if best else "no feasible plan yet"
-            progress(trial.number + 1, trials, msg)
+            best = incumbent.best
+            msg = f"best ${best.estimate.cost_usd * 1000:.5f}/1000" if best else "no feasible plan yet"
+            progress(trials if stop else trial.number + 1, trials, msg)
+        if stop:
+            study.stop()
 
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -183,19 +213,23 @@ def bo_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             sampler, kind = _sampler(seed, startup_trials)
             study = optuna.create_study(direction="minimize", sampler=sampler)
-            seed_params = _fastest_seed(space, table, masters) if start_fastest else None
-            if seed_params is not None:
-                study.enqueue_trial(seed_params)
-            study.optimize(objective, n_trials=trials, callbacks=[report])
+            for params in _start_params(space, table, masters) if warm_start else []:
+                study.enqueue_trial(params)
+            study.optimize(objective, n_trials=trials, callbacks=[monitor])
     finally:
         torch.set_num_threads(threads)
         optuna.logging.set_verbosity(verbosity)
     seconds = time.perf_counter() - t0
-    feasible = sum(1 for _, _, ok in seen.values() if ok)
-    log.debug("bo: %d trials, %d distinct plans, %d feasible, %.1f s", trials, len(seen), feasible, seconds)
-    if not best:
-        raise Infeasible(f"the BO search found no plan within the {slo_ms:g} ms SLO in {trials} trials, which "
+    ran = len(study.trials)
+    feasible = sum(1 for _, ok in seen.values() if ok)
+    log.debug("bo: %d trials, %d distinct plans, %d feasible, %d shapes sized in %.1f s, %.1f s", ran, len(seen),
+              feasible, len(incumbent.shapes), incumbent.seconds, seconds)
+    best = incumbent.polished() if polish else incumbent.best
+    if best is None:
+        raise Infeasible(f"the BO search found no plan within the {slo_ms:g} ms SLO in {ran} trials, which "
                          "does not show that there is none", proven=False)
-    cost, choices, mb, est = best[0]
-    notes = (f"BO with optuna's {kind} sampler, {trials} trials, {len(seen)} distinct plans ({feasible} feasible)",)
-    return SolverResult(choices, mb, est, "bo", seconds, notes=notes)
+    stop = f"stopped after {ran} of {trials} trials: {patience} in a row found no cheaper plan" if ran < trials \
+        else f"{trials} trials"
+    notes = (f"BO with optuna's {kind} sampler, {stop}, {len(seen)} distinct plans ({feasible} within the SLO, "
+             f"{len(incumbent.shapes)} shapes{' sized' if resize else ''}); best found in trial {best.found_at}",)
+    return SolverResult(best.choices, best.master_mb, best.estimate, "bo", seconds, notes=notes)

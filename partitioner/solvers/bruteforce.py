@@ -20,10 +20,12 @@ __all__ = ["bruteforce"]
 _Edge = tuple[int, StageChoice, float, float, float, float]
 
 
-def bruteforce(space: SearchSpace, slo_ms: float, master_memories: list[int], *, time_limit_s: float = 600.0
-               ) -> SolverResult:
+def bruteforce(space: SearchSpace, slo_ms: float, master_memories: list[int], *, time_limit_s: float = 600.0,
+               polish: bool = True) -> SolverResult:
     """The cheapest plan within ``slo_ms``: every plan of every master size, latencies summed exactly and the
-    master's memory checked exactly (its weights plus its largest working set), with branch and bound."""
+    master's memory checked exactly (its weights plus its largest working set), with branch and bound.
+    ``polish``: then lower each function's memory off the grid where that is cheaper (``dp.shrink_memory``,
+    as ``slo_dp`` does); False: the cheapest plan on the space's sizes."""
     t0 = time.perf_counter()
     pm = space.pm
     fixed = pm.request_ms()[1 if pm.q_mode else 0]
@@ -58,7 +60,8 @@ def bruteforce(space: SearchSpace, slo_ms: float, master_memories: list[int], *,
     if best is None:
         raise Infeasible(f"no plan meets the {slo_ms:g} ms SLO")
     _, choices, master_mb = best
-    choices, master_mb = shrink_memory(space, choices, master_mb, slo_ms, masters)
+    if polish:
+        choices, master_mb = shrink_memory(space, choices, master_mb, slo_ms, masters)
     est = pm.estimate(choices, master_mb)
     return SolverResult(tuple(choices), master_mb, est, "bruteforce", time.perf_counter() - t0,
                         notes=(f"{nodes} search nodes",))

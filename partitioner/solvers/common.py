@@ -188,25 +188,31 @@ class SearchSpace:
 
     def options(self, first: int, last: int, master_mb: int) -> list[tuple[StageChoice, OptionCost]]:
         """:meth:`choices`, each with the performance model's figures for it."""
+        return [o for split in self.splits_for(first, last) for o in self.split_options(first, last, split, master_mb)]
+
+    def split_options(self, first: int, last: int, split: Split, master_mb: int,
+                      worker_memories: Sequence[int] | None = None, placements: Sequence[bool] | None = None,
+                      ) -> list[tuple[StageChoice, OptionCost]]:
+        """:meth:`options` with one split (admissible for the group); ``worker_memories``, ``placements``: these
+        instead of the space's."""
         out = []
-        mems = self.worker_memories or [0]
-        for split in self.splits_for(first, last):
-            for master_part in self.placements:
-                for mb in mems:
-                    ch = StageChoice(first, last, split, master_part, int(mb))
+        mems = worker_memories or self.worker_memories or [0]
+        for master_part in self.placements if placements is None else placements:
+            for mb in mems:
+                ch = StageChoice(first, last, split, master_part, int(mb))
+                oc = self.pm.option(ch, master_mb)
+                if oc is None:
+                    continue
+                if oc.invocations and oc.worker_need_mb > (mb or master_mb):
+                    continue
+                if oc.invocations == 0:
+                    if mb != mems[0]:
+                        continue  # worker memory is irrelevant when the master runs everything
+                    ch = StageChoice(first, last, split, master_part, 0)
                     oc = self.pm.option(ch, master_mb)
-                    if oc is None:
+                    if oc is None:  # not reached: whether a choice has figures depends on its split
                         continue
-                    if oc.invocations and oc.worker_need_mb > (mb or master_mb):
-                        continue
-                    if oc.invocations == 0:
-                        if mb != mems[0]:
-                            continue  # worker memory is irrelevant when the master runs everything
-                        ch = StageChoice(first, last, split, master_part, 0)
-                        oc = self.pm.option(ch, master_mb)
-                        if oc is None:  # not reached: whether a choice has figures depends on its split
-                            continue
-                    out.append((ch, oc))
+                out.append((ch, oc))
         return out
 
     def groups(self) -> list[tuple[int, int]]:

@@ -28,7 +28,7 @@ from partitioner.perfmodel import PlanEstimate, StageChoice
 from partitioner.solvers.common import SearchSpace
 from partitioner.solvers.dp import _metric
 
-__all__ = ["ChoiceTable", "Scoring", "fastest_plan", "plan_latency"]
+__all__ = ["ChoiceTable", "Scoring", "fastest_plan", "plan_latency", "start_plans"]
 
 
 def plan_latency(space: SearchSpace, est: PlanEstimate) -> float:
@@ -37,8 +37,8 @@ def plan_latency(space: SearchSpace, est: PlanEstimate) -> float:
 
 
 def fastest_plan(space: SearchSpace, master_memories: list[int]) -> tuple[tuple[StageChoice, ...], int] | None:
-    """The latency-optimal plan (Gillis's DP) at the largest master, and that master's size: the plan the
-    learned searchers start from, since it meets the SLO whenever any plan does (None: nothing fits)."""
+    """The latency-optimal plan (Gillis's DP) at the largest master, and that master's size: it meets the SLO
+    whenever any plan does (None: nothing fits)."""
     from partitioner.solvers.common import Infeasible
     from partitioner.solvers.dp import latency_dp
 
@@ -47,6 +47,23 @@ def fastest_plan(space: SearchSpace, master_memories: list[int]) -> tuple[tuple[
         return latency_dp(space, top).choices, top
     except Infeasible:
         return None
+
+
+def start_plans(space: SearchSpace, master_memories: list[int]) -> list[tuple[tuple[StageChoice, ...], int]]:
+    """The plans the learned searchers start from, at the largest master: the latency-optimal plan (within the
+    SLO whenever any plan is) and the master running every unit itself (one function, nothing split: the
+    cheapest shape where the SLO is loose). A searcher re-sizes them like any plan it finds."""
+    from functions.plan import Split
+
+    out = []
+    fastest = fastest_plan(space, master_memories)
+    if fastest is not None:
+        out.append(fastest)
+    step = space.group_limit
+    alone = tuple(StageChoice(i, min(i + step, space.n) - 1, Split(), True, 0) for i in range(0, space.n, step))
+    if True in space.placements and all(Split() in space.splits_for(c.first, c.last) for c in alone):
+        out.append((alone, max(master_memories)))
+    return out
 
 
 class ChoiceTable:
@@ -61,7 +78,7 @@ class ChoiceTable:
         self.levels = max(1, len(self.menu))
         self._splits: dict[tuple[int, int], list[Split]] = {}
         self._order: dict[tuple[int, int, int], list[Split]] = {}
-        self._valid: dict[tuple[int, int, int], dict[Split, dict[tuple[bool, int], StageChoice]]] = {}
+        self._by_split: dict[tuple[int, int, int, Split], dict[tuple[bool, int], StageChoice]] = {}
         self._fastest: dict[int, list[float]] = {}
         self._fastest_group: dict[tuple[int, int, int], float] = {}
 
@@ -72,14 +89,15 @@ class ChoiceTable:
             self._splits[key] = sorted(self.space.splits_for(first, last), key=lambda s: s.degree)
         return self._splits[key]
 
-    def _by_split(self, first: int, last: int, master_mb: int) -> dict[Split, dict[tuple[bool, int], StageChoice]]:
-        key = (first, last, master_mb)
-        if key not in self._valid:
-            table: dict[Split, dict[tuple[bool, int], StageChoice]] = {}
-            for ch in self.space.choices(first, last, master_mb):
-                table.setdefault(ch.split, {})[(ch.master_part, ch.worker_mb)] = ch
-            self._valid[key] = table
-        return self._valid[key]
+    def _valid(self, first: int, last: int, master_mb: int, split: Split) -> dict[tuple[bool, int], StageChoice]:
+        """The group's admissible choices with ``split``, by (placement, worker memory); built when first asked
+        (a searcher asks for few of a group's splits at each master size)."""
+        key = (first, last, master_mb, split)
+        hit = self._by_split.get(key)
+        if hit is None:
+            hit = self._by_split[key] = {(ch.master_part, ch.worker_mb): ch
+                                         for ch, _ in self.space.split_options(first, last, split, master_mb)}
+        return hit
 
     def resolve(self, first: int, last: int, master_mb: int, level: int, placement: int, memory: int,
                 ) -> StageChoice | None:
@@ -94,9 +112,8 @@ class ChoiceTable:
             want = self.menu[level]
             order = self._order[key] = sorted(self.splits(first, last), key=lambda s: (
                 s != want, abs(math.log2(s.degree) - math.log2(want.degree)), s.family != want.family, s.degree))
-        table = self._by_split(first, last, master_mb)
         for split in order:
-            ch = self._nearest(table.get(split, {}), placement, memory)
+            ch = self._nearest(self._valid(first, last, master_mb, split), placement, memory)
             if ch is not None:
                 return ch
         return None
@@ -125,9 +142,12 @@ class ChoiceTable:
         key = (first, last, master_mb)
         hit = self._fastest_group.get(key)
         if hit is None:
-            hit = math.inf
-            for _, oc in self.space.options(first, last, master_mb):
-                hit = min(hit, _metric(self.space, oc))
+            space = self.space
+            # a larger worker is never slower (more CPU share, and it admits every part a smaller one does),
+            # except where functions share one machine's cores: then every size is tried
+            mems = None if space.pm.platform.cores else [max(self.worker_memories)]
+            hit = min((_metric(space, oc) for split in self.splits(first, last)
+                       for _, oc in space.split_options(first, last, split, master_mb, mems)), default=math.inf)
             self._fastest_group[key] = hit
         return hit
 

@@ -39,13 +39,22 @@ Why these choices (each tried against the alternative on VGG-11, AWS Lambda prof
   "split or not" starts it near the one-function plan instead.
 - Observations carry the latency slack of the fastest completion (``ChoiceTable.fastest_*``), so the
   policy sees which cuts still allow the SLO to be met.
+- The agent decides shapes, not sizes (``resize``, the default): every episode plans at the largest
+  sizes, and a plan within the SLO is rewarded as its shape at its cheapest sizes
+  (``sizing.Incumbent``). With Gillis's agent picking sizes too, the reward of a good shape at random
+  sizes hid it: PPO settled on whatever shape it had first tuned the sizes of (on vgg11 at 1.6 x the
+  fastest latency, 2 seeds of 4 found the cheapest plan in 40,000 steps, its best plans sized alike);
+  planning shapes, 9 of 10 in 18,480.
+- Fresh agents: PPO settles within a few hundred episodes, after which it only repeats shapes it has
+  seen. Once one has found no new shape for ``patience`` episodes, a fresh agent (another seed) takes
+  the rest of the budget; the search stops once three agents in a row settled without a cheaper plan.
 
 The solver returns the cheapest feasible plan *seen* during training (the environment keeps it), not
-what the final policy samples; the latency-optimal plan (Gillis's DP) is the first incumbent, so a plan
-within the SLO is returned whenever there is one. Deterministic for a seed: one environment, one torch thread while
-training; the global ``random``/numpy/torch RNG states are restored afterwards. RL is a heuristic
-here: ``slo_dp`` solves the same problem exactly and faster; this module reproduces Gillis's approach
-as a baseline.
+what the final policy samples; it starts from ``encoding.start_plans`` (the latency-optimal plan and the
+one-function plan), so a plan within the SLO is returned whenever there is one. Deterministic for a seed:
+one environment, one torch thread while training; the global ``random``/numpy/torch RNG states are
+restored afterwards. RL is a heuristic here: ``slo_dp`` solves the same problem exactly and faster;
+this module reproduces Gillis's approach as a baseline.
 """
 
 from __future__ import annotations
@@ -55,15 +64,15 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from partitioner.perfmodel import PlanEstimate, StageChoice
+from partitioner.perfmodel import StageChoice
 from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult
 from partitioner.solvers.dp import _metric
-from partitioner.solvers.encoding import ChoiceTable, Scoring, fastest_plan
+from partitioner.solvers.encoding import ChoiceTable, Scoring, start_plans
+from partitioner.solvers.sizing import Incumbent
 
 try:
     import gymnasium as gym
@@ -74,7 +83,7 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ImportError("the RL planner needs stable-baselines3 and gymnasium: pip install 'flatpack[rl]'") from e
 
-__all__ = ["PlanEnv", "rl_solver"]
+__all__ = ["EPISODES_PER_CHOICE", "PlanEnv", "default_timesteps", "rl_solver"]
 
 log = logging.getLogger(__name__)
 
@@ -82,15 +91,8 @@ Progress = Callable[[int, int, str], None]  # (done, total, message), like parti
 
 _AHEAD_FEATURES = 3  # per unit in the window ahead: FLOPs, output bytes, weight bytes
 _OBS_BOUND = 10.0  # latency and cost ratios of hopeless plans grow without bound; the policy needs no more
-
-
-@dataclass(frozen=True)
-class _Best:
-    cost_usd: float
-    choices: tuple[StageChoice, ...]
-    master_mb: int
-    estimate: PlanEstimate
-    episode: int
+EPISODES_PER_CHOICE = 10  # the default budget's episodes per unit and split level (see default_timesteps)
+_STALE_AGENTS = 3  # the search stops once this many agents in a row settled without a cheaper plan
 
 
 class PlanEnv(gym.Env):
@@ -109,14 +111,20 @@ class PlanEnv(gym.Env):
     and the better of both; a forced-cut flag, cost so far, the master's memory in use, FLOPs left,
     the FLOPs/output/weight sizes of the open group's possible units, and at the first step each
     master size's slack. Reward only at the end (``Scoring``); an episode also ends, with the
-    out-of-memory reward, as soon as the master's memory is exceeded. ``best`` holds the cheapest
+    out-of-memory reward, as soon as the master's memory is exceeded. ``incumbent`` holds the cheapest
     feasible plan seen so far.
+
+    ``resize`` (the default): the agent decides the plan's *shape* (groups, splits, placements) and the
+    ``sizing.Incumbent`` its sizes. The memory heads are ignored: every episode plans at the largest
+    master and worker sizes (the fastest and roomiest, so a shape meets the SLO there if at any sizes),
+    and a plan within the SLO is rewarded as its shape at its cheapest sizes, the plan the solver would
+    return for it. ``resize=False``: Gillis's agent, which picks sizes too and is rewarded for them.
     """
 
     metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's convention
 
     def __init__(self, space: SearchSpace, slo_ms: float, master_memories: list[int], *,
-                 table: ChoiceTable | None = None, scoring: Scoring | None = None) -> None:
+                 table: ChoiceTable | None = None, scoring: Scoring | None = None, resize: bool = True) -> None:
         super().__init__()
         if not master_memories:
             raise ValueError("master_memories is empty; give at least one master memory size in MB")
@@ -143,7 +151,11 @@ class PlanEnv(gym.Env):
         self._fixed_ms = space.pm.request_ms()[1 if space.pm.q_mode else 0]
         self._start_slack = np.array(
             [self._slack(self._fixed_ms, t.fastest_suffix(mb)[0]) for mb in self.master_memories])
-        self.best: _Best | None = None
+        self.resize = resize
+        self._top_master = int(np.argmax(self.master_memories))
+        self._top_worker = int(np.argmax(t.worker_memories))
+        self.incumbent = Incumbent(space, self.slo_ms, self.master_memories, resize=resize)
+        self.new_shape_at = 0  # the last episode that found a shape within the SLO not seen before
         self.episodes = 0
         self.feasible_episodes = 0
         self._reset_state()
@@ -216,6 +228,8 @@ class PlanEnv(gym.Env):
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         cut, parallel, level, placement, memory, master = (int(a) for a in action)
+        if self.resize:  # sizes are the incumbent's to choose: the agent plans shapes at the roomiest, fastest ones
+            memory, master = self._top_worker, self._top_master
         if self._mb is None:
             self._mb_idx = master
             self._mb = self.master_memories[master]
@@ -246,16 +260,19 @@ class PlanEnv(gym.Env):
         reward, feasible = self.scoring.plan(space, est)
         if feasible:
             self.feasible_episodes += 1
-            if self.best is None or est.cost_usd < self.best.cost_usd:
-                self.best = _Best(est.cost_usd, tuple(self._choices), mb, est, self.episodes)
+            known = len(self.incumbent.shapes)
+            # the reward of the plan's shape at its cheapest sizes: the plan the solver would return for it
+            reward = self.scoring.within_slo(self.incumbent.offer(tuple(self._choices), mb, self.episodes, est))
+            if len(self.incumbent.shapes) > known:
+                self.new_shape_at = self.episodes
         return self._end(reward)
 
     def offer(self, choices: tuple[StageChoice, ...], master_mb: int) -> None:
         """Take a plan found elsewhere as the incumbent if it is feasible and cheaper (not an episode)."""
         est = self.space.pm.estimate(choices, master_mb)
         _, feasible = self.scoring.plan(self.space, est)
-        if feasible and (self.best is None or est.cost_usd < self.best.cost_usd):
-            self.best = _Best(est.cost_usd, tuple(choices), master_mb, est, -1)
+        if feasible:
+            self.incumbent.offer(tuple(choices), master_mb, -1, est)
 
     def _end(self, reward: float) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         self.episodes += 1
@@ -263,17 +280,30 @@ class PlanEnv(gym.Env):
         return self._obs(), float(reward), True, False, {}
 
 
-class _ProgressCallback(BaseCallback):
-    def __init__(self, env: PlanEnv, total: int, progress: Progress, every: int) -> None:
+def _best_message(incumbent: Incumbent) -> str:
+    best = incumbent.best
+    return f"best ${best.estimate.cost_usd * 1000:.5f}/1000" if best else "no feasible plan yet"
+
+
+class _Monitor(BaseCallback):
+    """Reports progress every ``every`` steps (``done`` of ``total`` taken before this agent started); stops
+    the agent once ``patience`` episodes in a row found no shape within the SLO that earlier ones had not (it
+    has settled: it samples shapes already sized, so it can no longer improve the plan)."""
+
+    def __init__(self, env: PlanEnv, total: int, done: int, progress: Progress | None, every: int,
+                 patience: int) -> None:
         super().__init__()
-        self.env_ref, self.total, self.report, self.every = env, total, progress, max(1, every)
+        self.env_ref, self.total, self.done, self.report, self.every = env, total, done, progress, max(1, every)
+        self.patience = patience
+        self.settled = False
 
     def _on_step(self) -> bool:
-        if self.num_timesteps % self.every == 0 or self.num_timesteps >= self.total:
-            best = self.env_ref.best
-            msg = f"best ${best.cost_usd * 1000:.5f}/1000" if best else "no feasible plan yet"
-            self.report(min(self.num_timesteps, self.total), self.total, msg)
-        return True
+        env = self.env_ref
+        self.settled = env.episodes - env.new_shape_at >= self.patience
+        steps = self.done + self.num_timesteps
+        if self.report is not None and (steps % self.every == 0 or steps >= self.total):
+            self.report(min(steps, self.total), self.total, _best_message(env.incumbent))
+        return not self.settled
 
 
 @contextmanager
@@ -291,11 +321,24 @@ def _isolated_rng(threads: int) -> Iterator[None]:
         torch.set_rng_state(torch_state)
 
 
-def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, timesteps: int = 30_000,
-              seed: int = 0, progress: Progress | None = None, learning_rate: float = 1e-3,
-              n_steps: int = 512, batch_size: int = 128, n_epochs: int = 4, gae_lambda: float = 0.95,
-              ent_coef: float = 0.01, net_arch: tuple[int, ...] = (64, 64), torch_threads: int = 1,
-              start_fastest: bool = True) -> SolverResult:
+def _agent_seed(seed: int, agent: int) -> int:
+    """The seed of the search's ``agent``-th agent: the first has ``seed``; the others are drawn from
+    (``seed``, ``agent``), so that two searches' agents never share a seed."""
+    return seed if agent == 0 else int(np.random.SeedSequence([seed, agent]).generate_state(1)[0] >> 1)
+
+
+def default_timesteps(space: SearchSpace) -> int:
+    """The training budget ``rl_solver`` takes by default: ``EPISODES_PER_CHOICE`` episodes per unit and split
+    level (the decisions that make a plan's shape), an episode being one step plus one per unit."""
+    return EPISODES_PER_CHOICE * space.n * ChoiceTable(space).levels * (space.n + 1)
+
+
+def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, timesteps: int | None = None,
+              patience: int | None = None, seed: int = 0, progress: Progress | None = None,
+              learning_rate: float = 1e-3, n_steps: int = 512, batch_size: int = 128, n_epochs: int = 4,
+              gae_lambda: float = 0.95, ent_coef: float = 0.01, net_arch: tuple[int, ...] = (64, 64),
+              torch_threads: int = 1, warm_start: bool = True, resize: bool = True,
+              polish: bool = True) -> SolverResult:
     """The cheapest plan within ``slo_ms`` that a PPO agent finds in ``timesteps`` environment steps.
 
     Parameters
@@ -304,10 +347,17 @@ def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
         As for ``slo_dp``: the candidate choices, the SLO on the mean latency (or on the percentile the
         performance model plans for) and the master sizes to try (MB).
     timesteps:
-        Training budget in environment steps (an episode is one step plus one per unit). The default
-        takes about 30 s of CPU for VGG-11 (11 units, groups of up to 3).
+        Training budget in environment steps (an episode is one step plus one per unit); None:
+        :func:`default_timesteps`, derived from the space.
+    patience:
+        An agent has settled once this many episodes in a row found no shape within the SLO not seen before
+        (each shape is sized once, so repeating one cannot improve the plan); a fresh agent (seeded from
+        ``seed`` and its number) then takes the rest of the budget. The search stops early once three agents
+        in a row settled without a plan cheaper than the best before them. None: a tenth of the budget's
+        episodes.
     seed:
-        Seeds the policy, the sampling and the environment; the same seed gives the same plan.
+        Seeds the first agent's policy, sampling and environment (and through it the later agents'); the same
+        seed gives the same plan.
     progress:
         Called as ``progress(done, total, message)`` every ``n_steps`` steps (for a rich progress bar).
     learning_rate, n_steps, batch_size, n_epochs, gae_lambda, ent_coef:
@@ -316,41 +366,68 @@ def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
         Hidden layers of the policy and of the value network (Gillis: two-layer policies).
     torch_threads:
         Torch threads while training; one is fastest for networks this small.
-    start_fastest:
-        Take the latency-optimal plan as the first incumbent (False: only what the episodes find).
+    warm_start:
+        Start from ``encoding.start_plans`` (the latency-optimal plan and the one-function plan), so a plan
+        within the SLO is returned whenever there is one (False: only what the episodes find).
+    resize:
+        The agent plans shapes and each shape found within the SLO is scored at its cheapest sizes
+        (``PlanEnv``, ``sizing.Incumbent``); False: Gillis's agent, which picks the sizes too.
+    polish:
+        Lower each function's memory of the best plan off the grid where that is cheaper, as ``slo_dp`` does
+        (``dp.shrink_memory``; False: the best plan on the grid).
 
     Returns the best feasible plan seen during training. Raises ``Infeasible`` if none was seen, which
     does not prove there is none: ``slo_dp`` is exact on the same space.
     """
     if slo_ms <= 0:
         raise ValueError(f"slo_ms must be positive, got {slo_ms}")
+    if timesteps is None:
+        timesteps = default_timesteps(space)
     if timesteps < 1:
         raise ValueError(f"timesteps must be at least 1, got {timesteps}")
+    if patience is None:
+        patience = max(1, timesteps // (space.n + 1) // 10)
+    if patience < 1:
+        raise ValueError(f"patience must be at least 1 episode, got {patience}")
     t0 = time.perf_counter()
-    env = PlanEnv(space, slo_ms, master_memories)
+    env = PlanEnv(space, slo_ms, master_memories, resize=resize)
     floor = env.table.latency_floor(env.master_memories)
     if floor > slo_ms:
         raise Infeasible(f"no plan can meet the {slo_ms:g} ms SLO: even the fastest choice for every group "
                          f"takes {floor:.1f} ms; relax the SLO or allow larger functions")
-    seed_plan = fastest_plan(space, env.master_memories) if start_fastest else None
-    if seed_plan is not None:  # the incumbent to beat: feasible whenever any plan is
-        env.offer(*seed_plan)
+    for plan in start_plans(space, env.master_memories) if warm_start else []:
+        env.offer(*plan)  # the incumbents to beat
+    done = agents = stale = 0
     with _isolated_rng(torch_threads):
-        model = PPO(
-            "MlpPolicy", env, learning_rate=learning_rate, n_steps=n_steps, batch_size=batch_size,
-            n_epochs=n_epochs, gamma=1.0, gae_lambda=gae_lambda, ent_coef=ent_coef, seed=seed, device="cpu",
-            policy_kwargs={"net_arch": {"pi": list(net_arch), "vf": list(net_arch)}}, verbose=0,
-        )
-        env.reset(seed=seed)
-        callback = _ProgressCallback(env, timesteps, progress, n_steps) if progress else None
-        model.learn(total_timesteps=timesteps, callback=callback)
+        while done < timesteps and stale < _STALE_AGENTS:
+            before = env.incumbent.best
+            model = PPO(
+                "MlpPolicy", env, learning_rate=learning_rate, n_steps=n_steps, batch_size=batch_size,
+                n_epochs=n_epochs, gamma=1.0, gae_lambda=gae_lambda, ent_coef=ent_coef, seed=_agent_seed(seed, agents),
+                device="cpu", policy_kwargs={"net_arch": {"pi": list(net_arch), "vf": list(net_arch)}}, verbose=0,
+            )
+            env.new_shape_at = env.episodes  # each agent has its own patience
+            monitor = _Monitor(env, timesteps, done, progress, n_steps, patience)
+            model.learn(total_timesteps=timesteps - done, callback=monitor)
+            done += model.num_timesteps
+            agents += 1
+            stale = stale + 1 if monitor.settled and env.incumbent.best is before else 0
     seconds = time.perf_counter() - t0
-    log.debug("rl: %d episodes, %d feasible, %.1f s", env.episodes, env.feasible_episodes, seconds)
-    best = env.best
+    inc = env.incumbent
+    if progress is not None and done < timesteps:  # stopped early: the bar still ends full
+        progress(timesteps, timesteps, _best_message(inc))
+    log.debug("rl: %d episodes, %d feasible, %d shapes sized in %.1f s, %.1f s", env.episodes,
+              env.feasible_episodes, len(inc.shapes), inc.seconds, seconds)
+    best = inc.polished() if polish else inc.best
     if best is None:
         raise Infeasible(f"the RL search found no plan within the {slo_ms:g} ms SLO in {env.episodes} episodes "
-                         f"({timesteps} steps), which does not show that there is none", proven=False)
-    found = f"best found in episode {best.episode}" if best.episode >= 0 else \
-        "no episode beat the latency-optimal plan it started from"
-    notes = (f"PPO, {timesteps} steps, {env.episodes} episodes ({env.feasible_episodes} feasible); {found}",)
+                         f"({done} steps), which does not show that there is none", proven=False)
+    found = f"best found in episode {best.found_at}" if best.found_at >= 0 else \
+        "no episode beat the plans it started from"
+    why = f"stopped: {stale} agents in a row settled without a cheaper plan" if stale >= _STALE_AGENTS else \
+        "the budget spent"
+    notes = (f"PPO, {done} of {timesteps} steps ({why}), {env.episodes} episodes by {agents} "
+             f"agent{'s' if agents > 1 else ''} (a fresh one when one settled: {patience} episodes in a row with "
+             f"no new shape); {env.feasible_episodes} episodes within the SLO, "
+             f"{len(inc.shapes)} shapes{' sized' if resize else ''}; {found}",)
     return SolverResult(best.choices, best.master_mb, best.estimate, "rl", seconds, notes=notes)

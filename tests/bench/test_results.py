@@ -52,3 +52,24 @@ def test_outcomes_and_fault_counts() -> None:
     assert total.to_json() == {"worker_invocations": 40, "kills": 4, "stragglers": 1, "kill_fraction": 0.1,
                                "straggler_fraction": 0.025}
     assert FaultCounts().kill_fraction == 0.0
+
+
+def test_the_solvers_checks_and_hits() -> None:
+    from bench.components.solvers import SolverRow, SolversResult
+
+    def rows(slo: float, **costs: tuple[float | None, bool]) -> list[SolverRow]:
+        return [SolverRow("vgg11", slo, s, c, 1.0 if c else None, met, 0.1) for s, (c, met) in costs.items()]
+
+    good = rows(200.0, exact=(1.0, True), bruteforce=(1.0, True), rl=(1.0, True), bo=(1.5, True), mopar=(0.5, False)) \
+        + rows(100.0, exact=(None, False), bruteforce=(None, False), rl=(None, False), bo=(None, False),
+               mopar=(0.5, False))
+    result = SolversResult(tuple(good), {}, {})
+    assert result.checks() == {"exact_equals_bruteforce": True, "exact_cheapest": True, "rl_feasible": True,
+                               "bo_feasible": True}
+    assert result.hits_exact() == {"rl": [1, 1], "bo": [0, 1], "mopar": [0, 1]}
+    assert result.to_json()["checks"] == result.checks()
+    bad = rows(200.0, exact=(1.0, True), bruteforce=(0.9, True), rl=(None, False), bo=(0.8, True), mopar=(2.0, True))
+    assert SolversResult(tuple(bad), {}, {}).checks() == {"exact_equals_bruteforce": False, "exact_cheapest": False,
+                                                          "rl_feasible": False, "bo_feasible": True}
+    only = SolversResult(tuple(r for r in good if r.solver in ("exact", "rl")), {}, {})
+    assert only.checks() == {"exact_cheapest": True, "rl_feasible": True}

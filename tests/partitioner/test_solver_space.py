@@ -116,3 +116,22 @@ def test_lo_and_mopar_plans_fit_their_memory(lg: LayerGraph, act: float, weights
         except Infeasible:
             continue
         assert not r.estimate.warnings, (request, r.estimate.memory_mb)
+
+
+@pytest.mark.parametrize("solver", ["rl", "bo"])
+def test_a_search_that_finds_nothing_says_so_and_what_exact_says(lg: LayerGraph, solver: str) -> None:
+    """128 MB functions: the fastest choice of every group is 353.8 ms in all (the lower bound the searchers
+    check first), but the master cannot hold those choices together; the fastest plan takes 356.6 ms. A 355 ms
+    SLO passes the bound, the search finds nothing, and the error says that (not that the SLO is unmeetable)
+    and what the exact solver says."""
+    pytest.importorskip("stable_baselines3")
+    pytest.importorskip("optuna")
+    pm = _heavy(lg, *HEAVY[0])
+    request = PlanRequest(mode="slo", slo_ms=355.0, solver=solver, memory=128, max_group=2)
+    with pytest.raises(Infeasible) as e:
+        solve(lg, request, pm=pm)
+    assert not e.value.proven
+    assert f"the {solver.upper()} search found no plan within the 355 ms SLO" in str(e.value)
+    assert "which does not show that there is none. The exact solver agrees: no plan meets the 355 ms SLO" in str(
+        e.value)
+    assert e.value.fastest is not None and e.value.fastest.estimate.latency_ms > 355.0

@@ -8,6 +8,7 @@ planners only have to find *a* feasible plan here, and the exact solver bounds i
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -19,11 +20,13 @@ pytest.importorskip("optuna")
 import zoo  # noqa: E402
 from partitioner.graph import LayerGraph  # noqa: E402
 from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts  # noqa: E402
-from partitioner.solvers.bo import bo_solver, decode_plan  # noqa: E402
+from partitioner.solvers.bo import TRIALS_PER_UNIT, bo_solver, decode_plan, default_trials  # noqa: E402
+from partitioner.solvers.bruteforce import bruteforce  # noqa: E402
 from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult  # noqa: E402
 from partitioner.solvers.dp import latency_dp, slo_dp  # noqa: E402
-from partitioner.solvers.encoding import ChoiceTable, Scoring, plan_latency  # noqa: E402
-from partitioner.solvers.rl import PlanEnv, rl_solver  # noqa: E402
+from partitioner.solvers.encoding import ChoiceTable, Scoring, plan_latency, start_plans  # noqa: E402
+from partitioner.solvers.rl import EPISODES_PER_CHOICE, PlanEnv, default_timesteps, rl_solver  # noqa: E402
+from partitioner.solvers.sizing import Incumbent, shape_of  # noqa: E402
 from platforms import load_profile  # noqa: E402
 
 MEMS = [1024, 1769, 3538]
@@ -132,7 +135,7 @@ def test_env_follows_the_gymnasium_api(space: SearchSpace) -> None:
 def test_plan_is_feasible_and_estimated(name: str, space: SearchSpace, results: dict[str, SolverResult]) -> None:
     r = results[name]
     assert r.solver == name
-    assert r.master_mb in MEMS
+    assert min(MEMS) <= r.master_mb <= max(MEMS)  # polished off the grid, as exact's plan is
     assert r.choices[0].first == 0 and r.choices[-1].last == space.n - 1
     est = space.pm.estimate(r.choices, r.master_mb)
     assert r.estimate == est
@@ -165,9 +168,9 @@ def test_no_feasible_plan_seen_is_infeasible(space: SearchSpace) -> None:
     # just above the floor: feasible plans are few, and these budgets see none of them
     slo = ChoiceTable(space).latency_floor(MEMS) + 0.01
     with pytest.raises(Infeasible, match="the RL search found no plan") as rl:
-        rl_solver(space, slo, MEMS, timesteps=1, n_steps=8, batch_size=8, start_fastest=False)
+        rl_solver(space, slo, MEMS, timesteps=1, n_steps=8, batch_size=8, warm_start=False)
     with pytest.raises(Infeasible, match="the BO search found no plan") as bo:
-        bo_solver(space, slo, MEMS, trials=1, start_fastest=False)
+        bo_solver(space, slo, MEMS, trials=1, warm_start=False)
     assert not rl.value.proven and not bo.value.proven
 
 
@@ -202,7 +205,7 @@ def test_progress_is_reported(space: SearchSpace) -> None:
     rl_solver(space, SLO_MS, MEMS, timesteps=1024, n_steps=512, progress=lambda d, t, m: seen.append((d, t, m)))
     assert seen and seen[-1][0] == seen[-1][1] == 1024
     seen.clear()
-    bo_solver(space, SLO_MS, MEMS, trials=3, progress=lambda d, t, m: seen.append((d, t, m)))
+    bo_solver(space, SLO_MS, MEMS, trials=3, patience=3, progress=lambda d, t, m: seen.append((d, t, m)))
     assert [d for d, _, _ in seen] == [1, 2, 3]
 
 
@@ -232,3 +235,73 @@ def test_rl_and_bo_search_groups_of_any_length_by_default(space: SearchSpace) ->
     assert [(c.first, c.last) for c in decode_plan(ChoiceTable(free), params, 1769) or []] == [(0, n - 1)]
     for result in (rl_solver(free, SLO_MS, MEMS, timesteps=512), bo_solver(free, SLO_MS, MEMS, trials=5)):
         assert plan_latency(free, result.estimate) <= SLO_MS
+
+
+# -- sizing, start plans, budgets ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factor", [1.15, 1.6, 3.0])
+def test_a_shape_offered_at_any_sizes_comes_back_at_its_cheapest(space: SearchSpace, factor: float) -> None:
+    """Offered the brute-force optimum's shape at the largest sizes, the incumbent holds the optimum: sizing
+    finds the cheapest sizes of a shape, and polishing matches the one the exact solvers apply."""
+    slo = latency_dp(space, max(MEMS)).estimate.latency_ms * factor
+    best = bruteforce(space, slo, MEMS)
+    top = tuple(dataclasses.replace(ch, worker_mb=max(MEMS) if ch.worker_mb else 0) for ch in best.choices)
+    inc = Incumbent(space, slo, MEMS)
+    offered = inc.offer(top, max(MEMS), 7)
+    assert inc.best is not None and inc.best.found_at == 7
+    assert offered == inc.best.estimate.cost_usd <= space.pm.estimate(top, max(MEMS)).cost_usd
+    assert inc.offer(top, max(MEMS), 8) == offered  # a shape is sized once
+    polished = inc.polished()
+    assert polished is not None and polished.estimate.cost_usd == pytest.approx(best.estimate.cost_usd, rel=1e-9)
+    assert shape_of(polished.choices) == shape_of(best.choices)
+
+
+def test_the_start_plans_are_the_fastest_and_the_one_function_plan(space: SearchSpace) -> None:
+    plans = start_plans(space, MEMS)
+    fastest = latency_dp(space, max(MEMS))
+    assert plans[0] == (fastest.choices, max(MEMS))
+    alone, mb = plans[1]
+    assert mb == max(MEMS) and all(ch.split.family == "none" and ch.master_part for ch in alone)
+    assert [(c.first, c.last) for c in alone] == [(0, 2), (3, 5), (6, 8), (9, 10)]  # groups of max_group units
+
+
+def test_the_default_budgets_grow_with_the_space(space: SearchSpace) -> None:
+    levels = ChoiceTable(space).levels
+    assert default_timesteps(space) == EPISODES_PER_CHOICE * space.n * levels * (space.n + 1)
+    assert default_trials(space) == TRIALS_PER_UNIT * space.n
+
+
+@pytest.mark.parametrize("name", list(SOLVERS))
+@pytest.mark.parametrize("factor", [1.15, 1.6, 3.0])
+def test_a_plan_within_every_slo_exact_meets(name: str, space: SearchSpace, factor: float) -> None:
+    """From the fastest and the one-function plans, with tiny budgets: a plan within the SLO wherever there is
+    one, never cheaper than brute force's on the grid. (Both polished off the grid, either can be the cheaper
+    on a grid this coarse: polishing lowers each size from where the grid's plan has it.)"""
+    slo = latency_dp(space, max(MEMS)).estimate.latency_ms * factor
+    best = bruteforce(space, slo, MEMS, polish=False)
+    r = rl_solver(space, slo, MEMS, timesteps=256, n_steps=128, batch_size=32, polish=False) if name == "rl" else \
+        bo_solver(space, slo, MEMS, trials=4, polish=False)
+    assert plan_latency(space, r.estimate) <= slo and not r.estimate.warnings
+    assert r.estimate.cost_usd >= best.estimate.cost_usd * (1 - 1e-9)
+
+
+def test_the_search_stops_once_fresh_agents_find_nothing_cheaper(space: SearchSpace) -> None:
+    """At an SLO only the fastest plans meet, new shapes are rare and none beats the start: each agent settles
+    after ``patience`` episodes with no new shape, and the search stops after three of them, long before its
+    budget."""
+    slo = latency_dp(space, max(MEMS)).estimate.latency_ms * 1.0001
+    r = rl_solver(space, slo, MEMS, timesteps=10**6, patience=8, n_steps=64, batch_size=32)
+    assert "stopped: 3 agents in a row settled without a cheaper plan" in r.notes[0]
+    assert "by 3 agents" in r.notes[0] and "8 episodes in a row with no new shape" in r.notes[0]
+    assert plan_latency(space, r.estimate) <= slo
+    with pytest.raises(ValueError, match="patience"):
+        rl_solver(space, slo, MEMS, timesteps=64, patience=0)
+    with pytest.raises(ValueError, match="patience"):
+        bo_solver(space, slo, MEMS, trials=2, patience=0)
+
+
+def test_bo_stops_once_no_trial_finds_a_cheaper_plan(space: SearchSpace) -> None:
+    slo = latency_dp(space, max(MEMS)).estimate.latency_ms * 1.0001
+    r = bo_solver(space, slo, MEMS, trials=50, patience=3)
+    assert "stopped after" in r.notes[0] and "3 in a row found no cheaper plan" in r.notes[0]

@@ -120,18 +120,6 @@ class StageTimes:
         ys = [1.0, *(float(np.median(by_degree[d])) for d in xs[1:])]
         return float(np.interp(degree, xs, ys))
 
-    def cpu_ratio(self) -> float | None:
-        """The master's measured CPU over the model's, median over the stages measured with it; None if
-        none was. Below one vCPU a quota descheduling the instance every few milliseconds makes the same
-        work cost more CPU than it does on a whole core (caches refilled after each pause): resnet50/w2@224
-        used 24.7 ms at 512 MB where its units took 22.5 ms alone, and at 0.29 vCPU that is 8 ms more.
-        Reported, not applied to the stages not measured: measured on split plans (1.2-1.3, much of it the
-        master's handling) it over-predicted the unsplit resnet50/w2 at 512 MB by 16 %, as much as
-        leaving it out under-predicts it."""
-        ratios = [r.master_cpu_ms / r.model_cpu_ms for r in self.records.values()
-                  if r.master_cpu_ms is not None and r.model_cpu_ms is not None and r.model_cpu_ms >= 1.0]
-        return float(np.median(ratios)) if ratios else None
-
     def to_json(self) -> dict[str, Any]:
         return {"records": [r.to_json() for r in self.records.values()]}
 

@@ -35,6 +35,7 @@ _COMMANDS: dict[str, str] = {
     "compress": "serving.cli.compress:compress_cmd",
     "profile": "serving.cli.profile:profile_cmd",
     "calibrate": "serving.cli.calibrate:calibrate_cmd",
+    "demo": "serving.cli.demo:demo_cmd",
 }
 
 

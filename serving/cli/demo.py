@@ -1,0 +1,150 @@
+"""``flatpack demo``: the product's promise on this machine, end to end.
+
+A model that one small function serves too slowly is deployed as the cheapest plan that meets an SLO, beside
+the same model in one function of the same memory; both are sent the same requests, interleaved, and the
+live latencies are printed side by side.
+
+The SLO is set from this machine's own figures, not a constant: what one function takes depends on the CPU
+(a 512 MB function gets 0.29 of a core here as on Lambda, but a core of one machine computes twice as fast as
+another's). The demo predicts the unsplit function and the fastest plan, and asks for the geometric mean of
+the two: the unsplit function misses it by as much as the fastest plan beats it.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from serving.console import console, err_console
+
+__all__ = ["demo_cmd", "demo_slo_ms"]
+
+
+def demo_slo_ms(unsplit_ms: float, fastest_ms: float) -> float | None:
+    """The SLO the demo asks for: the geometric mean of the unsplit function's and the fastest plan's predicted
+    latencies, rounded down to 5 ms (to 1 ms where 5 would reach the fastest plan's); None where splitting
+    gains less than 10 % (no SLO separates them)."""
+    if not (unsplit_ms > 0 and fastest_ms > 0) or fastest_ms > unsplit_ms / 1.1:
+        return None
+    between = math.sqrt(unsplit_ms * fastest_ms)
+    rounded = 5.0 * math.floor(between / 5.0)
+    return rounded if rounded > fastest_ms else float(math.floor(between))
+
+
+def _flatpack(args: list[str]) -> None:
+    """Run ``flatpack ARGS`` as the user would (echoed first); its failure ends the demo with its exit code."""
+    console.print(f"[bold]$ flatpack {' '.join(args)}[/]")
+    rc = subprocess.call([sys.executable, "-m", "serving.cli", *args])  # noqa: S603 - this program, our arguments
+    if rc != 0:
+        raise click.exceptions.Exit(rc)
+
+
+@click.command("demo")
+@click.option("--model", default="vgg16", show_default=True, help="Zoo model.")
+@click.option("--width-div", type=int, default=2, show_default=True, help="Divide every layer's width by this.")
+@click.option("--input-size", type=int, default=224, show_default=True, help="Input height and width.")
+@click.option("--memory", type=click.IntRange(128, 10240), default=512, show_default=True,
+              help="Memory of every function (MB); the local platform gives it memory/1769 of a core.")
+@click.option("--slo", default="auto", show_default=True,
+              help="SLO of the split plan (e.g. 90ms); auto: between the unsplit function and the fastest plan.")
+@click.option("--port", type=int, default=8080, show_default=True,
+              help="Port of the split plan's endpoint; the unsplit function's is the next one.")
+@click.option("--requests", type=click.IntRange(3, 10_000), default=20, show_default=True,
+              help="Requests to each endpoint (interleaved).")
+def demo_cmd(model: str, width_div: int, input_size: int, memory: int, slo: str, port: int, requests: int) -> None:
+    """Deploy a model split across functions to meet an SLO one function misses, beside the unsplit function,
+    and print both live latencies. Both keep serving afterwards (flatpack ls; flatpack undeploy NAME)."""
+    from partitioner.graph import LayerGraph
+    from partitioner.perfmodel import StageChoice
+    from partitioner.planner import solve
+    from partitioner.spec import Split
+    from serving.cli.deploy import _calibrated_local
+    from serving.cli.models import parse_duration_ms
+    from serving.cli.plan import request_from
+    from zoo.cache import zoo_file
+    from zoo.errors import ZooError
+
+    split_name, unsplit_name = f"{model}-split", f"{model}-unsplit"
+    build = Path("build")
+    try:
+        with err_console.status(f"building {model} (width/{width_div}, {input_size} px; once, then cached)"):
+            path = zoo_file(model, width_div=width_div, input_size=input_size)
+    except (ZooError, ImportError) as e:
+        raise click.ClickException(str(e)) from e
+    platform = _calibrated_local(False)
+    request = request_from("lo", None, None, None, platform, str(memory), None, "shm", "auto")
+    lg = LayerGraph.load(path)
+    with err_console.status("predicting the unsplit function and the fastest plan") as st:
+        from partitioner.planner import make_perfmodel
+
+        pm, _, _ = make_perfmodel(lg, request, progress=st.update)
+        whole = [StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0)]
+        unsplit_ms = pm.estimate(whole, memory).latency_ms
+        fastest_ms = solve(lg, request, pm=pm).estimate.latency_ms
+    console.print(f"{model} (width/{width_div}, {input_size} px) at {memory} MB per function, predicted: one "
+                  f"function {unsplit_ms:.0f} ms, the fastest plan {fastest_ms:.0f} ms")
+    if slo == "auto":
+        slo_ms = demo_slo_ms(unsplit_ms, fastest_ms)
+        if slo_ms is None:
+            raise click.ClickException(
+                f"splitting {model} gains too little at {memory} MB on this machine for an SLO to separate the "
+                "plans; try a smaller --memory or a larger --input-size")
+        console.print(f"asking for an SLO of {slo_ms:.0f} ms: one function misses it, a split plan can meet it")
+    else:
+        slo_ms = parse_duration_ms(slo)
+    for name in (split_name, unsplit_name):
+        subprocess.call([sys.executable, "-m", "serving.cli", "undeploy", name],  # noqa: S603 - as above
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _flatpack(["deploy", str(path), "--mode", "slo", "--slo", f"{slo_ms:g}ms", "--memory", str(memory),
+               "--name", split_name, "--port", str(port), "--detach"])
+    _flatpack(["export", str(path), "--stages", "0-:none", "--memory", str(memory), "-o",
+               str(build / unsplit_name)])
+    _flatpack(["serve", str(build / unsplit_name), "--name", unsplit_name, "--port", str(port + 1), "--detach"])
+    from partitioner.inputs import random_inputs
+
+    _compare(split_name, unsplit_name, slo_ms, requests, random_inputs(lg.model, 0))
+    console.print(f"both keep serving (flatpack ls); stop them with: flatpack undeploy {split_name}; "
+                  f"flatpack undeploy {unsplit_name}")
+
+
+def _compare(split_name: str, unsplit_name: str, slo_ms: float, requests: int,
+             inputs: dict[str, np.ndarray]) -> None:
+    """Send both deployments the same requests, alternating, and print the live p50s side by side."""
+    from rich.table import Table
+
+    from serving.api.client import InferClient
+    from serving.deploy.state import DeploymentRecord
+
+    records = {n: DeploymentRecord.load(n) for n in (split_name, unsplit_name)}
+    times: dict[str, list[float]] = {n: [] for n in records}
+    clients = {n: InferClient(r.endpoint or "", n, timeout_s=120.0) for n, r in records.items()}
+    try:
+        with err_console.status("sending requests to both") as st:
+            for c in clients.values():  # one warm request each, not counted
+                c.infer(inputs)
+            for i in range(requests):
+                order = list(clients.items()) if i % 2 == 0 else list(reversed(clients.items()))
+                for n, c in order:
+                    t0 = time.perf_counter()
+                    c.infer(inputs)
+                    times[n].append((time.perf_counter() - t0) * 1e3)
+                st.update(f"sending requests to both: {i + 1}/{requests}")
+    finally:
+        for c in clients.values():
+            c.close()
+    p50 = {n: float(np.median(t)) for n, t in times.items()}
+    t = Table(title=f"live, p50 of {requests} requests each (SLO {slo_ms:g} ms)")
+    for col in ("deployment", "functions", "p50 ms", "meets the SLO"):
+        t.add_column(col, justify="left" if col == "deployment" else "right")
+    for n, r in records.items():
+        t.add_row(n, str(len(r.functions)), f"{p50[n]:.1f}", "yes" if p50[n] <= slo_ms else "no")
+    console.print(t)
+    console.print(f"the split plan answers {p50[unsplit_name] / p50[split_name]:.2f}x faster than one function "
+                  "of the same memory")
+

@@ -452,7 +452,9 @@ def _stated(space: SearchSpace, result: SolverResult) -> SolverResult:
 
 def _merged(pm: PerfModel, result: SolverResult) -> SolverResult:
     """Adjacent unsplit stages that the master runs itself become one stage (fewer files and calls;
-    the same work)."""
+    the same work), unless the merged plan's estimate is slower: the separate stages may be priced by
+    live measurements that the merged one has not had, and a plan the solver chose within an SLO must not
+    leave it here (seen: a deploy at an 80 ms SLO refused, its merged plan 81.1 ms)."""
     out: list[StageChoice] = []
     for ch in result.choices:
         prev = out[-1] if out else None
@@ -464,6 +466,9 @@ def _merged(pm: PerfModel, result: SolverResult) -> SolverResult:
     if len(out) == len(result.choices):
         return result
     est = pm.estimate(out, result.master_mb)
+    if (est.latency_ms > result.estimate.latency_ms + 1e-9
+            or est.latency_q_ms > result.estimate.latency_q_ms + 1e-9):
+        return result
     return replace(result, choices=tuple(out), estimate=est)
 
 

@@ -48,7 +48,8 @@ class LoRow:
     predicted_unsplit_p50_ms: float
     error: float  # live lo p50 / predicted - 1
     unsplit_error: float
-    oversubscribed: bool  # the plan's parts that compute at once need more than this machine's cores
+    oversubscribed: bool  # the plan's parts that compute at once need more than this machine's cores (less
+    # what the platform and the caller use: bench.suite.planning.PLATFORM_RESERVE_CORES)
     platform_oversubscribed: bool  # the platform saw shares of instances with a request in flight exceed them
     errors: int
     compute: str
@@ -84,7 +85,7 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
     from bench.harness.provenance import usable_cores
     from bench.load.inputs import InputPool
     from bench.suite.deployments import deployments, interleaved
-    from bench.suite.planning import invoke_facts, measured_lo_plan, perfmodel
+    from bench.suite.planning import invoke_facts, measured_lo_plan, perfmodel, shares_room
     from functions.plan import Plan
     from partitioner.export import export_bundle
     from partitioner.graph import LayerGraph
@@ -142,7 +143,7 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
                     unsplit_p50_ms=live_unsplit, lo_p50_ms=live_lo, speedup=live_unsplit / live_lo,
                     predicted_lo_p50_ms=pred, predicted_unsplit_p50_ms=predicted_unsplit,
                     error=live_lo / pred - 1, unsplit_error=live_unsplit / predicted_unsplit - 1,
-                    oversubscribed=demand > cores + 1e-9,
+                    oversubscribed=demand > shares_room(cores) + 1e-9,
                     # a master waiting for its workers counts as busy there, though it computes nothing
                     platform_oversubscribed=(int(after.get("oversubscribed_invocations", 0))
                                              > int(before.get("oversubscribed_invocations", 0))),

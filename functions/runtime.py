@@ -111,7 +111,8 @@ class FunctionRuntime:
 
     def _check_memory(self, reply: Reply) -> Reply:
         limit = self.config.memory_mb
-        peak = peak_rss_mb()
+        # the reply carries the peak its handler read just now (one /proc read per request, not two)
+        peak = reply.peak_rss_mb or peak_rss_mb()
         if not limit or peak <= limit:
             return reply
         self.over_memory = True

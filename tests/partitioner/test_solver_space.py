@@ -135,3 +135,27 @@ def test_a_search_that_finds_nothing_says_so_and_what_exact_says(lg: LayerGraph,
     assert "which does not show that there is none. The exact solver agrees: no plan meets the 355 ms SLO" in str(
         e.value)
     assert e.value.fastest is not None and e.value.fastest.estimate.latency_ms > 355.0
+
+
+def test_lo_buys_no_memory_that_buys_no_speed(lg: LayerGraph) -> None:
+    """On the local platform a function's CPU stops at this machine's cores: lo's plan is as fast as at the
+    largest size, at the smallest size that is, and cheaper."""
+    facts = PlatformFacts.from_profile(load_profile("local"))
+    facts = dataclasses.replace(facts, cores=2)
+    compute = ComputeModel(tuple({1: 20.0, 2: 11.0} for _ in lg.units), tuple(u.flops for u in lg.units))
+    pm = PerfModel(lg, facts, compute)
+    r = solve(lg, PlanRequest(mode="lo", platform="local"), pm=pm)
+    top = solve(lg, PlanRequest(mode="lo", platform="local", memory=facts.memory_max_mb), pm=pm)
+    assert r.estimate.latency_ms <= top.estimate.latency_ms + 1e-9
+    assert r.master_mb < facts.memory_max_mb
+    assert r.estimate.cost_usd < top.estimate.cost_usd
+    # two cores' worth (2 x 1769 MB) is what the fastest plan's master needs, give or take the grid's step
+    assert r.master_mb <= 2 * facts.mb_per_vcpu + facts.memory_step_mb
+
+
+def test_lo_on_lambda_keeps_the_size_that_is_fastest(lg: LayerGraph) -> None:
+    pm = PerfModel(lg, _lambda(), ComputeModel(tuple({1: 20.0, 2: 11.0, 4: 6.0, 6: 4.5} for _ in lg.units),
+                                               tuple(u.flops for u in lg.units)))
+    r = solve(lg, PlanRequest(mode="lo"), pm=pm)
+    top = solve(lg, PlanRequest(mode="lo", memory=pm.platform.memory_max_mb), pm=pm)
+    assert r.estimate.latency_ms == pytest.approx(top.estimate.latency_ms)

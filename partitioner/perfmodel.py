@@ -136,6 +136,8 @@ class PlatformFacts:
     billed_overhead_ms: float = 0.0  # billed per invocation beyond the work the model times
     # calibrated CPU shares: (nominal vCPU below one, measured slow-down / the nominal 1 / vCPU), by vCPU
     share_factors: tuple[tuple[float, float], ...] = ()
+    # calibrated transports: (name, latency ms per put or get, bandwidth MiB/s), measured on the platform
+    transfers: tuple[tuple[str, float, float], ...] = ()
 
     def vcpu(self, memory_mb: float) -> float:
         """The CPU a function of ``memory_mb`` computes with: the platform's share, ``memory_mb /
@@ -223,7 +225,16 @@ class PlatformFacts:
             cores=cpus if shared_host else None,
             billed_overhead_ms=profile.billed_overhead_ms,
             share_factors=_share_factors(profile),
+            transfers=tuple((name, t.latency_ms, t.bandwidth_mb_s) for name, t in sorted(profile.transports.items())),
         )
+
+    def for_transport(self, transport: str) -> PlatformFacts:
+        """These facts with the per-transfer latency and bandwidth that calibrate measured for ``transport``
+        (unchanged where it measured none)."""
+        for name, latency_ms, bandwidth_mb_s in self.transfers:
+            if name == transport:
+                return replace(self, transfer_latency_ms=latency_ms, bandwidth_mb_s=bandwidth_mb_s)
+        return self
 
 
 def _share_factors(profile: PlatformProfile) -> tuple[tuple[float, float], ...]:
@@ -507,7 +518,12 @@ class PerfModel:
         if hedge is not None and not 0 < hedge < 1:
             raise ValueError(f"hedge percentile {hedge} must lie in (0, 1), e.g. 0.95")
         self.lg = lg
-        if platform.cores and transport == "redis":
+        measured = platform.for_transport(transport)
+        if measured is not platform:
+            # calibrate timed this transport's puts and gets on the platform (caches evicted between them, as
+            # a request's compute evicts them): that figure, not the published one
+            platform = measured
+        elif platform.cores and transport == "redis":
             # on one host a Redis command adds a loopback TCP round trip to a shm file's cost: measured in
             # live requests 0.34-0.51 ms per put or get (median 0.40) against shm's 0.28
             platform = replace(platform, transfer_latency_ms=platform.transfer_latency_ms + _REDIS_LOOPBACK_MS)

@@ -77,8 +77,9 @@ class PlatformProfile:
     ``transports``: per transport name (``shm``, ``redis``, ``inline``) the cost of one put or get;
     ``cold_start_ms``: what a cold invocation takes beyond a warm one; ``cpu_share``: per function
     memory (MB), how many times longer a fixed computation takes than at ``mb_per_vcpu`` (one vCPU).
-    The performance model reads ``cpu_share`` (it corrects the nominal share below one vCPU) but not the
-    other two (it takes ``bandwidth_mb_s``, which calibrate sets from the platform's default transport).
+    The performance model reads ``cpu_share`` (it corrects the nominal share below one vCPU) and the
+    plan's transport from ``transports`` (its puts and gets), but not ``cold_start_ms`` (the tail model
+    takes the cold start it is given).
     """
 
     name: str

@@ -260,7 +260,8 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
         # them for the planner: the model stretches the master's own handling by its share
         probe = _NoopProbe(local, tmp, MEMORY_MB)
         stack.callback(probe.close)
-        base_facts = PlatformFacts.from_profile(load_profile("local"))
+        # the platform as the planner sees it when it deploys here: this machine's calibrated profile
+        base_facts = PlatformFacts.from_profile(load_profile(_calibrated_local(say)))
         for _ in range(50):
             probe()
         all_samples, noop_ms = probe.take()
@@ -410,3 +411,14 @@ def _peak_rss(local: Any, dep: Any) -> dict[str, float]:
 def _billed(local: Any, dep: Any) -> float:
     rows = local.client.meter()["functions"]
     return sum(v["billed_gb_s"] for k, v in rows.items() if k in dep.names.values())
+
+
+def _calibrated_local(say: Callable[[str], None]) -> Path:
+    """This machine's calibrated local profile, as ``deploy`` plans with it (measured now if there is none)."""
+    from serving.calibrate import calibrate, calibrated_profile_path
+
+    path = calibrated_profile_path("local")
+    if not path.is_file():
+        say("calibrating the local platform (once per machine)")
+        calibrate("local", samples=60)
+    return path

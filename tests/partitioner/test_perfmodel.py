@@ -135,3 +135,20 @@ def test_memory_charges_the_largest_transient_of_a_parts_units(convs: LayerGraph
         c = pm.part_costs(i, i, Split())
         assert c is not None
         assert cm.memory_mb(c[0], i, i, convs.units[i].weight_bytes) + 1e-6 >= u.peak_rss_mb + FUNCTION_RUNTIME_MB - 0.5
+
+
+def test_a_calibrated_transport_prices_the_plans_that_use_it(convs: LayerGraph) -> None:
+    """A profile with measured ``transports`` gives a plan over shm the shm figures; a transport calibrate
+    did not measure keeps the published ones. The request's fixed moves follow."""
+    from platforms.profile import PlatformProfile, TransferCost
+
+    base = load_profile("local")
+    measured = replace(base, transports={"shm": TransferCost(0.07, 9000.0)})
+    published = PlatformFacts.from_profile(base)
+    facts = PlatformFacts.from_profile(measured)
+    assert isinstance(measured, PlatformProfile)
+    shm = PerfModel(convs, facts, transport="shm")
+    assert (shm.platform.transfer_latency_ms, shm.platform.bandwidth_mb_s) == (0.07, 9000.0)
+    s3 = PerfModel(convs, facts, transport="s3")
+    assert s3.platform.transfer_latency_ms == published.transfer_latency_ms
+    assert shm.request_ms()[0] < PerfModel(convs, published, transport="shm").request_ms()[0]

@@ -35,7 +35,7 @@ from functions.plan import Split
 from partitioner.graph import LayerGraph
 from partitioner.parts import PartCost, StageCosts
 from partitioner.stage_times import StageTimes, stage_key, with_measured
-from partitioner.tail import DEFAULT_SIGMA, StageShape, plan_quantile, sigma_from_p95, stage_quantile
+from partitioner.tail import DEFAULT_SIGMA, StageShape, plan_quantile, sigma_from_p95, stage_quantile, workers_quantile
 from platforms import PlatformProfile
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "CutCodecs",
     "ExGauss",
     "OptionCost",
+    "OptionFloors",
     "PerfModel",
     "PlanEstimate",
     "PlatformFacts",
@@ -359,12 +360,22 @@ class ComputeModel:
         return hit
 
     def part_time(self, first: int, last: int, part_flops: int, vcpu: float) -> float:
+        stage_flops = self._stage_flops(first, last)
+        share = part_flops / stage_flops if stage_flops else 1.0
+        return self.stage_time(first, last, vcpu) * share + self.overhead_ms * cpu_stretch(vcpu)
+
+    def part_times(self, first: int, last: int, parts_flops: Sequence[int], vcpu: float) -> list[float]:
+        """:meth:`part_time` of each of several parts of one stage."""
+        stage_flops = self._stage_flops(first, last)
+        stage, overhead = self.stage_time(first, last, vcpu), self.overhead_ms * cpu_stretch(vcpu)
+        return [stage * (f / stage_flops if stage_flops else 1.0) + overhead for f in parts_flops]
+
+    def _stage_flops(self, first: int, last: int) -> float:
         key = ("f", first, last)
         stage_flops = self._sums.get(key)
         if stage_flops is None:
             stage_flops = self._sums[key] = sum(self.unit_flops[first:last + 1])
-        share = part_flops / stage_flops if stage_flops else 1.0
-        return self.stage_time(first, last, vcpu) * share + self.overhead_ms * cpu_stretch(vcpu)
+        return stage_flops
 
     def transient_mb(self, first: int, last: int, weight_share: float = 1.0) -> float:
         """The largest transient of units ``first..last``, scaled to a part holding ``weight_share`` of
@@ -481,6 +492,99 @@ class OptionCost:
 
 
 @dataclass(frozen=True)
+class OptionFloors:
+    """Lower bounds on the figures :meth:`PerfModel.option` gives the choices of one stage that differ only in
+    their workers' memory, with each of several master memories (:meth:`PerfModel.option_floors`), and those
+    of their figures that depend on neither memory. The latencies are kept as the terms they are made of, one
+    per worker memory or one per master memory, not as a table of every pair."""
+
+    invocations: int
+    master_weights_mb: float
+    master_hold_mb: float
+    worker_need_mb: float
+    worker_gb_ms: np.ndarray  # per worker memory: at most the workers' GB x billed ms, with any master
+    # _option's terms at their least. Per worker memory: the workers' path (the last one's invoke and the
+    # slowest's time) and its percentile (None: not bounded); per master memory: the master's dispatching and
+    # own part, its CPU floor. Measured stage times: the factor they put on each latency where they scale it
+    # (None: none), and the (worker memory, master memory) pairs they price, bounded by nothing
+    workers_ms: np.ndarray
+    workers_q_ms: np.ndarray | None
+    busy_ms: np.ndarray
+    floor_ms: np.ndarray
+    put_ms: float
+    get_ms: float
+    join_ms: float
+    scale: float | None = None
+    measured: tuple[tuple[int, int], ...] = ()
+
+    def latency_ms(self, k: int | None = None) -> np.ndarray:
+        """At most the mean latency per worker memory with master ``k`` (an index into the master memories
+        asked for); without ``k``, per worker memory and master memory."""
+        workers, busy, floor = self._terms(self.workers_ms, k)
+        out = np.maximum(self.put_ms + np.maximum(busy, workers) + self.get_ms + self.join_ms, floor)
+        return self._measured(out if self.scale is None else out * self.scale, k, 0.0)
+
+    def latency_q_ms(self, k: int | None = None) -> np.ndarray | None:
+        """As :meth:`latency_ms` for the percentile's latency (without the master's own part), or None where it
+        is not bounded."""
+        if self.workers_q_ms is None:
+            return None
+        workers, _, floor = self._terms(self.workers_q_ms, k)
+        return self._measured(np.maximum(self.put_ms + workers + (self.get_ms + self.join_ms), floor), k, -np.inf)
+
+    def select(self, rows: Sequence[int]) -> OptionFloors:
+        """The bounds of the worker memories at ``rows`` only."""
+        at = {r: i for i, r in enumerate(rows)}
+        return replace(self, worker_gb_ms=self.worker_gb_ms[rows], workers_ms=self.workers_ms[rows],
+                       workers_q_ms=self.workers_q_ms[rows] if self.workers_q_ms is not None else None,
+                       measured=tuple((at[r], c) for r, c in self.measured if r in at))
+
+    def _terms(self, workers: np.ndarray, k: int | None) -> tuple[np.ndarray, Any, Any]:
+        if k is not None:
+            return workers, self.busy_ms[k], self.floor_ms[k]
+        return workers[:, None], self.busy_ms[None, :], self.floor_ms[None, :]
+
+    def _measured(self, latency: np.ndarray, k: int | None, least: float) -> np.ndarray:
+        for r, c in self.measured:
+            if k is None:
+                latency[r, c] = least
+            elif c == k:
+                latency[r] = least
+        return latency
+
+
+@dataclass(frozen=True)
+class _StageParts:
+    """What a stage choice's figures take from its parts alone, whatever its functions' memories: the
+    solvers price every choice with every master and worker memory, and these figures once per choice."""
+
+    mine: PartCost | None  # the master's part
+    theirs: tuple[PartCost, ...]  # the workers' parts
+    codec_ms: float
+    transfers: tuple[float, ...]  # per worker part: moving its input and its output
+    put: float
+    get: float
+    join: float
+    expected_max: float  # of the workers' invoke latencies
+    sigma: float
+    master_weights_mb: float
+    master_hold_mb: float
+    worker_need_mb: float
+    payload_bytes: int
+
+
+@dataclass(slots=True)
+class _Workers:
+    """A stage choice's workers at one memory, with no other function contending for the host's cores."""
+
+    fixed: tuple[float, ...]
+    compute: tuple[float, ...]
+    slowest: float  # the slowest worker's time (0 without workers)
+    billed_ms: float  # their billed durations, summed
+    worst_q: float | None = None  # the slowest at the model's percentile (tail.workers_quantile), once asked
+
+
+@dataclass(frozen=True)
 class PlanEstimate:
     latency_ms: float
     latency_q_ms: float
@@ -538,13 +642,22 @@ class PerfModel:
         self._costs: dict[tuple[int, int, Split], list[PartCost] | None] = {}
         self._stage_costs = StageCosts(lg)
         self._options: dict[tuple[StageChoice, int], OptionCost | None] = {}
+        # what _option shares between a choice's memories: its parts' figures (None: not admissible), its
+        # workers' figures per worker memory, the CPU per function memory
+        self._parts: dict[tuple, _StageParts | None] = {}
+        self._workers: dict[tuple, _Workers] = {}
+        self._vcpu: dict[float, float] = {}
         self.stage_times: StageTimes | None = None
+        self._ratios: dict[int, float | None] = {}  # of the stage times, per degree
+        self._measured_keys: dict[tuple, list[tuple[int, int]]] | None = None
 
     def use_stage_times(self, times: StageTimes | None) -> None:
         """Price the stages ``times`` measured by their measurements, and split stages it did not measure
         by the model times the measured ratio of their degree (:mod:`partitioner.stage_times`)."""
         self.stage_times = times
         self._options.clear()
+        self._ratios.clear()
+        self._measured_keys = None
 
     def part_costs(self, first: int, last: int, split: Split) -> list[PartCost] | None:
         """Per-part costs, or None if the split is not admissible for these units."""
@@ -558,8 +671,16 @@ class PerfModel:
                 self._costs[key] = None
         return self._costs[key]
 
-    def option(self, choice: StageChoice, master_mb: int) -> OptionCost | None:
-        """The model's figures for one stage choice (memoised per choice and master memory)."""
+    @staticmethod
+    def master_free(choice: StageChoice) -> bool:
+        """Whether :meth:`option` gives ``choice`` the same figures with every master memory: a stage only
+        workers of their own memory run is priced once, with the master it is first priced with."""
+        return not choice.master_part and bool(choice.worker_mb)
+
+    def option(self, choice: StageChoice, master_mb: int, *, memo: bool = True) -> OptionCost | None:
+        """The model's figures for one stage choice (memoised per choice and master memory; once for every
+        master where :meth:`master_free`). ``memo``: False for figures not worth keeping (a solver's one look
+        at each of many choices): they are looked up, but not kept where not found; the figures are the same."""
         key = (choice, master_mb if choice.master_part or not choice.worker_mb else 0)
         hit = self._options.get(key, _MISSING)
         if hit is _MISSING:
@@ -570,10 +691,11 @@ class PerfModel:
                                           choice.worker_mb, master_mb))
                 # stages are timed without codecs: a coded stage takes the plain one's measured correction
                 plain = self._option(choice.plain, master_mb) if choice.plain is not choice else None
-                hit = with_measured(hit, rec, times.ratio(choice.split.degree),
+                hit = with_measured(hit, rec, self._ratio(choice.split.degree),
                                     model_ms=plain.stage_ms if plain is not None else None,
                                     model_cpu_ms=plain.master_cpu_ms if plain is not None else None)
-            self._options[key] = hit
+            if memo or self.master_free(choice):  # a master-free choice keeps the figures it was first priced with
+                self._options[key] = hit
         return hit
 
     def model_option(self, choice: StageChoice, master_mb: int) -> OptionCost | None:
@@ -581,53 +703,52 @@ class PerfModel:
         return self._option(choice, master_mb)
 
     def _option(self, choice: StageChoice, master_mb: int) -> OptionCost | None:
-        costs = self.part_costs(choice.first, choice.last, choice.split)
-        if costs is None:
+        key = (choice.first, choice.last, choice.split, choice.master_part, choice.decode, choice.encode)
+        parts = self._stage_parts(choice, key)
+        if parts is None:
             return None
-        codec_ms = choice.codec_ms
-        if choice.plain is not choice:
-            if len(costs) != 1:  # a codec runs in a stage's one part, on the whole tensor
-                return None
-            costs = [choice.coded(costs[0])]
         p = self.platform
         c = self.compute
+        first, last = choice.first, choice.last
         worker_mb = choice.worker_mb or master_mb
-        v_master, v_worker = p.vcpu(master_mb), p.vcpu(worker_mb)
-        mine = costs[:1] if choice.master_part else []
-        theirs = costs[1:] if choice.master_part else costs
-        n = len(theirs)
+        v_master = self._cpu(master_mb)
+        mine = parts.mine
+        n = len(parts.theirs)
+        workers = self._workers_at(parts, key, worker_mb, first, last)
         # CPU contention on a shared machine: the parts running at once share its cores
         if p.cores:
             # each part is entitled to its share; only when the shares add up to more than this machine's
             # cores do they slow each other down (the scale model no longer holds: the platform reports it)
-            demand = (v_master if mine else 0.0) + n * v_worker
+            demand = (v_master if mine is not None else 0.0) + n * self._cpu(worker_mb)
             slow = max(1.0, demand / p.cores)
         else:
             slow = 1.0
         # a codec's time is one thread's: stretched below one vCPU, not sped up above it
-        t_master = ((c.part_time(choice.first, choice.last, mine[0].flops, v_master)
-                     + codec_ms * cpu_stretch(v_master)) * slow if mine else 0.0)
+        t_master = ((c.part_time(first, last, mine.flops, v_master) + parts.codec_ms * cpu_stretch(v_master)) * slow
+                    if mine is not None else 0.0)
         # A function's own handling (decoding, encoding, the master's slicing and joining, and on one host the
         # shared-memory copies) is CPU work too. How a CPU share slows it down depends on who does it:
         # - a worker computes from the moment it is invoked to its reply, so all its work runs at its share
-        #   (the local platform's quota and top-up make that exact: wall = CPU time / share);
+        #   (the local platform's quota and top-up make that exact: wall = CPU time / share; _workers_at);
         # - the master's handling comes in short bursts between waits (sending, then joining); a quota
         #   with a 10 ms period runs a burst shorter than the period's quota at full speed. So the critical
         #   path takes the master's handling unstretched. But its whole CPU time over its share is a floor
         #   for the stage: a master at 0.29 vCPU cannot do 10 ms of work in less than 35 ms.
-        cpu_m, cpu_w = cpu_stretch(v_master), cpu_stretch(v_worker)
-        io_w = cpu_w if p.cores else 1.0
-        worker_fixed = tuple((p.transfer_ms(x.input_bytes) + p.transfer_ms(x.output_bytes)) * io_w
-                             + c.invocation_overhead_ms * cpu_w for x in theirs)
-        worker_compute = tuple((c.part_time(choice.first, choice.last, x.flops, v_worker)
-                                + codec_ms * cpu_stretch(v_worker)) * slow for x in theirs)
-        worker_ms = [f + t for f, t in zip(worker_fixed, worker_compute, strict=True)]
-        put = sum(p.transfer_ms(x.input_bytes) for x in theirs)
-        get = sum(p.transfer_ms(x.output_bytes) for x in theirs)
-        out_bytes = sum(x.output_bytes for x in costs)
-        join = out_bytes / (p.memcpy_gb_s * 1e9) * 1e3 + c.stage_overhead_ms
+        cpu_m = cpu_stretch(v_master)
+        worker_fixed = workers.fixed
+        worst: float | None = None
+        if slow == 1.0:  # the workers' figures at their memory, as kept
+            worker_compute = workers.compute
+            slowest, billed = workers.slowest, workers.billed_ms
+            if n:
+                worst = self._workers_worst(workers, parts)
+        else:
+            worker_compute = tuple(t * slow for t in workers.compute)
+            worker_ms = [f + t for f, t in zip(worker_fixed, worker_compute, strict=True)]
+            slowest = max(worker_ms, default=0.0)
+            billed = sum(p.billed_ms(t + p.billed_overhead_ms) for t in worker_ms)
+        put, get, join = parts.put, parts.get, parts.join
         if n:
-            slowest = max(worker_ms)
             # the master sends the n invocations one after another (the first one's cost is in the invoke
             # latency), then runs its own part
             dispatch = c.dispatch_ms
@@ -635,34 +756,172 @@ class PerfModel:
             busy = t_master + n * dispatch
             handling = put + get + join + n * dispatch if p.cores else 0.0
             floor = handling * cpu_m + t_master
-            mean = max(put + max(busy, p.invoke.expected_max(n) + lag + slowest) + get + join, floor)
+            mean = max(put + max(busy, parts.expected_max + lag + slowest) + get + join, floor)
             tail = get + join
         else:
             tail = join * (cpu_m if p.cores else 1.0)
             mean = t_master + tail
             put = floor = 0.0
-        shape = StageShape(put, t_master, worker_fixed, worker_compute, c.dispatch_ms, tail, floor,
-                           c.sigma(choice.first, choice.last))
-        q = stage_quantile(shape, p.invoke, self.q, self.hedge)
-        gb_ms = sum(p.billed_ms(t + p.billed_overhead_ms) for t in worker_ms) * worker_mb / 1024.0
-        held = sum(x.input_bytes for x in costs) + out_bytes
-        stage_w = sum(self.lg.units[u].weight_bytes for u in range(choice.first, choice.last + 1))
+        shape = StageShape(put, t_master, worker_fixed, worker_compute, c.dispatch_ms, tail, floor, parts.sigma)
+        q = stage_quantile(shape, p.invoke, self.q, self.hedge, worst=worst)
         return OptionCost(
             latency_ms=mean,
             latency_q_ms=q,
-            worker_gb_ms=gb_ms,
+            worker_gb_ms=billed * worker_mb / 1024.0,
             invocations=n,
-            master_weights_mb=(c.weight_factor * mine[0].weight_bytes / MB) if mine else 0.0,
-            master_hold_mb=(c.activation_factor * (mine[0].activation_bytes + mine[0].input_bytes) / MB
-                            + c.transient_mb(choice.first, choice.last, mine[0].weight_bytes / stage_w
-                                             if stage_w else 1.0)
-                            if mine else 0.0) + held / MB,
-            worker_need_mb=max((c.memory_mb(x, choice.first, choice.last, stage_w) for x in theirs), default=0.0),
-            payload_bytes=max([x.input_bytes for x in theirs] + [x.output_bytes for x in theirs] + [0]),
+            master_weights_mb=parts.master_weights_mb,
+            master_hold_mb=parts.master_hold_mb,
+            worker_need_mb=parts.worker_need_mb,
+            payload_bytes=parts.payload_bytes,
             stage_ms=mean - tail,
             shape=shape,
-            master_cpu_ms=(t_master / cpu_m if mine else 0.0) + (put + get + join + n * c.dispatch_ms if n else join),
+            master_cpu_ms=(t_master / cpu_m if mine is not None else 0.0) + (put + get + join + n * c.dispatch_ms
+                                                                            if n else join),
         )
+
+    def option_floors(self, first: int, last: int, split: Split, master_part: bool, worker_mbs: Sequence[int],
+                      master_mbs: Sequence[int]) -> OptionFloors | None:
+        """Lower bounds on what :meth:`option` gives ``StageChoice(first, last, split, master_part, w)`` for each
+        ``w`` of ``worker_mbs`` (memories of their own, not 0) with each master memory of ``master_mbs``; None
+        where it gives None. For solvers that bound a master size's plans without pricing each choice with it:
+        one pass over each memory where pricing takes every pair.
+
+        The bounds are :meth:`_option`'s figures with every part running at its full share (on a shared host
+        parts that run at once can only slow each other down), and for the percentile without the master's
+        own part (bounded only where the model plans against a percentile, and no hedging cuts the workers'
+        tails). Stage times measured live (:meth:`use_stage_times`) can lower a latency: a choice measured
+        with any master is bounded by 0, the others by the measured ratio where it is below one, and the
+        percentile not at all."""
+        key = (first, last, split, master_part, None, None)
+        parts = self._stage_parts(StageChoice(first, last, split, master_part), key)
+        if parts is None:
+            return None
+        p, c = self.platform, self.compute
+        n = len(parts.theirs)
+        vcpu = [self._cpu(m) for m in master_mbs]
+        cpu_m = np.asarray([cpu_stretch(v) for v in vcpu])
+        mine = parts.mine
+        t_master = np.asarray([c.part_time(first, last, mine.flops, v) + parts.codec_ms * cpu_stretch(v)
+                               if mine is not None else 0.0 for v in vcpu])
+        workers_q = None
+        if n:
+            workers = [self._workers_at(parts, key, w, first, last) for w in worker_mbs]
+            dispatch = c.dispatch_ms
+            path = np.asarray([parts.expected_max + (n - 1) * dispatch + w.slowest for w in workers])
+            busy = t_master + n * dispatch
+            handling = parts.put + parts.get + parts.join + n * dispatch if p.cores else 0.0
+            floor = handling * cpu_m + t_master
+            gb_ms = np.asarray([w.billed_ms * mb / 1024.0 for w, mb in zip(workers, worker_mbs, strict=True)])
+            if self.q_mode and self.hedge is None:  # tail.stage_quantile's workers' term
+                workers_q = np.asarray([(n - 1) * dispatch + self._workers_worst(w, parts) for w in workers])
+            put, get, join = parts.put, parts.get, parts.join
+        else:  # the master's part and its joining, as the floor
+            path = np.full(len(worker_mbs), -np.inf)
+            busy = t_master
+            floor = t_master + parts.join * (cpu_m if p.cores else 1.0)
+            gb_ms = np.zeros(len(worker_mbs))
+            put = get = join = 0.0
+        scale = None
+        measured: list[tuple[int, int]] = []
+        if self.stage_times is not None and len(self.stage_times):
+            ratio = self._ratio(split.degree)
+            if ratio is not None and ratio < 1.0:  # with_measured lowers the stage time (and the percentile)
+                scale, workers_q = ratio * (1.0 - 1e-9), None  # and rounds
+            rows = {w: r for r, w in enumerate(worker_mbs)}
+            cols = {m: c for c, m in enumerate(master_mbs)}
+            for w, m in self._measured_at(first, last, split, master_part):  # m 0: with every master
+                if w in rows and not m:
+                    measured += [(rows[w], c) for c in range(len(master_mbs))]
+                elif w in rows and m in cols:
+                    measured.append((rows[w], cols[m]))
+        return OptionFloors(n, parts.master_weights_mb, parts.master_hold_mb, parts.worker_need_mb, gb_ms, path,
+                            workers_q, busy, floor, put, get, join, scale, tuple(measured))
+
+    def _ratio(self, degree: int) -> float | None:
+        """The stage times' :meth:`StageTimes.ratio` for ``degree`` (kept until :meth:`use_stage_times`)."""
+        if degree not in self._ratios:
+            self._ratios[degree] = self.stage_times.ratio(degree) if self.stage_times is not None else None
+        return self._ratios[degree]
+
+    def _measured_at(self, first: int, last: int, split: Split, master_part: bool) -> list[tuple[int, int]]:
+        """The (worker memory, master memory: 0 for every master) of the stage times measured for this stage,
+        split and placement."""
+        if self._measured_keys is None:
+            self._measured_keys = {}
+            for k in (self.stage_times.records if self.stage_times is not None else {}):
+                self._measured_keys.setdefault(k[:4], []).append((k[4], k[5]))
+        return self._measured_keys.get((first, last, split, master_part), [])
+
+    def _cpu(self, memory_mb: float) -> float:
+        v = self._vcpu.get(memory_mb)
+        if v is None:
+            v = self._vcpu[memory_mb] = self.platform.vcpu(memory_mb)
+        return v
+
+    def _stage_parts(self, choice: StageChoice, key: tuple) -> _StageParts | None:
+        """``choice``'s parts' figures (``key``: the choice less its worker memory); None if not admissible."""
+        hit = self._parts.get(key, _MISSING)
+        if hit is _MISSING:
+            hit = self._parts[key] = self._parts_of(choice)
+        return hit
+
+    def _parts_of(self, choice: StageChoice) -> _StageParts | None:
+        costs = self.part_costs(choice.first, choice.last, choice.split)
+        if costs is None:
+            return None
+        if choice.plain is not choice:
+            if len(costs) != 1:  # a codec runs in a stage's one part, on the whole tensor
+                return None
+            costs = [choice.coded(costs[0])]
+        p = self.platform
+        c = self.compute
+        mine = costs[0] if choice.master_part and costs else None
+        theirs = tuple(costs[1:] if choice.master_part else costs)
+        out_bytes = sum(x.output_bytes for x in costs)
+        held = sum(x.input_bytes for x in costs) + out_bytes
+        stage_w = sum(self.lg.units[u].weight_bytes for u in range(choice.first, choice.last + 1))
+        hold = (c.activation_factor * (mine.activation_bytes + mine.input_bytes) / MB
+                + c.transient_mb(choice.first, choice.last, mine.weight_bytes / stage_w if stage_w else 1.0)
+                if mine is not None else 0.0)
+        return _StageParts(
+            mine=mine,
+            theirs=theirs,
+            codec_ms=choice.codec_ms,
+            transfers=tuple(p.transfer_ms(x.input_bytes) + p.transfer_ms(x.output_bytes) for x in theirs),
+            put=sum(p.transfer_ms(x.input_bytes) for x in theirs),
+            get=sum(p.transfer_ms(x.output_bytes) for x in theirs),
+            join=out_bytes / (p.memcpy_gb_s * 1e9) * 1e3 + c.stage_overhead_ms,
+            expected_max=p.invoke.expected_max(len(theirs)) if theirs else 0.0,
+            sigma=c.sigma(choice.first, choice.last),
+            master_weights_mb=(c.weight_factor * mine.weight_bytes / MB) if mine is not None else 0.0,
+            master_hold_mb=hold + held / MB,
+            worker_need_mb=max((c.memory_mb(x, choice.first, choice.last, stage_w) for x in theirs), default=0.0),
+            payload_bytes=max([x.input_bytes for x in theirs] + [x.output_bytes for x in theirs] + [0]),
+        )
+
+    def _workers_at(self, parts: _StageParts, key: tuple, worker_mb: int, first: int, last: int) -> _Workers:
+        """The workers of ``parts`` (``key``: their choice less its worker memory) at ``worker_mb``, with the
+        host's cores to themselves."""
+        wkey = (key, worker_mb)
+        hit = self._workers.get(wkey)
+        if hit is None:
+            p, c = self.platform, self.compute
+            v_worker = self._cpu(worker_mb)
+            cpu_w = cpu_stretch(v_worker)
+            io_w = cpu_w if p.cores else 1.0
+            fixed = tuple(t * io_w + c.invocation_overhead_ms * cpu_w for t in parts.transfers)
+            codec = parts.codec_ms * cpu_stretch(v_worker)
+            compute = tuple(t + codec for t in c.part_times(first, last, [x.flops for x in parts.theirs], v_worker))
+            worker_ms = [f + t for f, t in zip(fixed, compute, strict=True)]
+            hit = self._workers[wkey] = _Workers(fixed, compute, max(worker_ms, default=0.0),
+                                                 sum(p.billed_ms(t + p.billed_overhead_ms) for t in worker_ms))
+        return hit
+
+    def _workers_worst(self, workers: _Workers, parts: _StageParts) -> float:
+        if workers.worst_q is None:
+            workers.worst_q = workers_quantile(workers.fixed, workers.compute, parts.sigma, self.platform.invoke,
+                                               self.q, self.hedge)
+        return workers.worst_q
 
     def request_ms(self) -> tuple[float, float]:
         """Latency every plan pays once per request (mean, percentile): invoking the master and moving

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-__all__ = ["DEFAULT_SIGMA", "StageShape", "plan_quantile", "sigma_from_p95", "stage_quantile"]
+__all__ = ["DEFAULT_SIGMA", "StageShape", "plan_quantile", "sigma_from_p95", "stage_quantile", "workers_quantile"]
 
 #: a unit's compute spread when nothing measured it: a quiet machine's run-to-run variation
 DEFAULT_SIGMA = 0.05
@@ -103,15 +103,28 @@ def _worker_quantile(invoke: Any, fixed: float, compute: float, sigma: float, le
     return min(plain, hedged)
 
 
-def stage_quantile(shape: StageShape, invoke: Any, q: float, hedge: float | None = None) -> float:
+def workers_quantile(worker_fixed: Sequence[float], worker_compute: Sequence[float], sigma: float, invoke: Any,
+                     q: float, hedge: float | None = None) -> float:
+    """The slowest of n workers (each's fixed and compute time) at the ``q ** (1/n)`` level of each: the
+    workers' share of :func:`stage_quantile` (n at least 1)."""
+    level = q ** (1.0 / len(worker_fixed))
+    if hedge is None or level <= hedge:  # _worker_quantile's plain quantile, its level's terms taken once
+        at, stretch = invoke.quantile(level), math.exp(_z(level) * sigma)
+        return max(at + f + c * stretch for f, c in zip(worker_fixed, worker_compute, strict=True))
+    return max(_worker_quantile(invoke, f, c, sigma, level, hedge)
+               for f, c in zip(worker_fixed, worker_compute, strict=True))
+
+
+def stage_quantile(shape: StageShape, invoke: Any, q: float, hedge: float | None = None, *,
+                   worst: float | None = None) -> float:
     """An upper bound on the stage's ``q`` quantile: the slowest of n workers at the ``q ** (1/n)`` level of
-    each, the master's part at ``q``."""
+    each, the master's part at ``q``. ``worst``: :func:`workers_quantile` of the shape's workers where the
+    caller has it already (the performance model keeps it per worker memory)."""
     master = shape.master_ms * math.exp(_z(q) * shape.sigma)
     if not shape.n:
         return master + shape.tail_ms + shape.shift_ms
-    level = q ** (1.0 / shape.n)
-    worst = max(_worker_quantile(invoke, f, c, shape.sigma, level, hedge)
-                for f, c in zip(shape.worker_fixed, shape.worker_compute, strict=True))
+    if worst is None:
+        worst = workers_quantile(shape.worker_fixed, shape.worker_compute, shape.sigma, invoke, q, hedge)
     lag = (shape.n - 1) * shape.dispatch_ms
     busy = master + shape.n * shape.dispatch_ms
     return max(shape.put_ms + max(busy, lag + worst) + shape.tail_ms, shape.floor_ms) + shape.shift_ms

@@ -434,30 +434,45 @@ def slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl:
     cost/latency Pareto frontier (over the discretised latencies up to the SLO) of the sizes searched.
 
     The DP bounds the sum of its stages' latencies; the plan's estimate also has a whole-request floor (the
-    master's CPU over its share, :meth:`PerfModel.estimate`), which can lift a plan at the SLO's edge a
-    little past it. Such a plan is not returned: the search runs again with the SLO lowered by the excess
-    (up to :data:`_SLO_RETRIES` times), and the plan it returns meets the SLO under the full estimate.
+    master's CPU over its share, :meth:`PerfModel.estimate`), which can lift a plan at the SLO's edge past
+    it. Such a plan is not returned. From each search whose plan lands over the SLO, two more follow (at
+    most :data:`_SLO_SEARCHES` in all): one with the SLO lowered by the excess (a margin for the floor),
+    one at the SLO without that plan's master size (whose floor may keep every plan of it over: a small
+    master's CPU at a small share). The cheapest plan that meets the SLO under the whole estimate wins.
     """
     target = slo_ms
-    catalogues: list[_Catalogue] = []  # the searches share one, built by the first that needs it
-    for _ in range(_SLO_RETRIES):
+    # the searches over the same sizes share one catalogue, built by the first that needs it
+    catalogues: dict[tuple[int, ...], list[_Catalogue]] = {}
+    queue: list[tuple[float, frozenset[int]]] = [(slo_ms, frozenset())]
+    best: SolverResult | None = None
+    searches = 0
+    while queue and searches < _SLO_SEARCHES:
+        slo, left_out = queue.pop(0)
+        masters = [m for m in master_memories if m not in left_out]
+        if not masters:
+            continue
+        searches += 1
         try:
-            result = _slo_dp(space, slo_ms, master_memories, nl=nl, nb=nb, catalogues=catalogues)
-        except Infeasible as e:
-            if slo_ms == target:
-                raise
-            raise Infeasible(f"no plan the search found meets the {target:g} ms SLO with the master's whole-request "
-                             f"CPU floor counted ({e})", proven=False) from e
+            result = _slo_dp(space, slo, masters, nl=nl, nb=nb, catalogues=catalogues.setdefault(tuple(masters), []))
+        except Infeasible:
+            if searches == 1:
+                raise  # at the SLO with every size: no plan's stages fit it, so none meets it
+            continue
         est = result.estimate
         over = (est.latency_q_ms if space.pm.q_mode else est.latency_ms) - target
         if over <= 1e-9:
-            return result
-        slo_ms -= over + (slo_ms - space.pm.request_ms()[1 if space.pm.q_mode else 0]) / nl
+            if best is None or (est.cost_usd, result.master_mb) < (best.estimate.cost_usd, best.master_mb):
+                best = result
+            continue
+        queue.append((slo - over - (slo - space.pm.request_ms()[1 if space.pm.q_mode else 0]) / nl, left_out))
+        queue.append((target, left_out | {result.master_mb}))
+    if best is not None:
+        return best
     raise Infeasible(f"no plan the search found meets the {target:g} ms SLO with the master's whole-request CPU "
                      "floor counted", proven=False)
 
 
-_SLO_RETRIES = 4
+_SLO_SEARCHES = 8
 
 
 def _slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl: int, nb: int,

@@ -49,3 +49,32 @@ def test_every_slo_plan_meets_its_slo_under_the_whole_estimate(space: SearchSpac
         met += 1
         assert r.estimate.latency_ms <= slo + 1e-9, [str(c) for c in r.choices]
     assert met >= 50  # the SLOs that a plan meets are met, not refused
+
+
+@pytest.mark.parametrize("unit_ms", [0.2, 1.0])
+def test_an_slo_a_plan_meets_is_never_refused(unit_ms: float) -> None:
+    """With the memory left to the solver, a small master's whole-request floor (its CPU at a small share) can
+    keep every plan of that size over the SLO; the solver then finds one of another size, not a refusal.
+    The platform's figures are a calibrated local profile's (a fast machine: cheap transfers and invokes)."""
+    import dataclasses
+
+    from partitioner.perfmodel import ExGauss
+    from partitioner.solvers.common import memory_options
+
+    lg = LayerGraph.load(conv_stack(CNN, cin=3, h=32, w=32))
+    facts = dataclasses.replace(PlatformFacts.from_profile(load_profile("local")), invoke=ExGauss(0.61, 0.01, 0.05),
+                                transfer_latency_ms=0.075, bandwidth_mb_s=11000.0, billed_overhead_ms=0.26)
+    compute = ComputeModel(tuple({1: unit_ms, 2: unit_ms * 0.6} for _ in lg.units), tuple(u.flops for u in lg.units))
+    pm = PerfModel(lg, facts, compute, transport="shm")
+    mems = memory_options(pm.platform)
+    space = SearchSpace(pm, worker_memories=mems)
+    met: list[float] = []
+    for slo in np.geomspace(1.0, 60.0, 30):
+        try:
+            r = slo_dp(space, float(slo), mems)
+        except Infeasible:
+            assert not met, f"{slo:.2f} ms refused after {met[-1]:.2f} ms was met"
+            continue
+        assert r.estimate.latency_ms <= slo + 1e-9
+        met.append(float(slo))
+    assert len(met) >= 15

@@ -25,7 +25,7 @@ from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult, me
 from platforms import PlatformProfile, load_profile
 
 __all__ = ["MODES", "SOLVERS", "PlanRequest", "codecs_of", "compute_model", "export_solution", "make_perfmodel",
-           "mode_problem", "plan_for", "solve"]
+           "merge_master_stages", "mode_problem", "plan_for", "solve"]
 
 log = logging.getLogger(__name__)
 
@@ -355,7 +355,7 @@ def solve(lg: LayerGraph, request: PlanRequest, *, pm: PerfModel | None = None,
     if request.mode == "mopar":
         from partitioner.solvers.mopar import hypad
 
-        result = _merged(pm, hypad(pm, slo_ms=request.slo_ms, codecs=request.codecs,
+        result = merge_master_stages(pm, hypad(pm, slo_ms=request.slo_ms, codecs=request.codecs,
                                    max_accuracy_drop=request.max_accuracy_drop))
     elif request.mode == "lo":
         result = _fastest(pm, request, mems)
@@ -385,7 +385,7 @@ def _fastest(pm: PerfModel, request: PlanRequest, mems: list[int]) -> SolverResu
 
     top = max(mems)
     space = SearchSpace(pm, max_group=request.max_group, worker_memories=[top])
-    result = _stated(space, _merged(pm, latency_dp(space, top)))
+    result = _stated(space, merge_master_stages(pm, latency_dp(space, top)))
     if len(mems) == 1:
         return result
     sizes = SearchSpace(pm, max_group=request.max_group, worker_memories=mems)
@@ -423,7 +423,7 @@ def _cheapest(pm: PerfModel, request: PlanRequest, mems: list[int]) -> SolverRes
             raise Infeasible(f"{e}. {_exact_says(space, request.slo_ms, mems)}", fastest=fastest,
                              proven=False) from e
         raise Infeasible(f"{e}: the fastest plan takes {_latency(pm, fastest):.1f} ms", fastest=fastest) from e
-    return _stated(space, _merged(pm, result))
+    return _stated(space, merge_master_stages(pm, result))
 
 
 def with_sampled_tail(pm: PerfModel, result: SolverResult) -> SolverResult:
@@ -461,7 +461,7 @@ def _stated(space: SearchSpace, result: SolverResult) -> SolverResult:
     return replace(result, max_group=space.group_limit, notes=(space.group_note, *result.notes))
 
 
-def _merged(pm: PerfModel, result: SolverResult) -> SolverResult:
+def merge_master_stages(pm: PerfModel, result: SolverResult) -> SolverResult:
     """Adjacent unsplit stages that the master runs itself become one stage (fewer files and calls;
     the same work), unless the merged plan's estimate is slower: the separate stages may be priced by
     live measurements that the merged one has not had, and a plan the solver chose within an SLO must not

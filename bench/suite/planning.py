@@ -90,26 +90,18 @@ def load_model(spec: ModelSpec, invoke: Any) -> tuple[str, Any, Any, str]:
 def lo_plan(pm: Any, max_group: int | None = None, *, memory_mb: int = MEMORY_MB, max_degree: int | None = None,
             ) -> Any:
     """Gillis's latency-optimal DP with every function at MEMORY_MB and splits of at most as many parts as
-    this machine has cores (more parts than cores only queue for them); adjacent master-only stages merged.
+    this machine has cores (more parts than cores only queue for them); adjacent master-only stages merged
+    where that keeps the plan as fast (:func:`partitioner.planner.merge_master_stages`).
     ``max_group``: units per stage at most (None: groups of any length, as ``SearchSpace``)."""
-    from partitioner.perfmodel import StageChoice
-    from partitioner.solvers.common import SPLITS, SearchSpace, SolverResult
+    from partitioner.planner import merge_master_stages
+    from partitioner.solvers.common import SPLITS, SearchSpace
     from partitioner.solvers.dp import latency_dp
 
     cap = usable_cores() if max_degree is None else max_degree
     space = SearchSpace(pm, max_group=max_group, splits=[s for s in SPLITS if s.degree <= cap],
                         worker_memories=[memory_mb])
-    r = latency_dp(space, memory_mb)
-    merged: list[Any] = []
-    for ch in r.choices:
-        prev = merged[-1] if merged else None
-        if (prev is not None and prev.split.family == "none" and ch.split.family == "none" and prev.master_part
-                and ch.master_part):
-            merged[-1] = StageChoice(prev.first, ch.last, prev.split, True, 0)
-        else:
-            merged.append(ch)
-    return SolverResult(tuple(merged), r.master_mb, pm.estimate(merged, r.master_mb), r.solver, r.seconds,
-                        notes=(space.group_note,), max_group=space.group_limit)
+    merged = merge_master_stages(pm, latency_dp(space, memory_mb))
+    return replace(merged, notes=(space.group_note,), max_group=space.group_limit)
 
 
 # What the platform process and the caller use of this machine's cores while requests run back to back

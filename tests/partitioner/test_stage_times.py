@@ -200,14 +200,14 @@ def test_the_masters_measured_cpu_prices_its_stage_and_only_that_stage(lg: Layer
 def test_master_stages_measured_apart_are_not_merged_into_a_slower_plan(lg: LayerGraph) -> None:
     """Merging adjacent master stages must not make the plan slower than the one the solver chose: stages
     measured faster than modelled stay apart (the merged stage has no measurement), unmeasured ones merge."""
-    from partitioner.planner import _merged
+    from partitioner.planner import merge_master_stages
     from partitioner.solvers.common import SolverResult
 
     pm = _pm(lg)
     last = len(lg.units) - 1
     apart = (StageChoice(0, 0, Split("none", (1,)), True, 0), StageChoice(1, last, Split("none", (1,)), True, 0))
     result = SolverResult(apart, MB, pm.estimate(list(apart), MB), "test", 0.0)
-    assert len(_merged(pm, result).choices) == 1
+    assert len(merge_master_stages(pm, result).choices) == 1
 
     times = StageTimes()
     for c in apart:
@@ -216,6 +216,6 @@ def test_master_stages_measured_apart_are_not_merged_into_a_slower_plan(lg: Laye
         times.add(_record(c, oc.stage_ms / 3, oc.stage_ms))
     pm.use_stage_times(times)
     result = SolverResult(apart, MB, pm.estimate(list(apart), MB), "test", 0.0)
-    kept = _merged(pm, result)
+    kept = merge_master_stages(pm, result)
     assert kept.choices == apart
     assert kept.estimate.latency_ms == pytest.approx(result.estimate.latency_ms)

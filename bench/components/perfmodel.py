@@ -243,7 +243,7 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
     from partitioner.perfmodel import PerfModel, PlatformFacts, StageChoice
     from partitioner.planner import PlanRequest, compute_model, export_solution, scale_to_whole, solve
     from partitioner.spec import parse_stages
-    from platforms import load_profile
+    from serving.calibrate import LOCAL, calibrate, calibrated_profile
     from serving.platform.config import PlatformConfig
     from serving.platform.deploy import deploy_bundle
     from serving.platform.master_client import MasterClient
@@ -263,7 +263,11 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
         probe = _NoopProbe(local, tmp, MEMORY_MB)
         stack.callback(probe.close)
         # the platform as the planner sees it when it deploys here: this machine's calibrated profile
-        base_facts = PlatformFacts.from_profile(load_profile(_calibrated_local(say)))
+        calibrated = calibrated_profile(LOCAL)
+        if calibrated is None:
+            say("calibrating the local platform (once per machine)")
+            calibrated = calibrate(LOCAL, samples=60).profile
+        base_facts = PlatformFacts.from_profile(calibrated)
         for _ in range(50):
             probe()
         all_samples, noop_ms = probe.take()
@@ -414,13 +418,3 @@ def _billed(local: Any, dep: Any) -> float:
     rows = local.client.meter()["functions"]
     return sum(v["billed_gb_s"] for k, v in rows.items() if k in dep.names.values())
 
-
-def _calibrated_local(say: Callable[[str], None]) -> Path:
-    """This machine's calibrated local profile, as ``deploy`` plans with it (measured now if there is none)."""
-    from serving.calibrate import calibrate, calibrated_profile_path
-
-    path = calibrated_profile_path("local")
-    if not path.is_file():
-        say("calibrating the local platform (once per machine)")
-        calibrate("local", samples=60)
-    return path

@@ -66,7 +66,7 @@ def demo_cmd(model: str, width_div: int, input_size: int, memory: int, slo: str,
     from partitioner.perfmodel import StageChoice
     from partitioner.planner import solve
     from partitioner.spec import Split
-    from serving.cli.deploy import _calibrated_local
+    from serving.cli.deploy import calibrated_local
     from serving.cli.models import parse_duration_ms
     from serving.cli.plan import request_from
     from zoo.cache import zoo_file
@@ -79,7 +79,7 @@ def demo_cmd(model: str, width_div: int, input_size: int, memory: int, slo: str,
             path = zoo_file(model, width_div=width_div, input_size=input_size)
     except (ZooError, ImportError) as e:
         raise click.ClickException(str(e)) from e
-    platform = _calibrated_local(False)
+    platform = calibrated_local(False)
     request = request_from("lo", None, None, None, platform, str(memory), None, "shm", "auto")
     lg = LayerGraph.load(path)
     with err_console.status("predicting the unsplit function and the fastest plan") as st:

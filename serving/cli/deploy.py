@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # the deployment state and the partitioner are imported when 
     from partitioner.normalize import ShapeFixes
     from serving.deploy.state import DeploymentRecord
 
-__all__ = ["deploy_cmd", "invoke_cmd", "ls_cmd", "serve_cmd", "status_cmd", "undeploy_cmd"]
+__all__ = ["calibrated_local", "deploy_cmd", "invoke_cmd", "ls_cmd", "serve_cmd", "status_cmd", "undeploy_cmd"]
 
 _READY_TIMEOUT_S = 600.0
 
@@ -112,7 +112,7 @@ def _announce(r: DeploymentRecord) -> None:
     console.print(f"try: flatpack invoke {r.name} --input random    stop: flatpack undeploy {r.name}")
 
 
-def _calibrated_local(recalibrate: bool) -> str:
+def calibrated_local(recalibrate: bool) -> str:
     """This machine's calibrated local profile (a YAML path), measured now if there is none yet."""
     from serving.calibrate import calibrate, calibrated_profile_path
 
@@ -190,7 +190,7 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     from serving.deploy.state import DeploymentRecord
 
     if target == "local" and platform is None and (calibrate_platform or recalibrate):
-        platform = _calibrated_local(recalibrate)
+        platform = calibrated_local(recalibrate)
     platform = platform or {"local": "local", "lambda": "aws-lambda", "openfaas": "openfaas"}[target]
     transport = transport or ("shm" if target == "local" else "inline")
     if target == "local" and (dry_run or out_dir or gateway or endpoint_url or region):

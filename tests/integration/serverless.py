@@ -4,6 +4,7 @@ running a rendered service under serverless-offline."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -36,15 +37,21 @@ def serverless_cli() -> Path:
     skips where Node is absent."""
     if shutil.which("node") is None:
         pytest.skip("Node.js is not installed: the Serverless Framework checks need node and npm")
-    if not SLS.exists():
-        npm = shutil.which("npm")
-        if npm is None:
-            pytest.skip("npm is not installed: cannot install the Serverless Framework into build/tools")
-        TOOLS.mkdir(parents=True, exist_ok=True)
-        res = subprocess.run([npm, "install", "--prefix", str(TOOLS), "--no-audit", "--no-fund",
-                              "serverless@3", "serverless-offline@13"], capture_output=True, text=True, timeout=600,
-                             check=False, env={**os.environ, **SLS_ENV})
-        assert res.returncode == 0, f"npm install failed:\n{res.stderr[-3000:]}"
+    if SLS.exists():
+        return SLS
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed: cannot install the Serverless Framework into build/tools")
+    TOOLS.mkdir(parents=True, exist_ok=True)
+    # pytest-xdist workers that all find it missing install it one at a time: two npm installs into one
+    # prefix at once fail (ENOTEMPTY), as a fresh clone's CI run once did
+    with open(TOOLS / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not SLS.exists():
+            res = subprocess.run([npm, "install", "--prefix", str(TOOLS), "--no-audit", "--no-fund",
+                                  "serverless@3", "serverless-offline@13"], capture_output=True, text=True,
+                                 timeout=600, check=False, env={**os.environ, **SLS_ENV})
+            assert res.returncode == 0, f"npm install failed:\n{res.stderr[-3000:]}"
     return SLS
 
 

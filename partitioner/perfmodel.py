@@ -139,6 +139,8 @@ class PlatformFacts:
     share_factors: tuple[tuple[float, float], ...] = ()
     # calibrated transports: (name, latency ms per put or get, bandwidth MiB/s), measured on the platform
     transfers: tuple[tuple[str, float, float], ...] = ()
+    # calibrated: the master's CPU per worker invocation (ms at one vCPU); None: the compute model's default
+    dispatch_ms: float | None = None
 
     def vcpu(self, memory_mb: float) -> float:
         """The CPU a function of ``memory_mb`` computes with: the platform's share, ``memory_mb /
@@ -227,6 +229,7 @@ class PlatformFacts:
             billed_overhead_ms=profile.billed_overhead_ms,
             share_factors=_share_factors(profile),
             transfers=tuple((name, t.latency_ms, t.bandwidth_mb_s) for name, t in sorted(profile.transports.items())),
+            dispatch_ms=profile.dispatch_ms,
         )
 
     def for_transport(self, transport: str) -> PlatformFacts:
@@ -633,6 +636,8 @@ class PerfModel:
             platform = replace(platform, transfer_latency_ms=platform.transfer_latency_ms + _REDIS_LOOPBACK_MS)
         self.platform = platform
         self.compute = compute or ComputeModel.from_flops(lg)
+        # the master's CPU per worker invocation: as calibrate measured it on the platform, else the default
+        self.dispatch_ms = platform.dispatch_ms if platform.dispatch_ms is not None else self.compute.dispatch_ms
         self.q = percentile if percentile is not None else 0.99
         self.q_mode = percentile is not None
         self.hedge = hedge
@@ -751,7 +756,7 @@ class PerfModel:
         if n:
             # the master sends the n invocations one after another (the first one's cost is in the invoke
             # latency), then runs its own part
-            dispatch = c.dispatch_ms
+            dispatch = self.dispatch_ms
             lag = (n - 1) * dispatch
             busy = t_master + n * dispatch
             handling = put + get + join + n * dispatch if p.cores else 0.0
@@ -762,7 +767,7 @@ class PerfModel:
             tail = join * (cpu_m if p.cores else 1.0)
             mean = t_master + tail
             put = floor = 0.0
-        shape = StageShape(put, t_master, worker_fixed, worker_compute, c.dispatch_ms, tail, floor, parts.sigma)
+        shape = StageShape(put, t_master, worker_fixed, worker_compute, self.dispatch_ms, tail, floor, parts.sigma)
         q = stage_quantile(shape, p.invoke, self.q, self.hedge, worst=worst)
         return OptionCost(
             latency_ms=mean,
@@ -775,7 +780,7 @@ class PerfModel:
             payload_bytes=parts.payload_bytes,
             stage_ms=mean - tail,
             shape=shape,
-            master_cpu_ms=(t_master / cpu_m if mine is not None else 0.0) + (put + get + join + n * c.dispatch_ms
+            master_cpu_ms=(t_master / cpu_m if mine is not None else 0.0) + (put + get + join + n * self.dispatch_ms
                                                                             if n else join),
         )
 
@@ -806,7 +811,7 @@ class PerfModel:
         workers_q = None
         if n:
             workers = [self._workers_at(parts, key, w, first, last) for w in worker_mbs]
-            dispatch = c.dispatch_ms
+            dispatch = self.dispatch_ms
             path = np.asarray([parts.expected_max + (n - 1) * dispatch + w.slowest for w in workers])
             busy = t_master + n * dispatch
             handling = parts.put + parts.get + parts.join + n * dispatch if p.cores else 0.0

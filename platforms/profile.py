@@ -76,10 +76,12 @@ class PlatformProfile:
     Optional, written by ``flatpack calibrate`` (absent from a profile that was not measured):
     ``transports``: per transport name (``shm``, ``redis``, ``inline``) the cost of one put or get;
     ``cold_start_ms``: what a cold invocation takes beyond a warm one; ``cpu_share``: per function
-    memory (MB), how many times longer a fixed computation takes than at ``mb_per_vcpu`` (one vCPU).
-    The performance model reads ``cpu_share`` (it corrects the nominal share below one vCPU) and the
-    plan's transport from ``transports`` (its puts and gets), but not ``cold_start_ms`` (the tail model
-    takes the cold start it is given).
+    memory (MB), how many times longer a fixed computation takes than at ``mb_per_vcpu`` (one vCPU);
+    ``dispatch_ms``: the master's CPU (at one vCPU) per worker invocation it makes, beyond the transfers:
+    the event, the invoke request, reading the reply, its share of the join.
+    The performance model reads ``cpu_share`` (it corrects the nominal share below one vCPU), the plan's
+    transport from ``transports`` (its puts and gets) and ``dispatch_ms`` (else its own default), but not
+    ``cold_start_ms`` (the tail model takes the cold start it is given).
     """
 
     name: str
@@ -101,6 +103,7 @@ class PlatformProfile:
     transports: Mapping[str, TransferCost] = field(default_factory=dict)
     cold_start_ms: float | None = None
     cpu_share: Mapping[int, float] = field(default_factory=dict)
+    dispatch_ms: float | None = None
 
     def vcpus(self, memory_mb: float) -> float:
         """vCPUs a function of ``memory_mb`` gets (capped by the profile, or by this machine's cores)."""
@@ -149,6 +152,7 @@ class PlatformProfile:
                             for k, v in (d.get("transports") or {}).items()},
                 cold_start_ms=None if d.get("cold_start_ms") is None else float(d["cold_start_ms"]),
                 cpu_share={int(k): float(v) for k, v in (d.get("cpu_share") or {}).items()},
+                dispatch_ms=None if d.get("dispatch_ms") is None else float(d["dispatch_ms"]),
             )
         except KeyError as e:
             raise ValueError(f"{origin}: missing field {e}") from e

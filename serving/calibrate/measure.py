@@ -17,6 +17,12 @@ and invoked the ordinary way, so every figure includes what a real request pays:
   shm transfer hot, 0.082 ms cold, at 4 KiB);
 * **cold start**: the first round trip after the function was deployed again (its instances gone),
   beyond a warm one's;
+* **dispatch**: the master's CPU per worker invocation (the event, the invoke request, reading the reply,
+  its share of the join), beyond the transfers it makes: a small convolution split into 2 and into 4 tiles
+  that workers run while the master only sends and joins, at one vCPU, interleaved; the median of the
+  master's CPU per request (its reply's ``stage0_cpu_ms``) grows by this per worker, with one put and one
+  get per worker (the calibrated transfer latency) taken off. Measured on the local platform (a cloud's
+  probes are one function each; the model keeps its default there);
 * **CPU share**: a fixed computation's duration at each memory size against one vCPU's
   (:func:`measure_cpu_share_on`). Where the platform gives every instance a whole core the slow-down is about
   1; once it emulates the share its memory buys (M / mb_per_vcpu of a core) it is what a plan will see.
@@ -41,13 +47,22 @@ import numpy as np
 from functions.errors import TransportError
 from platforms import InvokeLatency, PlatformProfile, TransferCost
 from serving.calibrate.fit import MIB, fit_ex_gaussian, fit_transfer
-from serving.calibrate.probes import compute_model, echo_model, noop_model, write_probe_bundle
+from serving.calibrate.probes import (
+    FORK_SPLITS,
+    compute_model,
+    echo_model,
+    fork_model,
+    noop_model,
+    write_fork_bundle,
+    write_probe_bundle,
+)
 from serving.platform.client import PlatformClient
 from serving.platform.deploy import ConfigOverrides, Deployment, deploy_bundle, new_deployment_id
 from serving.platform.master_client import MasterClient
 
 __all__ = [
     "Calibration",
+    "Dispatch",
     "CalibrationSettings",
     "CalibrationTarget",
     "CpuShare",
@@ -58,6 +73,7 @@ __all__ = [
     "Usage",
     "calibrate_platform",
     "measure_cpu_share",
+    "measure_dispatch",
     "measure_cpu_share_on",
     "measure_transfer",
 ]
@@ -84,6 +100,7 @@ class CalibrationSettings:
     again and invoked cold. ``cpu_samples``: compute-probe invocations per memory size. ``sizes``: tensor
     bytes the transfers are timed at (inline only those under the payload limit). ``transports``: which
     to time (redis is skipped, with the reason, if no server answers at ``redis_url``).
+    ``dispatch_samples``: fork-probe requests per worker count.
     ``cpu_share_mb``: memory sizes whose slow-down against one vCPU (the profile's ``mb_per_vcpu``) is
     measured. ``compute_n`` x ``compute_layers``: the compute probe (n x n MatMuls). ``evict_bytes``: the
     buffer written before each transfer round to evict the caches (0: time hot rounds; the default is
@@ -94,6 +111,7 @@ class CalibrationSettings:
     transfer_samples: int = 20
     cold_starts: int = 5
     cpu_samples: int = 10
+    dispatch_samples: int = 30
     sizes: tuple[int, ...] = (4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB, 16 * MIB)
     transports: tuple[str, ...] = TRANSPORTS
     redis_url: str | None = None
@@ -105,7 +123,7 @@ class CalibrationSettings:
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("invoke_samples", "transfer_samples", "cpu_samples"):
+        for name in ("invoke_samples", "transfer_samples", "cpu_samples", "dispatch_samples"):
             n = getattr(self, name)
             if n < 3:
                 raise ValueError(f"{name} must be at least 3 (a median and a fit need several), got {n}")
@@ -124,6 +142,7 @@ class CalibrationSettings:
             "transfer_samples": max(3, samples // 10),
             "cold_starts": max(2, min(10, samples // 40)),
             "cpu_samples": max(3, samples // 20),
+            "dispatch_samples": max(3, min(40, samples // 5)),
         }
         base.update(overrides)
         return cls(**base)
@@ -169,6 +188,24 @@ class CpuShare:
 
 
 @dataclass(frozen=True)
+class Dispatch:
+    """The fork probe's figures: the master's median CPU per request (ms) with each worker count, the
+    per-transfer latency taken off, and the resulting CPU per worker invocation (``dispatch_ms``)."""
+
+    master_cpu_ms: dict[int, float]
+    transfer_latency_ms: float
+    dispatch_ms: float
+    memory_mb: int
+    samples: int
+    transport: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dispatch_ms": self.dispatch_ms, "master_cpu_ms": {str(k): v for k, v in self.master_cpu_ms.items()},
+                "transfer_latency_ms": self.transfer_latency_ms, "memory_mb": self.memory_mb,
+                "samples": self.samples, "transport": self.transport}
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Everything one calibration run measured, with the sample counts behind each figure."""
 
@@ -188,6 +225,7 @@ class Calibration:
     cpu_share: tuple[CpuShare, ...] = ()
     seconds: float = 0.0
     target: str = "the local platform"  # what was measured, in words
+    dispatch: Dispatch | None = None  # None: not measured (see skipped)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -205,6 +243,7 @@ class Calibration:
             "cold_init_ms": self.cold_init_ms,
             "cold_starts": self.cold_starts,
             "cpu_share": [c.to_json() for c in self.cpu_share],
+            "dispatch": self.dispatch.to_json() if self.dispatch is not None else None,
             "seconds": self.seconds,
         }
 
@@ -307,6 +346,11 @@ class _LocalProbe:
         # a zero-copy get (shm) maps the file without reading it: touch the bytes, as a consumer would
         float(np.asarray(out["y"]).sum())
         return (time.perf_counter() - t) * 1e3
+
+    def master_timings(self) -> dict[str, float]:
+        """One request; the master's timings of it (``stage0_cpu_ms``: its CPU in the first stage)."""
+        _, timings = self.mc.infer_timed(self.x)
+        return timings
 
     def redeploy(self) -> None:
         """Register the functions again: the platform stops their instances, so the next call is cold."""
@@ -491,6 +535,38 @@ def measure_cpu_share_on(target: CalibrationTarget, settings: CalibrationSetting
                  for m in sizes)
 
 
+def measure_dispatch(target: LocalTarget, settings: CalibrationSettings, workdir: Path, *, memory_mb: int,
+                     transfers: dict[str, TransferFit], say: Progress) -> Dispatch:
+    """The master's CPU per worker invocation on the local platform (see the module docstring): fork probes
+    of 2 and 4 workers at ``memory_mb``, their requests interleaved so that both see the same machine."""
+    transport = target.compute_transport
+    fit = transfers.get(transport)
+    latency = fit.cost.latency_ms if fit is not None else 0.0
+    model = fork_model()
+    probes: dict[int, _LocalProbe] = {}
+    cpu: dict[int, list[float]] = {n: [] for n in FORK_SPLITS}
+    try:
+        for n in FORK_SPLITS:
+            bundle = write_fork_bundle(workdir / f"fork{n}", model, n, memory_mb=memory_mb)
+            probes[n] = _LocalProbe(target.client, target.url, bundle, transport=transport, settings=settings,
+                                    memory_mb=memory_mb)
+            for _ in range(_WARMUP):
+                probes[n].master_timings()
+        total = settings.dispatch_samples * len(probes)
+        for _ in range(settings.dispatch_samples):
+            for n, p in probes.items():
+                cpu[n].append(float(p.master_timings()["stage0_cpu_ms"]))
+                say("dispatch (fork probes)", sum(map(len, cpu.values())), total)
+    finally:
+        for p in probes.values():
+            p.close()
+    med = {n: _median(xs) for n, xs in cpu.items()}
+    (n1, c1), (n2, c2) = sorted(med.items())
+    per_worker = (c2 - c1) / (n2 - n1)
+    # each worker's input put and output get are the transfers' (calibrated) cost, not the dispatch's
+    return Dispatch(med, latency, max(0.0, per_worker - 2 * latency), memory_mb, settings.dispatch_samples, transport)
+
+
 def _transfers(target: CalibrationTarget, noop: Probe, profile: PlatformProfile, settings: CalibrationSettings,
                workdir: Path, say: Progress) -> tuple[dict[str, TransferFit], dict[str, str]]:
     """Each transport's fit, and why those not fitted were not (cannot be timed there, or the fit failed)."""
@@ -566,6 +642,12 @@ def calibrate_platform(target: CalibrationTarget, profile: PlatformProfile,
 
         transfers, skipped = _transfers(target, noop, profile, settings, tmp, say)
         cold_extra, init_ms = _cold_starts(noop, settings.cold_starts, say)
+        dispatch = None
+        if isinstance(target, LocalTarget):
+            dispatch = measure_dispatch(target, settings, tmp, memory_mb=probe_mb, transfers=transfers, say=say)
+        else:
+            skipped["dispatch"] = (f"{target.description}'s probes are one function each: the master's CPU per "
+                                   f"worker invocation keeps the model's default")
         cpu = measure_cpu_share_on(target, settings, tmp, mb_per_vcpu=profile.mb_per_vcpu,
                                    memory_range=(profile.memory.min_mb, profile.memory.max_mb), progress=say)
     rtts_sorted = np.sort(np.asarray(rtts))
@@ -584,6 +666,7 @@ def calibrate_platform(target: CalibrationTarget, profile: PlatformProfile,
         cold_init_ms=init_ms,
         cold_starts=len(cold_extra),
         cpu_share=cpu,
+        dispatch=dispatch,
         seconds=time.perf_counter() - t_start,
         target=target.description,
     )

@@ -7,8 +7,11 @@
   (the caller's put, the master's get, the master's put, the caller's get) or two inline.
 * ``compute``: a chain of n x n MatMuls sharing one orthogonal weight (numerically tame): fixed work whose
   time at two memory sizes is the CPU share's slow-down.
+* ``fork`` of n parts: a small convolution split into n spatial tiles that n workers run while the master
+  only sends and joins (:func:`write_fork_bundle`, cut by the partitioner as ``flatpack export`` cuts a
+  model). The master's CPU per request grows with n by its CPU per worker invocation.
 
-Each bundle is one stage whose one part the master runs, with plan.json, manifest.json and source.onnx as
+Each other bundle is one stage whose one part the master runs, with plan.json, manifest.json and source.onnx as
 ``flatpack export`` writes them.
 """
 
@@ -26,7 +29,11 @@ from onnx import TensorProto, helper, numpy_helper
 from functions.bundle import MANIFEST_SCHEMA, sha256_file
 from functions.plan import Function, ModelInfo, Part, PartInput, Plan, Split, Stage, TensorSpec, full_region
 
-__all__ = ["compute_model", "echo_model", "noop_model", "write_probe_bundle"]
+__all__ = ["FORK_SPLITS", "compute_model", "echo_model", "fork_model", "noop_model", "write_fork_bundle",
+           "write_probe_bundle"]
+
+#: the fork probe's splits by worker count
+FORK_SPLITS = {2: "spatial=2x1", 4: "spatial=2x2"}
 
 _OPSET = 17
 _IR_VERSION = 8  # what onnxruntime 1.18 and later all read
@@ -69,6 +76,25 @@ def compute_model(n: int = 256, layers: int = 16) -> onnx.ModelProto:
         nodes.append(helper.make_node("MatMul", [prev, "w"], [out]))
         prev = out
     return _model(f"compute{n}x{layers}", nodes, (n, n), (n, n), {"w": q.astype(np.float32)})
+
+
+def fork_model(channels: int = 8, size: int = 32) -> onnx.ModelProto:
+    """x[1, c, s, s] -> 3x3 Conv (c -> c, padded) -> Relu -> y: little work, split into spatial tiles."""
+    w = np.random.default_rng(0).standard_normal((channels, channels, 3, 3)).astype(np.float32) / (3 * channels)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["t"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["t"], ["y"])]
+    shape = (1, channels, size, size)
+    return _model(f"fork{channels}x{size}", nodes, shape, shape, {"w": w})
+
+
+def write_fork_bundle(root: Path, model: onnx.ModelProto, parts: int, *, memory_mb: int) -> Path:
+    """``root`` as a bundle of ``model`` split into ``parts`` tiles (:data:`FORK_SPLITS`), each run by a worker
+    function of ``memory_mb`` while the master (``memory_mb`` too) sends and joins (replaced if it exists)."""
+    from partitioner.export import Placement, export_bundle
+
+    if parts not in FORK_SPLITS:
+        raise ValueError(f"a fork probe has {sorted(FORK_SPLITS)} parts, not {parts}")
+    return export_bundle(model, f"0-:{FORK_SPLITS[parts]}", root, placements=[Placement(False, memory_mb)],
+                         master_mb=memory_mb)
 
 
 def _shape(v: onnx.ValueInfoProto) -> tuple[int, ...]:

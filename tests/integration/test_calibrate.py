@@ -39,6 +39,7 @@ def calibrated(platform: object, shm_root: Path, tmp_path_factory: pytest.TempPa
     """One calibration with few samples, three sizes up to 4 MiB (so that a loaded machine's noise cannot
     hide the bytes' time), inline and shm, a small compute probe."""
     settings = CalibrationSettings(invoke_samples=20, transfer_samples=7, cold_starts=1, cpu_samples=3,
+                                   dispatch_samples=5,
                                    sizes=(4 * KIB, 1 * MIB, 4 * MIB), transports=("inline", "shm"), compute_n=64,
                                    compute_layers=4, evict_bytes=4 * MIB, shm_dir=shm_root)
     out = tmp_path_factory.mktemp("calibrate") / "local-test.yaml"
@@ -60,8 +61,13 @@ def test_the_profile_loads_and_says_what_was_measured(calibrated: CalibrationRes
     assert prof.bandwidth_mb_s == prof.transports["shm"].bandwidth_mb_s  # the local deploy's transport
     assert prof.cold_start_ms is not None and prof.cold_start_ms >= 0
     assert set(prof.cpu_share) == {512} and prof.cpu_share[512] > 0
+    # the fork probes: the master's CPU grows with its workers, and the profile keeps the growth per worker
+    d = calibrated.calibration.dispatch
+    assert d is not None and set(d.master_cpu_ms) == {2, 4} and d.master_cpu_ms[4] > d.master_cpu_ms[2] > 0
+    assert prof.dispatch_ms is not None and prof.dispatch_ms == pytest.approx(d.dispatch_ms, abs=1e-4)
+    assert 0 <= prof.dispatch_ms < d.master_cpu_ms[4]
     for field in ("invoke_latency_ms", "billed_overhead_ms", "transports", "bandwidth_mb_s", "cold_start_ms",
-                  "cpu_share"):
+                  "cpu_share", "dispatch_ms"):
         assert prof.sources[field].startswith("measured by flatpack calibrate on "), field
     where = prof.sources["calibration"]
     assert socket.gethostname() in where and calibrated.provenance.date in where and "flatpack " in where
@@ -125,6 +131,7 @@ def test_plan_takes_the_calibrated_file(calibrated: CalibrationResult, tmp_path:
         inv.mu_ms, inv.sigma_ms, inv.tau_ms)
     assert pm.platform.billed_overhead_ms == prof.billed_overhead_ms
     assert pm.platform.bandwidth_mb_s == prof.bandwidth_mb_s == prof.transports["shm"].bandwidth_mb_s
+    assert pm.dispatch_ms == prof.dispatch_ms  # the master's CPU per worker, measured, not the default
 
 
 def test_calibrated_profile_reads_this_machines_cache(calibrated: CalibrationResult, tmp_path: Path,
@@ -144,8 +151,8 @@ def test_a_recalibration_starts_from_a_calibrated_file(calibrated: CalibrationRe
                                                        shm_root: Path, tmp_path: Path) -> None:
     """--platform FILE of an earlier calibration: measured fields replaced again, the rest kept."""
     settings = CalibrationSettings(invoke_samples=5, transfer_samples=3, cold_starts=0, cpu_samples=3,
-                                   sizes=(4 * KIB, 4 * MIB), transports=("inline",), cpu_share_mb=(),
-                                   evict_bytes=0, shm_dir=shm_root)
+                                   dispatch_samples=3, sizes=(4 * KIB, 4 * MIB), transports=("inline",),
+                                   cpu_share_mb=(), evict_bytes=0, shm_dir=shm_root)
     again = calibrate(calibrated.path, output=tmp_path / "again.yaml", url=platform.url,  # type: ignore[attr-defined]
                       settings=settings)
     data = load_profile_data(again.path)

@@ -152,3 +152,23 @@ def test_a_calibrated_transport_prices_the_plans_that_use_it(convs: LayerGraph) 
     s3 = PerfModel(convs, facts, transport="s3")
     assert s3.platform.transfer_latency_ms == published.transfer_latency_ms
     assert shm.request_ms()[0] < PerfModel(convs, published, transport="shm").request_ms()[0]
+
+
+def test_a_calibrated_dispatch_prices_each_worker_the_master_invokes(convs: LayerGraph) -> None:
+    """A profile's measured ``dispatch_ms`` replaces the compute model's default: the master's CPU and the
+    stage's latency grow by the difference once per worker it invokes; a stage without workers is unchanged."""
+    base = load_profile("local")
+    cm = ComputeModel.from_flops(convs)
+    default = PerfModel(convs, PlatformFacts.from_profile(base), cm, transport="shm")
+    dear = PerfModel(convs, PlatformFacts.from_profile(replace(base, dispatch_ms=cm.dispatch_ms + 2.0)), cm,
+                     transport="shm")
+    assert (default.dispatch_ms, dear.dispatch_ms) == (cm.dispatch_ms, cm.dispatch_ms + 2.0)
+    fork = StageChoice(0, len(convs.units) - 1, Split("spatial", (2, 2)), False, 1769)
+    a, b = default.option(fork, 1769), dear.option(fork, 1769)
+    assert a is not None and b is not None and a.invocations == b.invocations == 4
+    assert b.master_cpu_ms - a.master_cpu_ms == pytest.approx(4 * 2.0)
+    assert b.latency_ms > a.latency_ms
+    whole = StageChoice(0, len(convs.units) - 1, Split(), True, 1769)
+    c, d = default.option(whole, 1769), dear.option(whole, 1769)
+    assert c is not None and d is not None
+    assert (c.latency_ms, c.master_cpu_ms) == (d.latency_ms, d.master_cpu_ms)

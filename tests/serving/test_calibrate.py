@@ -11,7 +11,15 @@ import pytest
 from functions.bundle import Bundle
 from serving.calibrate import CalibrationSettings
 from serving.calibrate.fit import MIB, fit_ex_gaussian, fit_transfer
-from serving.calibrate.probes import compute_model, echo_model, noop_model, write_probe_bundle
+from serving.calibrate.probes import (
+    FORK_SPLITS,
+    compute_model,
+    echo_model,
+    fork_model,
+    noop_model,
+    write_fork_bundle,
+    write_probe_bundle,
+)
 
 
 def test_ex_gaussian_fit_recovers_its_parameters() -> None:
@@ -65,6 +73,16 @@ def test_probe_bundles_are_valid_bundles(tmp_path: Path) -> None:
     assert np.linalg.norm(y) == pytest.approx(np.linalg.norm(c), rel=1e-3)
     with pytest.raises(ValueError, match="multiple of 4"):
         echo_model(4097)
+
+
+def test_fork_probes_are_verified_bundles_whose_master_only_sends_and_joins(tmp_path: Path) -> None:
+    for n in FORK_SPLITS:
+        b = Bundle.load(write_fork_bundle(tmp_path / f"fork{n}", fork_model(4, 16), n, memory_mb=1769))
+        (stage,) = b.plan.stages
+        assert len(stage.parts) == n and all(p.function != b.plan.master for p in stage.parts)
+        assert [f.memory_mb for f in b.plan.functions] == [1769] * (n + 1)
+    with pytest.raises(ValueError, match="not 3"):
+        write_fork_bundle(tmp_path / "fork3", fork_model(4, 16), 3, memory_mb=1769)
 
 
 def test_settings_scale_from_one_figure_and_check_their_values() -> None:

@@ -346,6 +346,11 @@ class _RequestRun:
         refs = [e.ref for e in reply.outputs if e.ref is not None]
         with self._lock:
             self.won.update(refs)
+            # the workers' own figures, summed per stage: reading their inputs, running, writing their outputs
+            for k in ("read_ms", "run_ms", "write_ms"):
+                if k in reply.timings:
+                    name = f"stage{stage.index}_workers_{k}"
+                    self.timings[name] = self.timings.get(name, 0.0) + float(reply.timings[k])
         missing = set(part.outputs) - {e.name for e in reply.outputs}
         if missing:
             self._delete(refs)

@@ -139,8 +139,11 @@ class PlatformFacts:
     share_factors: tuple[tuple[float, float], ...] = ()
     # calibrated transports: (name, latency ms per put or get, bandwidth MiB/s), measured on the platform
     transfers: tuple[tuple[str, float, float], ...] = ()
-    # calibrated: the master's CPU per worker invocation (ms at one vCPU); None: the compute model's default
-    dispatch_ms: float | None = None
+    # calibrated: the master's CPU per worker invocation (ms) as (master vCPU, ms), by vCPU; (): the compute
+    # model's default at every size
+    dispatch: tuple[tuple[float, float], ...] = ()
+    # calibrated: a function's CPU per invocation it serves (ms at one vCPU); None: the compute model's default
+    handling_ms: float | None = None
 
     def vcpu(self, memory_mb: float) -> float:
         """The CPU a function of ``memory_mb`` computes with: the platform's share, ``memory_mb /
@@ -229,7 +232,8 @@ class PlatformFacts:
             billed_overhead_ms=profile.billed_overhead_ms,
             share_factors=_share_factors(profile),
             transfers=tuple((name, t.latency_ms, t.bandwidth_mb_s) for name, t in sorted(profile.transports.items())),
-            dispatch_ms=profile.dispatch_ms,
+            dispatch=tuple(sorted((mb / profile.mb_per_vcpu, ms) for mb, ms in profile.dispatch_ms.items())),
+            handling_ms=profile.handling_ms,
         )
 
     def for_transport(self, transport: str) -> PlatformFacts:
@@ -637,7 +641,11 @@ class PerfModel:
         self.platform = platform
         self.compute = compute or ComputeModel.from_flops(lg)
         # the master's CPU per worker invocation: as calibrate measured it on the platform, else the default
-        self.dispatch_ms = platform.dispatch_ms if platform.dispatch_ms is not None else self.compute.dispatch_ms
+        self._dispatch_at: dict[int, float] = {}
+        self.dispatch_ms = self.dispatch_at(round(platform.mb_per_vcpu))  # at one vCPU
+        # a function's own handling of each invocation it serves (decoding, encoding, the HTTP exchange)
+        self.handling_ms = (platform.handling_ms if platform.handling_ms is not None
+                            else self.compute.invocation_overhead_ms)
         self.q = percentile if percentile is not None else 0.99
         self.q_mode = percentile is not None
         self.hedge = hedge
@@ -756,7 +764,7 @@ class PerfModel:
         if n:
             # the master sends the n invocations one after another (the first one's cost is in the invoke
             # latency), then runs its own part
-            dispatch = self.dispatch_ms
+            dispatch = self.dispatch_at(master_mb)
             lag = (n - 1) * dispatch
             busy = t_master + n * dispatch
             handling = put + get + join + n * dispatch if p.cores else 0.0
@@ -767,7 +775,8 @@ class PerfModel:
             tail = join * (cpu_m if p.cores else 1.0)
             mean = t_master + tail
             put = floor = 0.0
-        shape = StageShape(put, t_master, worker_fixed, worker_compute, self.dispatch_ms, tail, floor, parts.sigma)
+        dispatch = self.dispatch_at(master_mb)
+        shape = StageShape(put, t_master, worker_fixed, worker_compute, dispatch, tail, floor, parts.sigma)
         q = stage_quantile(shape, p.invoke, self.q, self.hedge, worst=worst)
         return OptionCost(
             latency_ms=mean,
@@ -780,7 +789,7 @@ class PerfModel:
             payload_bytes=parts.payload_bytes,
             stage_ms=mean - tail,
             shape=shape,
-            master_cpu_ms=(t_master / cpu_m if mine is not None else 0.0) + (put + get + join + n * self.dispatch_ms
+            master_cpu_ms=(t_master / cpu_m if mine is not None else 0.0) + (put + get + join + n * dispatch
                                                                             if n else join),
         )
 
@@ -811,14 +820,16 @@ class PerfModel:
         workers_q = None
         if n:
             workers = [self._workers_at(parts, key, w, first, last) for w in worker_mbs]
-            dispatch = self.dispatch_ms
-            path = np.asarray([parts.expected_max + (n - 1) * dispatch + w.slowest for w in workers])
+            dispatch = np.asarray([self.dispatch_at(m) for m in master_mbs])
+            # the workers' path with the cheapest master's dispatch: a bound for every master
+            least = float(dispatch.min()) if dispatch.size else self.dispatch_ms
+            path = np.asarray([parts.expected_max + (n - 1) * least + w.slowest for w in workers])
             busy = t_master + n * dispatch
             handling = parts.put + parts.get + parts.join + n * dispatch if p.cores else 0.0
             floor = handling * cpu_m + t_master
             gb_ms = np.asarray([w.billed_ms * mb / 1024.0 for w, mb in zip(workers, worker_mbs, strict=True)])
             if self.q_mode and self.hedge is None:  # tail.stage_quantile's workers' term
-                workers_q = np.asarray([(n - 1) * dispatch + self._workers_worst(w, parts) for w in workers])
+                workers_q = np.asarray([(n - 1) * least + self._workers_worst(w, parts) for w in workers])
             put, get, join = parts.put, parts.get, parts.join
         else:  # the master's part and its joining, as the floor
             path = np.full(len(worker_mbs), -np.inf)
@@ -856,6 +867,20 @@ class PerfModel:
             for k in (self.stage_times.records if self.stage_times is not None else {}):
                 self._measured_keys.setdefault(k[:4], []).append((k[4], k[5]))
         return self._measured_keys.get((first, last, split, master_part), [])
+
+    def dispatch_at(self, master_mb: int) -> float:
+        """The master's CPU per worker invocation at ``master_mb``: the platform's calibrated figures
+        interpolated by vCPU (held flat beyond the sizes measured), else the compute model's default."""
+        hit = self._dispatch_at.get(master_mb)
+        if hit is None:
+            points = self.platform.dispatch
+            if points:
+                v = master_mb / self.platform.mb_per_vcpu
+                hit = float(np.interp(v, [p[0] for p in points], [p[1] for p in points]))
+            else:
+                hit = self.compute.dispatch_ms
+            self._dispatch_at[master_mb] = hit
+        return hit
 
     def _cpu(self, memory_mb: float) -> float:
         v = self._vcpu.get(memory_mb)
@@ -914,7 +939,7 @@ class PerfModel:
             v_worker = self._cpu(worker_mb)
             cpu_w = cpu_stretch(v_worker)
             io_w = cpu_w if p.cores else 1.0
-            fixed = tuple(t * io_w + c.invocation_overhead_ms * cpu_w for t in parts.transfers)
+            fixed = tuple(t * io_w + self.handling_ms * cpu_w for t in parts.transfers)
             codec = parts.codec_ms * cpu_stretch(v_worker)
             compute = tuple(t + codec for t in c.part_times(first, last, [x.flops for x in parts.theirs], v_worker))
             worker_ms = [f + t for f, t in zip(fixed, compute, strict=True)]
@@ -1010,7 +1035,7 @@ class PerfModel:
         slower = self._handling_slower(master_mb)
         mean = max(lat + fixed + slower, inv.mean + floor)
         quantile = max(lat_q + fixed_q + slower, inv.quantile(self.q) + floor)
-        return mean, quantile, max(lat, floor + self.compute.invocation_overhead_ms)
+        return mean, quantile, max(lat, floor + self.handling_ms)
 
     def _cpu_floor(self, master_cpu_ms: float, master_mb: int) -> float | None:
         """The request's floor beside the invoke latency where the master's share throttles it (see
@@ -1020,7 +1045,7 @@ class PerfModel:
         stretch = cpu_stretch(p.vcpu(master_mb))
         if stretch <= 1.0 or not p.cores:
             return None
-        return (master_cpu_ms + self.request_master_cpu_ms()) * stretch - self.compute.invocation_overhead_ms
+        return (master_cpu_ms + self.request_master_cpu_ms()) * stretch - self.handling_ms
 
     def _handling_slower(self, master_mb: int) -> float:
         """How much longer the master's own handling of a request takes at its share than in the invoke
@@ -1029,7 +1054,7 @@ class PerfModel:
         p = self.platform
         if not p.cores:
             return 0.0
-        return self.compute.invocation_overhead_ms * (cpu_stretch(p.vcpu(master_mb)) - 1.0)
+        return self.handling_ms * (cpu_stretch(p.vcpu(master_mb)) - 1.0)
 
     def request_master_cpu_ms(self) -> float:
         """The master's CPU per request beside its stages: receiving the inputs, sending the outputs, its
@@ -1037,7 +1062,7 @@ class PerfModel:
         p = self.platform
         nbytes = sum(self.lg.tensors[x].nbytes for x in (*self.lg.inputs, *self.lg.outputs))
         moves = 2 * p.transfer_latency_ms if p.cores and self.transport != "inline" else 0.0
-        return nbytes / (p.bandwidth_mb_s * MB) * 1e3 + moves + self.compute.invocation_overhead_ms
+        return nbytes / (p.bandwidth_mb_s * MB) * 1e3 + moves + self.handling_ms
 
     def master_need_mb(self, choices: Sequence[StageChoice], master_mb: int) -> float:
         weights = hold = 0.0
@@ -1052,7 +1077,7 @@ class PerfModel:
     def cost_usd(self, latency_ms: float, master_mb: int, worker_gb_ms: float, invocations: int) -> float:
         p = self.platform
         # the master is billed while it runs its stages and waits for its workers, plus its own handling
-        master_ms = latency_ms + self.compute.invocation_overhead_ms + p.billed_overhead_ms
+        master_ms = latency_ms + self.handling_ms + p.billed_overhead_ms
         gb_s = (p.billed_ms(master_ms) * master_mb / 1024.0 + worker_gb_ms) / 1e3
         return gb_s * p.price_gb_s + (1 + invocations) * p.price_request
 

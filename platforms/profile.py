@@ -77,10 +77,15 @@ class PlatformProfile:
     ``transports``: per transport name (``shm``, ``redis``, ``inline``) the cost of one put or get;
     ``cold_start_ms``: what a cold invocation takes beyond a warm one; ``cpu_share``: per function
     memory (MB), how many times longer a fixed computation takes than at ``mb_per_vcpu`` (one vCPU);
-    ``dispatch_ms``: the master's CPU (at one vCPU) per worker invocation it makes, beyond the transfers:
-    the event, the invoke request, reading the reply, its share of the join.
+    ``dispatch_ms``: per master memory (MB), the master's CPU per worker invocation it makes, beyond the
+    transfers: the event, the invoke request, reading the reply, its share of the join (more below one
+    vCPU, where the share's throttling makes each thread hand-off dearer; a single number is one vCPU's);
+    ``handling_ms``: a function's
+    own CPU (at one vCPU) per invocation it serves (the HTTP request, the event, the reply), which its
+    share stretches where it is below one vCPU.
     The performance model reads ``cpu_share`` (it corrects the nominal share below one vCPU), the plan's
-    transport from ``transports`` (its puts and gets) and ``dispatch_ms`` (else its own default), but not
+    transport from ``transports`` (its puts and gets), ``dispatch_ms`` and ``handling_ms`` (else its own
+    defaults), but not
     ``cold_start_ms`` (the tail model takes the cold start it is given).
     """
 
@@ -103,7 +108,8 @@ class PlatformProfile:
     transports: Mapping[str, TransferCost] = field(default_factory=dict)
     cold_start_ms: float | None = None
     cpu_share: Mapping[int, float] = field(default_factory=dict)
-    dispatch_ms: float | None = None
+    dispatch_ms: Mapping[int, float] = field(default_factory=dict)
+    handling_ms: float | None = None
 
     def vcpus(self, memory_mb: float) -> float:
         """vCPUs a function of ``memory_mb`` gets (capped by the profile, or by this machine's cores)."""
@@ -152,7 +158,8 @@ class PlatformProfile:
                             for k, v in (d.get("transports") or {}).items()},
                 cold_start_ms=None if d.get("cold_start_ms") is None else float(d["cold_start_ms"]),
                 cpu_share={int(k): float(v) for k, v in (d.get("cpu_share") or {}).items()},
-                dispatch_ms=None if d.get("dispatch_ms") is None else float(d["dispatch_ms"]),
+                dispatch_ms=_per_memory(d.get("dispatch_ms"), float(d["mb_per_vcpu"])),
+                handling_ms=None if d.get("handling_ms") is None else float(d["handling_ms"]),
             )
         except KeyError as e:
             raise ValueError(f"{origin}: missing field {e}") from e
@@ -188,3 +195,12 @@ def load_profile_data(name_or_path: str | Path) -> dict[str, Any]:
 def load_profile(name_or_path: str | Path) -> PlatformProfile:
     """A profile by name (``aws-lambda``, ``openfaas``, ``local``) or from a YAML file path."""
     return PlatformProfile.from_dict(load_profile_data(name_or_path), origin=str(resolve_profile_path(name_or_path)))
+
+
+def _per_memory(value: Any, mb_per_vcpu: float) -> dict[int, float]:
+    """A figure per memory size (MB) from a mapping, or from one number (one vCPU's: ``mb_per_vcpu``)."""
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return {int(k): float(v) for k, v in value.items()}
+    return {round(mb_per_vcpu): float(value)}

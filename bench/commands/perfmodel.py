@@ -24,11 +24,15 @@ def _print(result: PerfModelResult) -> None:
     for r in result.plans:
         table.add_row(r.model, r.plan, r.transport, str(r.memory_mb), str(r.parts), f"{r.predicted_ms:.1f}",
                       f"{r.measured_ms:.1f}",
-                      f"{r.latency_error:.1%}", f"{r.predicted_gb_s:.5f}", f"{r.measured_gb_s:.5f}",
+                      f"{r.latency_error:.1%}" + (" [yellow](oversubscribed)[/]" if r.oversubscribed else ""),
+                      f"{r.predicted_gb_s:.5f}", f"{r.measured_gb_s:.5f}",
                       f"{r.cost_error:.1%}" if r.cost_error is not None else "-")
     console.print(table)
     cost = f"{result.mean_cost_error:.1%}" if result.mean_cost_error is not None else "-"
-    console.print(f"mean latency error {result.mean_latency_error:.1%}, mean cost error {cost}, memory "
+    over = sum(r.oversubscribed for r in result.plans)
+    console.print(f"mean latency error {result.mean_latency_error:.1%} over the plans that fit this machine's cores "
+                  f"({result.mean_latency_error_all:.1%} with the {over} oversubscribed), mean cost error {cost}, "
+                  f"memory "
                   f"under-predicted by at most {result.max_memory_under_prediction:.1%}; invoke round trip median "
                   f"{result.invoke_median_ms:.2f} ms")
     for t in result.tails:

@@ -19,10 +19,16 @@ and invoked the ordinary way, so every figure includes what a real request pays:
   beyond a warm one's;
 * **dispatch**: the master's CPU per worker invocation (the event, the invoke request, reading the reply,
   its share of the join), beyond the transfers it makes: a small convolution split into 2 and into 4 tiles
-  that workers run while the master only sends and joins, at one vCPU, interleaved; the median of the
+  that workers run while the master only sends and joins, at one vCPU and at 512 MB (below one vCPU the
+  share's throttling makes each thread hand-off dearer: 1.03 against 0.59 ms per worker, with its
+  transfers, on this machine kind), interleaved; at each size the median of the
   master's CPU per request (its reply's ``stage0_cpu_ms``) grows by this per worker, with one put and one
   get per worker (the calibrated transfer latency) taken off. Measured on the local platform (a cloud's
   probes are one function each; the model keeps its default there);
+* **handling**: a function's own CPU per invocation (the HTTP request, the event, the reply), the part of a
+  request that its CPU share stretches: the no-op's round trip at a memory below one vCPU (512 MB) against
+  the same at one vCPU, interleaved, over the stretch (``mb_per_vcpu / 512 - 1``). On the local platform
+  (where the share is emulated; the model adds it to the invoke latency there);
 * **CPU share**: a fixed computation's duration at each memory size against one vCPU's
   (:func:`measure_cpu_share_on`). Where the platform gives every instance a whole core the slow-down is about
   1; once it emulates the share its memory buys (M / mb_per_vcpu of a core) it is what a plan will see.
@@ -86,6 +92,7 @@ Progress = Callable[[str, int, int], None]
 _REFERENCE_TRANSFERS = 4  # per echo round by reference: caller put, master get, master put, caller get
 _INLINE_TRANSFERS = 2  # inline: in the request, in the reply
 _WARMUP = 3
+_HANDLING_MB = 512  # the memory below one vCPU whose no-op round trip shows the handling CPU
 _ATTEMPTS = 3  # transfer measurements taken again when load hid the bytes' time
 _INLINE_HEADROOM = 64 * KIB  # message framing beside an inline tensor, under the payload limit
 TRANSPORTS = ("inline", "shm", "redis")
@@ -100,7 +107,8 @@ class CalibrationSettings:
     again and invoked cold. ``cpu_samples``: compute-probe invocations per memory size. ``sizes``: tensor
     bytes the transfers are timed at (inline only those under the payload limit). ``transports``: which
     to time (redis is skipped, with the reason, if no server answers at ``redis_url``).
-    ``dispatch_samples``: fork-probe requests per worker count.
+    ``dispatch_samples``: fork-probe requests per worker count. ``handling_samples``: no-op round trips at
+    each of two memory sizes for the handling CPU.
     ``cpu_share_mb``: memory sizes whose slow-down against one vCPU (the profile's ``mb_per_vcpu``) is
     measured. ``compute_n`` x ``compute_layers``: the compute probe (n x n MatMuls). ``evict_bytes``: the
     buffer written before each transfer round to evict the caches (0: time hot rounds; the default is
@@ -112,6 +120,7 @@ class CalibrationSettings:
     cold_starts: int = 5
     cpu_samples: int = 10
     dispatch_samples: int = 30
+    handling_samples: int = 60
     sizes: tuple[int, ...] = (4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB, 16 * MIB)
     transports: tuple[str, ...] = TRANSPORTS
     redis_url: str | None = None
@@ -123,7 +132,7 @@ class CalibrationSettings:
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("invoke_samples", "transfer_samples", "cpu_samples", "dispatch_samples"):
+        for name in ("invoke_samples", "transfer_samples", "cpu_samples", "dispatch_samples", "handling_samples"):
             n = getattr(self, name)
             if n < 3:
                 raise ValueError(f"{name} must be at least 3 (a median and a fit need several), got {n}")
@@ -142,7 +151,9 @@ class CalibrationSettings:
             "transfer_samples": max(3, samples // 10),
             "cold_starts": max(2, min(10, samples // 40)),
             "cpu_samples": max(3, samples // 20),
-            "dispatch_samples": max(3, min(40, samples // 5)),
+            # a median of a difference: fewer than 20 requests read 0.12 ms where 40 read 0.43
+            "dispatch_samples": max(3, min(40, max(20, samples // 5))),
+            "handling_samples": max(3, min(100, max(30, samples // 2))),
         }
         base.update(overrides)
         return cls(**base)
@@ -189,8 +200,9 @@ class CpuShare:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """The fork probe's figures: the master's median CPU per request (ms) with each worker count, the
-    per-transfer latency taken off, and the resulting CPU per worker invocation (``dispatch_ms``)."""
+    """The fork probe's figures at one master memory: the master's median CPU per request (ms) with each
+    worker count, the per-transfer latency taken off, and the resulting CPU per worker invocation
+    (``dispatch_ms``)."""
 
     master_cpu_ms: dict[int, float]
     transfer_latency_ms: float
@@ -203,6 +215,25 @@ class Dispatch:
         return {"dispatch_ms": self.dispatch_ms, "master_cpu_ms": {str(k): v for k, v in self.master_cpu_ms.items()},
                 "transfer_latency_ms": self.transfer_latency_ms, "memory_mb": self.memory_mb,
                 "samples": self.samples, "transport": self.transport}
+
+
+@dataclass(frozen=True)
+class Handling:
+    """The no-op's median round trips at ``memory_mb`` (below one vCPU) and at ``reference_mb`` (one vCPU),
+    the stretch between them, and the function's CPU per invocation that explains the difference."""
+
+    memory_mb: int
+    reference_mb: int
+    rtt_ms: float
+    reference_rtt_ms: float
+    stretch: float
+    handling_ms: float
+    samples: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"handling_ms": self.handling_ms, "memory_mb": self.memory_mb, "reference_mb": self.reference_mb,
+                "rtt_ms": self.rtt_ms, "reference_rtt_ms": self.reference_rtt_ms, "stretch": self.stretch,
+                "samples": self.samples}
 
 
 @dataclass(frozen=True)
@@ -225,7 +256,8 @@ class Calibration:
     cpu_share: tuple[CpuShare, ...] = ()
     seconds: float = 0.0
     target: str = "the local platform"  # what was measured, in words
-    dispatch: Dispatch | None = None  # None: not measured (see skipped)
+    dispatch: tuple[Dispatch, ...] = ()  # per master memory; (): not measured (see skipped)
+    handling: Handling | None = None  # None: not measured (see skipped)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -243,7 +275,8 @@ class Calibration:
             "cold_init_ms": self.cold_init_ms,
             "cold_starts": self.cold_starts,
             "cpu_share": [c.to_json() for c in self.cpu_share],
-            "dispatch": self.dispatch.to_json() if self.dispatch is not None else None,
+            "dispatch": [d.to_json() for d in self.dispatch],
+            "handling": self.handling.to_json() if self.handling is not None else None,
             "seconds": self.seconds,
         }
 
@@ -547,7 +580,7 @@ def measure_dispatch(target: LocalTarget, settings: CalibrationSettings, workdir
     cpu: dict[int, list[float]] = {n: [] for n in FORK_SPLITS}
     try:
         for n in FORK_SPLITS:
-            bundle = write_fork_bundle(workdir / f"fork{n}", model, n, memory_mb=memory_mb)
+            bundle = write_fork_bundle(workdir / f"fork{n}-{memory_mb}", model, n, memory_mb=memory_mb)
             probes[n] = _LocalProbe(target.client, target.url, bundle, transport=transport, settings=settings,
                                     memory_mb=memory_mb)
             for _ in range(_WARMUP):
@@ -556,7 +589,7 @@ def measure_dispatch(target: LocalTarget, settings: CalibrationSettings, workdir
         for _ in range(settings.dispatch_samples):
             for n, p in probes.items():
                 cpu[n].append(float(p.master_timings()["stage0_cpu_ms"]))
-                say("dispatch (fork probes)", sum(map(len, cpu.values())), total)
+                say(f"dispatch (fork probes, {memory_mb} MB)", sum(map(len, cpu.values())), total)
     finally:
         for p in probes.values():
             p.close()
@@ -565,6 +598,28 @@ def measure_dispatch(target: LocalTarget, settings: CalibrationSettings, workdir
     per_worker = (c2 - c1) / (n2 - n1)
     # each worker's input put and output get are the transfers' (calibrated) cost, not the dispatch's
     return Dispatch(med, latency, max(0.0, per_worker - 2 * latency), memory_mb, settings.dispatch_samples, transport)
+
+
+def measure_handling(target: CalibrationTarget, noop: Probe, settings: CalibrationSettings, workdir: Path, *,
+                     mb_per_vcpu: float, memory_mb: int, say: Progress) -> Handling:
+    """A function's CPU per invocation (see the module docstring): ``noop`` (at one vCPU) and the same
+    no-op at ``memory_mb``, their round trips interleaved so that both see the same machine."""
+    bundle = write_probe_bundle(workdir / f"noop{memory_mb}", noop_model(), memory_mb=memory_mb)
+    low = target.deploy(bundle, transport="inline", memory_mb=memory_mb, settings=settings)
+    rtts: dict[int, list[float]] = {memory_mb: [], noop.memory_mb: []}
+    try:
+        for _ in range(_WARMUP):
+            low.rtt()
+        for i in range(settings.handling_samples):
+            rtts[memory_mb].append(low.rtt())
+            rtts[noop.memory_mb].append(noop.rtt())
+            say("handling (no-op below one vCPU)", i + 1, settings.handling_samples)
+    finally:
+        low.close()
+    stretch = min(1.0, noop.memory_mb / mb_per_vcpu) / min(1.0, memory_mb / mb_per_vcpu)
+    slow, ref = _median(rtts[memory_mb]), _median(rtts[noop.memory_mb])
+    return Handling(memory_mb, noop.memory_mb, slow, ref, stretch, max(0.0, (slow - ref) / (stretch - 1.0)),
+                    settings.handling_samples)
 
 
 def _transfers(target: CalibrationTarget, noop: Probe, profile: PlatformProfile, settings: CalibrationSettings,
@@ -642,12 +697,23 @@ def calibrate_platform(target: CalibrationTarget, profile: PlatformProfile,
 
         transfers, skipped = _transfers(target, noop, profile, settings, tmp, say)
         cold_extra, init_ms = _cold_starts(noop, settings.cold_starts, say)
-        dispatch = None
+        dispatch: tuple[Dispatch, ...] = ()
+        handling = None
         if isinstance(target, LocalTarget):
-            dispatch = measure_dispatch(target, settings, tmp, memory_mb=probe_mb, transfers=transfers, say=say)
+            low_mb = int(min(probe_mb - 1, max(profile.memory.min_mb, _HANDLING_MB)))
+            sizes = (probe_mb, low_mb) if low_mb < probe_mb else (probe_mb,)
+            dispatch = tuple(measure_dispatch(target, settings, tmp, memory_mb=mb, transfers=transfers, say=say)
+                             for mb in sizes)
+            if low_mb < probe_mb and profile.mb_per_vcpu > low_mb:
+                handling = measure_handling(target, noop, settings, tmp, mb_per_vcpu=profile.mb_per_vcpu,
+                                            memory_mb=low_mb, say=say)
+            else:
+                skipped["handling"] = f"no memory size below one vCPU ({probe_mb} MB) in profile {profile.name}"
         else:
             skipped["dispatch"] = (f"{target.description}'s probes are one function each: the master's CPU per "
                                    f"worker invocation keeps the model's default")
+            skipped["handling"] = (f"{target.description}'s invoke latency already holds its functions' handling "
+                                   f"at their size; the model keeps its default")
         cpu = measure_cpu_share_on(target, settings, tmp, mb_per_vcpu=profile.mb_per_vcpu,
                                    memory_range=(profile.memory.min_mb, profile.memory.max_mb), progress=say)
     rtts_sorted = np.sort(np.asarray(rtts))
@@ -667,6 +733,7 @@ def calibrate_platform(target: CalibrationTarget, profile: PlatformProfile,
         cold_starts=len(cold_extra),
         cpu_share=cpu,
         dispatch=dispatch,
+        handling=handling,
         seconds=time.perf_counter() - t_start,
         target=target.description,
     )

@@ -125,14 +125,23 @@ def calibrated_profile_data(base: str | Path, cal: Calibration, where: Provenanc
             f"{by}; a fixed computation's median {'metered' if ref.metered else 'handler (as the function timed it)'} "
             f"time at each memory size over the same at "
             f"{ref.reference_mb} MB (one vCPU), {ref.samples} invocations each, interleaved ({shares}){kept}")
-    if cal.dispatch is not None:
-        d = cal.dispatch
-        data["dispatch_ms"] = _r(d.dispatch_ms)
-        cpus = ", ".join(f"{n} workers {ms:.3f} ms" for n, ms in sorted(d.master_cpu_ms.items()))
+    if cal.dispatch:
+        data["dispatch_ms"] = {d.memory_mb: _r(d.dispatch_ms) for d in cal.dispatch}
+        cpus = "; ".join(f"{d.memory_mb} MB: " + ", ".join(f"{n} workers {ms:.3f} ms"
+                                                            for n, ms in sorted(d.master_cpu_ms.items()))
+                         for d in cal.dispatch)
+        d = cal.dispatch[0]
         sources["dispatch_ms"] = (
-            f"{by}; fork probes (a small convolution split into tiles that workers run, {d.memory_mb} MB, "
+            f"{by}; per master memory, fork probes (a small convolution split into tiles that workers run, "
             f"{d.transport}), {d.samples} requests each, interleaved: the master's median CPU per request "
             f"({cpus}) per added worker, less one put and one get ({d.transfer_latency_ms:.3f} ms each)")
+    if cal.handling is not None:
+        h = cal.handling
+        data["handling_ms"] = _r(h.handling_ms)
+        sources["handling_ms"] = (
+            f"{by}; a no-op's median round trip at {h.memory_mb} MB ({h.rtt_ms:.3f} ms) beyond the same at "
+            f"{h.reference_mb} MB ({h.reference_rtt_ms:.3f} ms), {h.samples} each, interleaved, over the share's "
+            f"stretch less one ({h.stretch:.2f} - 1)")
     sources["calibration"] = (
         f"measured by flatpack calibrate: {where.line()}; {_measured(cal)}; base profile "
         f"{resolve_profile_path(base)}; took {cal.seconds:.1f} s")

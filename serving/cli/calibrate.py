@@ -126,6 +126,9 @@ def _run(job: Callable[[], CalibrationResult]) -> CalibrationResult:
         raise click.ClickException(" ".join(str(e).split())) from e
 
 
+_SKIPPED_LABELS = {"dispatch": "master CPU per worker", "handling": "CPU per invocation"}
+
+
 def _print(doc: dict) -> None:
     where = doc["provenance"]
     if doc["target"] == "the local platform":
@@ -149,16 +152,20 @@ def _print(doc: dict) -> None:
         t.add_row(f"{name} per transfer", f"{tr['latency_ms']:.3f} ms + B / {tr['bandwidth_mb_s']:.0f} MB/s",
                   f"{len(tr['points'])} sizes x {tr['samples_per_size']} round trips")
     for name, why in doc["skipped"].items():
-        t.add_row("master CPU per worker" if name == "dispatch" else f"{name} per transfer", "-",
-                  f"[yellow]not measured:[/] {why}")
+        label = _SKIPPED_LABELS.get(name, f"{name} per transfer")
+        t.add_row(label, "-", f"[yellow]not measured:[/] {why}")
     if doc["cold_start_ms"] is not None:
         init = f"; instance start-up {doc['cold_init_ms']:.1f} ms" if doc["cold_init_ms"] is not None else ""
         t.add_row("cold start", f"+{doc['cold_start_ms']:.1f} ms", f"{doc['cold_starts']} cold starts{init}")
-    if doc.get("dispatch") is not None:
-        d = doc["dispatch"]
+    for d in doc.get("dispatch") or ():
         cpus = ", ".join(f"{n} workers {ms:.2f} ms" for n, ms in d["master_cpu_ms"].items())
-        t.add_row("master CPU per worker", f"{d['dispatch_ms']:.3f} ms",
-                  f"fork probes at {d['memory_mb']} MB, {d['samples']} requests each; master CPU {cpus}")
+        t.add_row(f"master CPU per worker at {d['memory_mb']} MB", f"{d['dispatch_ms']:.3f} ms",
+                  f"fork probes, {d['samples']} requests each; master CPU {cpus}")
+    if doc.get("handling") is not None:
+        h = doc["handling"]
+        t.add_row("CPU per invocation", f"{h['handling_ms']:.3f} ms",
+                  f"no-op at {h['memory_mb']} MB {h['rtt_ms']:.2f} ms vs {h['reference_mb']} MB "
+                  f"{h['reference_rtt_ms']:.2f} ms, {h['samples']} each")
     for c in doc["cpu_share"]:
         t.add_row(f"CPU share at {c['memory_mb']} MB", f"x{c['measured_slowdown']:.2f}",
                   f"vs {c['reference_mb']} MB, expected x{c['expected_slowdown']:.2f}, {c['samples']} runs each")

@@ -121,6 +121,10 @@ def test_vertical_slices_pass_tensors_worker_to_worker(platform: LocalPlatform, 
     y_bytes = int(np.prod(Plan.load(bundles.chain / "plan.json").model.outputs[0].shape)) * 4
     assert reply.timings["fetched_bytes"] == y_bytes  # the tiles of y, nothing else
     assert reply.timings["invocations"] == 4
+    # the workers' own figures reach the master's reply, summed per stage (every stage here runs on workers)
+    for stage in range(3):
+        assert all(reply.timings[f"stage{stage}_workers_{k}"] >= 0 for k in ("read_ms", "run_ms", "write_ms"))
+        assert reply.timings[f"stage{stage}_workers_run_ms"] > 0
     client.channel.receive(reply.outputs, delete=True)
     client.channel.transports.delete(e.ref for e in entries if e.ref)
     client.close()

@@ -16,7 +16,7 @@ from partitioner.graph import LayerGraph
 from partitioner.perfmodel import FUNCTION_RUNTIME_MB, ComputeModel, PerfModel, PlatformFacts, StageChoice
 from partitioner.planner import _calibrate, _record_calibration, compute_model, threads_problem, timing_problem
 from partitioner.profile import profile_graph
-from platforms import load_profile
+from platforms import PlatformProfile, load_profile, load_profile_data
 from tests.onnx_builders import conv_stack
 
 MB = 2**20
@@ -160,7 +160,7 @@ def test_a_calibrated_dispatch_prices_each_worker_the_master_invokes(convs: Laye
     base = load_profile("local")
     cm = ComputeModel.from_flops(convs)
     default = PerfModel(convs, PlatformFacts.from_profile(base), cm, transport="shm")
-    dear = PerfModel(convs, PlatformFacts.from_profile(replace(base, dispatch_ms=cm.dispatch_ms + 2.0)), cm,
+    dear = PerfModel(convs, PlatformFacts.from_profile(replace(base, dispatch_ms={1769: cm.dispatch_ms + 2.0})), cm,
                      transport="shm")
     assert (default.dispatch_ms, dear.dispatch_ms) == (cm.dispatch_ms, cm.dispatch_ms + 2.0)
     fork = StageChoice(0, len(convs.units) - 1, Split("spatial", (2, 2)), False, 1769)
@@ -172,3 +172,35 @@ def test_a_calibrated_dispatch_prices_each_worker_the_master_invokes(convs: Laye
     c, d = default.option(whole, 1769), dear.option(whole, 1769)
     assert c is not None and d is not None
     assert (c.latency_ms, c.master_cpu_ms) == (d.latency_ms, d.master_cpu_ms)
+
+
+def test_dispatch_follows_the_masters_memory_between_the_sizes_measured(convs: LayerGraph) -> None:
+    """Measured at 512 MB and at one vCPU: each size's own figure, interpolated by vCPU between them and held
+    flat beyond; a fork stage's master CPU at 512 MB prices its workers at the 512 MB figure. A profile
+    written with one number (before per-memory figures) reads as one vCPU's."""
+    base = load_profile("local")
+    cm = ComputeModel.from_flops(convs)
+    pm = PerfModel(convs, PlatformFacts.from_profile(replace(base, dispatch_ms={512: 1.0, 1769: 0.5})), cm,
+                   transport="shm")
+    assert [pm.dispatch_at(mb) for mb in (512, 1769, 256, 3538)] == [1.0, 0.5, 1.0, 0.5]
+    assert 0.5 < pm.dispatch_at(1024) < 1.0 and pm.dispatch_ms == 0.5
+    fork = StageChoice(0, len(convs.units) - 1, Split("spatial", (2, 2)), False, 512)
+    flat = PerfModel(convs, PlatformFacts.from_profile(replace(base, dispatch_ms={1769: 0.5})), cm, transport="shm")
+    a, b = flat.option(fork, 512), pm.option(fork, 512)
+    assert a is not None and b is not None
+    assert b.master_cpu_ms - a.master_cpu_ms == pytest.approx(4 * 0.5)
+    assert PlatformProfile.from_dict({**load_profile_data("local"), "dispatch_ms": 0.7}).dispatch_ms == {1769: 0.7}
+
+
+def test_a_calibrated_handling_is_the_requests_own_cpu_stretched_by_the_masters_share(convs: LayerGraph) -> None:
+    """``handling_ms`` replaces the default CPU per invocation: below one vCPU every request pays it
+    stretched by the master's share (so more of it, more latency); at one vCPU the invoke latency holds it."""
+    base = load_profile("local")
+    cm = ComputeModel.from_flops(convs)
+    cheap = PerfModel(convs, PlatformFacts.from_profile(replace(base, handling_ms=0.1)), cm, transport="shm")
+    dear = PerfModel(convs, PlatformFacts.from_profile(replace(base, handling_ms=1.1)), cm, transport="shm")
+    assert (cheap.handling_ms, dear.handling_ms) == (0.1, 1.1)
+    whole = [StageChoice(0, len(convs.units) - 1, Split(), True, 0)]
+    low = dear.estimate(whole, 512).latency_ms - cheap.estimate(whole, 512).latency_ms
+    assert low == pytest.approx(1.0 * (1769 / 512 - 1), rel=0.05)  # beyond the one-vCPU probe's invoke latency
+    assert dear.estimate(whole, 1769).latency_ms == pytest.approx(cheap.estimate(whole, 1769).latency_ms, abs=1e-9)

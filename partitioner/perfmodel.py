@@ -761,10 +761,10 @@ class PerfModel:
             slowest = max(worker_ms, default=0.0)
             billed = sum(p.billed_ms(t + p.billed_overhead_ms) for t in worker_ms)
         put, get, join = parts.put, parts.get, parts.join
+        dispatch = self.dispatch_at(master_mb)
         if n:
             # the master sends the n invocations one after another (the first one's cost is in the invoke
             # latency), then runs its own part
-            dispatch = self.dispatch_at(master_mb)
             lag = (n - 1) * dispatch
             busy = t_master + n * dispatch
             handling = put + get + join + n * dispatch if p.cores else 0.0
@@ -775,7 +775,6 @@ class PerfModel:
             tail = join * (cpu_m if p.cores else 1.0)
             mean = t_master + tail
             put = floor = 0.0
-        dispatch = self.dispatch_at(master_mb)
         shape = StageShape(put, t_master, worker_fixed, worker_compute, dispatch, tail, floor, parts.sigma)
         q = stage_quantile(shape, p.invoke, self.q, self.hedge, worst=worst)
         return OptionCost(

@@ -249,6 +249,7 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
                   say: Callable[[str], None] | None = None) -> PerfModelResult:
     """Every plan of :data:`CASES` (the first two models with ``quick``) deployed and timed ``n`` times, and
     predicted with the platform facts probed between its requests (see the module docstring)."""
+    from bench.suite.planning import oversubscribed
     from functions.bundle import Bundle
     from partitioner.export import Placement, export_bundle
     from partitioner.graph import LayerGraph
@@ -357,7 +358,7 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
                     est.latency_ms, statistics.median(lat), predicted_gb_s, (after - before) / n,
                     dict(est.memory_mb), {k: rss[k] for k in est.memory_mb if k in rss},
                     (facts.invoke.mu, facts.invoke.sigma, facts.invoke.tau), noop_ms, source,
-                    oversubscribed=_oversubscribed(choices, mb, facts.mb_per_vcpu)))
+                    oversubscribed=oversubscribed(choices, mb, facts.mb_per_vcpu)))
             if not tails_done:
                 tails_done = True
                 # the unit times of its last plan: scaled to whole-model runs taken between that plan's requests
@@ -402,15 +403,6 @@ def _tail_check(local: Any, lg: Any, model: str, facts: Any, cm: Any, out: Path,
                      result.estimate.latency_q_ms, float(np.median(lat)))
 
 
-def _oversubscribed(choices: Sequence[StageChoice], memory_mb: int, mb_per_vcpu: float) -> bool:
-    """Whether a stage's parts, running at once at their shares, need more than this machine's cores less
-    what the platform uses (:func:`bench.suite.planning.shares_room`)."""
-    from bench.suite.planning import shares_room
-
-    demand = max(c.split.degree * min(1.0, memory_mb / mb_per_vcpu) for c in choices)
-    return demand > shares_room(os.cpu_count() or 1) + 1e-9
-
-
 def _worker_invocations(pm: PerfModel, choices: Sequence[StageChoice], master_mb: int) -> int:
     """The worker invocations of one request under ``choices`` (all admissible: ``pm.estimate`` checked)."""
     total = 0
@@ -428,12 +420,11 @@ def _facts(base: Any, samples: list[float], noop_ms: float, low_samples: list[fl
     (``low_samples``, taken alternately with ``samples``): the difference of their medians over the share's
     stretch less one, as ``flatpack calibrate`` measures it."""
     from partitioner.perfmodel import ExGauss
+    from serving.calibrate.measure import handling_ms
 
     mu, sigma, tau = fit_invoke_latency(samples)
-    stretch = MEMORY_MB / LOW_MB
-    handling = max(0.0, (statistics.median(low_samples) - statistics.median(samples)) / (stretch - 1.0))
     return dataclasses.replace(base, invoke=ExGauss(mu, sigma, tau), billed_overhead_ms=noop_ms,
-                               handling_ms=handling)
+                               handling_ms=handling_ms(low_samples, samples, MEMORY_MB / LOW_MB))
 
 
 def _durations(local: Any, dep: Any) -> tuple[float, int]:

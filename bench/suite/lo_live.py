@@ -85,7 +85,7 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
     from bench.harness.provenance import usable_cores
     from bench.load.inputs import InputPool
     from bench.suite.deployments import deployments, interleaved
-    from bench.suite.planning import invoke_facts, measured_lo_plan, perfmodel, shares_room
+    from bench.suite.planning import invoke_facts, measured_lo_plan, oversubscribed, perfmodel
     from functions.plan import Plan
     from partitioner.export import export_bundle
     from partitioner.graph import LayerGraph
@@ -133,8 +133,6 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
                     before = dict(pp.client.health().get("cpu") or {})
                     samples, _, _ = interleaved(targets, pool, rounds)
                     after = dict(pp.client.health().get("cpu") or {})
-                # the parts of a stage run at once (the master's among them, or the master waits)
-                demand = max(c.split.degree * min(1.0, mb / pm.platform.mb_per_vcpu) for c in result.choices)
                 live_lo, live_unsplit = p50(samples["lo"]), p50(samples["unsplit"])
                 pred = result.estimate.latency_ms
                 rows.append(LoRow(
@@ -143,7 +141,7 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
                     unsplit_p50_ms=live_unsplit, lo_p50_ms=live_lo, speedup=live_unsplit / live_lo,
                     predicted_lo_p50_ms=pred, predicted_unsplit_p50_ms=predicted_unsplit,
                     error=live_lo / pred - 1, unsplit_error=live_unsplit / predicted_unsplit - 1,
-                    oversubscribed=demand > shares_room(cores) + 1e-9,
+                    oversubscribed=oversubscribed(result.choices, mb, pm.platform.mb_per_vcpu, cores),
                     # a master waiting for its workers counts as busy there, though it computes nothing
                     platform_oversubscribed=(int(after.get("oversubscribed_invocations", 0))
                                              > int(before.get("oversubscribed_invocations", 0))),

@@ -17,8 +17,8 @@ from bench.suite.comparison import bad
 from bench.suite.config import MEMORY_MB, ModelSpec, label, model_path
 from bench.suite.deployments import deployments
 
-__all__ = ["InvokeFacts", "invoke_facts", "lo_plan", "load_model", "max_degree", "measured_lo_plan", "perfmodel",
-           "shares_room"]
+__all__ = ["InvokeFacts", "invoke_facts", "lo_plan", "load_model", "max_degree", "measured_lo_plan",
+           "oversubscribed", "perfmodel", "shares_room"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,14 @@ def max_degree(memory_mb: int, mb_per_vcpu: float, cores: int) -> int:
     master runs one of them, or it waits)."""
     vcpu = min(1.0, memory_mb / mb_per_vcpu)
     return max(1, int(shares_room(cores) / vcpu + 1e-9))
+
+
+def oversubscribed(choices: Any, memory_mb: int, mb_per_vcpu: float, cores: int | None = None) -> bool:
+    """Whether a stage of ``choices`` (every function at ``memory_mb``) runs more parts at once, at their
+    shares, than ``cores`` (default: this machine's usable ones) hold less the platform's reserve: the parts
+    of a stage run at once (the master's among them, or the master waits)."""
+    demand = max(c.split.degree * min(1.0, memory_mb / mb_per_vcpu) for c in choices)
+    return demand > shares_room(usable_cores() if cores is None else cores) + 1e-9
 
 
 def shares_room(cores: int) -> float:

@@ -78,6 +78,7 @@ __all__ = [
     "TransferFit",
     "Usage",
     "calibrate_platform",
+    "handling_ms",
     "measure_cpu_share",
     "measure_dispatch",
     "measure_cpu_share_on",
@@ -600,6 +601,13 @@ def measure_dispatch(target: LocalTarget, settings: CalibrationSettings, workdir
     return Dispatch(med, latency, max(0.0, per_worker - 2 * latency), memory_mb, settings.dispatch_samples, transport)
 
 
+def handling_ms(low_rtts: Sequence[float], reference_rtts: Sequence[float], stretch: float) -> float:
+    """A function's CPU per invocation from a no-op's round trips below one vCPU (``low_rtts``) and at one
+    vCPU (``reference_rtts``), taken alternately: the difference of their medians over the share's
+    ``stretch`` less one (at least 0)."""
+    return max(0.0, (_median(low_rtts) - _median(reference_rtts)) / (stretch - 1.0))
+
+
 def measure_handling(target: CalibrationTarget, noop: Probe, settings: CalibrationSettings, workdir: Path, *,
                      mb_per_vcpu: float, memory_mb: int, say: Progress) -> Handling:
     """A function's CPU per invocation (see the module docstring): ``noop`` (at one vCPU) and the same
@@ -617,9 +625,9 @@ def measure_handling(target: CalibrationTarget, noop: Probe, settings: Calibrati
     finally:
         low.close()
     stretch = min(1.0, noop.memory_mb / mb_per_vcpu) / min(1.0, memory_mb / mb_per_vcpu)
-    slow, ref = _median(rtts[memory_mb]), _median(rtts[noop.memory_mb])
-    return Handling(memory_mb, noop.memory_mb, slow, ref, stretch, max(0.0, (slow - ref) / (stretch - 1.0)),
-                    settings.handling_samples)
+    low_rtts, ref_rtts = rtts[memory_mb], rtts[noop.memory_mb]
+    return Handling(memory_mb, noop.memory_mb, _median(low_rtts), _median(ref_rtts), stretch,
+                    handling_ms(low_rtts, ref_rtts, stretch), settings.handling_samples)
 
 
 def _transfers(target: CalibrationTarget, noop: Probe, profile: PlatformProfile, settings: CalibrationSettings,

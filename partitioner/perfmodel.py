@@ -35,7 +35,15 @@ from functions.plan import Split
 from partitioner.graph import LayerGraph
 from partitioner.parts import PartCost, StageCosts
 from partitioner.stage_times import StageTimes, stage_key, with_measured
-from partitioner.tail import DEFAULT_SIGMA, StageShape, plan_quantile, sigma_from_p95, stage_quantile, workers_quantile
+from partitioner.tail import (
+    DEFAULT_SIGMA,
+    StageShape,
+    jitter_factor,
+    plan_quantile,
+    sigma_from_p95,
+    stage_quantile,
+    workers_quantile,
+)
 from platforms import PlatformProfile
 
 __all__ = [
@@ -144,6 +152,9 @@ class PlatformFacts:
     dispatch: tuple[tuple[float, float], ...] = ()
     # calibrated: a function's CPU per invocation it serves (ms at one vCPU); None: the compute model's default
     handling_ms: float | None = None
+    # calibrated: the lognormal sigma of a fixed computation's repeats in a function, the machine's speed as
+    # one request sees it (partitioner.tail.jitter_factor); 0: only the units' own spreads
+    jitter_sigma: float = 0.0
 
     def vcpu(self, memory_mb: float) -> float:
         """The CPU a function of ``memory_mb`` computes with: the platform's share, ``memory_mb /
@@ -234,6 +245,7 @@ class PlatformFacts:
             transfers=tuple((name, t.latency_ms, t.bandwidth_mb_s) for name, t in sorted(profile.transports.items())),
             dispatch=tuple(sorted((mb / profile.mb_per_vcpu, ms) for mb, ms in profile.dispatch_ms.items())),
             handling_ms=profile.handling_ms,
+            jitter_sigma=profile.jitter_sigma,
         )
 
     def for_transport(self, transport: str) -> PlatformFacts:
@@ -649,6 +661,8 @@ class PerfModel:
         self.q = percentile if percentile is not None else 0.99
         self.q_mode = percentile is not None
         self.hedge = hedge
+        # the machine's request-wide speed at the percentile, on every stage of the bound (partitioner.tail)
+        self._jitter_q = jitter_factor(self.platform.jitter_sigma, self.q)
         self.cold_p = cold_p
         self.cold_start_ms = cold_start_ms
         self.transport = transport
@@ -776,7 +790,7 @@ class PerfModel:
             mean = t_master + tail
             put = floor = 0.0
         shape = StageShape(put, t_master, worker_fixed, worker_compute, dispatch, tail, floor, parts.sigma)
-        q = stage_quantile(shape, p.invoke, self.q, self.hedge, worst=worst)
+        q = stage_quantile(shape, p.invoke, self.q, self.hedge, worst=worst) * self._jitter_q
         return OptionCost(
             latency_ms=mean,
             latency_q_ms=q,
@@ -983,10 +997,11 @@ class PerfModel:
         inv = self.platform.invoke
         q = self.q if q is None else q
         offset = mean - inv.mean + self._handling_slower(master_mb)
+        jitter = self.platform.jitter_sigma
         sampled = plan_quantile(shapes, inv, inv, offset, q, hedge=self.hedge, cold_p=self.cold_p,
-                                cold_ms=self.cold_start_ms)
+                                cold_ms=self.cold_start_ms, jitter_sigma=jitter)
         floor = self._cpu_floor(cpu, master_mb)  # as under the mean (see _request_total)
-        return sampled if floor is None else max(sampled, inv.quantile(q) + floor)
+        return sampled if floor is None else max(sampled, inv.quantile(q) + floor * jitter_factor(jitter, q))
 
     def evaluate(self, choices: Sequence[StageChoice], master_mb: int) -> tuple[float, float, float, bool]:
         """The hot-loop form of :meth:`estimate`: (mean ms, percentile ms, USD, fits in memory)."""
@@ -1033,7 +1048,7 @@ class PerfModel:
         inv = self.platform.invoke
         slower = self._handling_slower(master_mb)
         mean = max(lat + fixed + slower, inv.mean + floor)
-        quantile = max(lat_q + fixed_q + slower, inv.quantile(self.q) + floor)
+        quantile = max(lat_q + fixed_q + slower, inv.quantile(self.q) + floor * self._jitter_q)
         return mean, quantile, max(lat, floor + self.handling_ms)
 
     def _cpu_floor(self, master_cpu_ms: float, master_mb: int) -> float | None:

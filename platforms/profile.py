@@ -82,7 +82,9 @@ class PlatformProfile:
     vCPU, where the share's throttling makes each thread hand-off dearer; a single number is one vCPU's);
     ``handling_ms``: a function's
     own CPU (at one vCPU) per invocation it serves (the HTTP request, the event, the reply), which its
-    share stretches where it is below one vCPU.
+    share stretches where it is below one vCPU; ``jitter_sigma``: the lognormal sigma of a fixed
+    computation's repeats in a function (the machine's speed as one request sees it; the tail model's
+    request-wide factor).
     The performance model reads ``cpu_share`` (it corrects the nominal share below one vCPU), the plan's
     transport from ``transports`` (its puts and gets), ``dispatch_ms`` and ``handling_ms`` (else its own
     defaults), but not
@@ -110,6 +112,7 @@ class PlatformProfile:
     cpu_share: Mapping[int, float] = field(default_factory=dict)
     dispatch_ms: Mapping[int, float] = field(default_factory=dict)
     handling_ms: float | None = None
+    jitter_sigma: float = 0.0
 
     def vcpus(self, memory_mb: float) -> float:
         """vCPUs a function of ``memory_mb`` gets (capped by the profile, or by this machine's cores)."""
@@ -160,6 +163,7 @@ class PlatformProfile:
                 cpu_share={int(k): float(v) for k, v in (d.get("cpu_share") or {}).items()},
                 dispatch_ms=_per_memory(d.get("dispatch_ms"), float(d["mb_per_vcpu"])),
                 handling_ms=None if d.get("handling_ms") is None else float(d["handling_ms"]),
+                jitter_sigma=float(d.get("jitter_sigma") or 0.0),
             )
         except KeyError as e:
             raise ValueError(f"{origin}: missing field {e}") from e

@@ -22,8 +22,8 @@ def _spec(arg: str) -> tuple[str, int, int | None]:
 
 
 @click.command("lo")
-@click.option("--model", "models", multiple=True, help="NAME[/wDIV][@SIZE]; repeat (default: vgg11, vgg16, "
-              "resnet50 and wrn-50-2, each /w2@224).")
+@click.option("--model", "models", multiple=True, help="NAME[/wDIV][@SIZE]; repeat (default: vgg11/w2, vgg16/w2, "
+              "resnet50 and wrn-50-2/w2, each @224).")
 @click.option("--memory", "memories", type=int, multiple=True, default=(512, 1769), show_default=True,
               help="Memory of every function (MB); repeat.")
 @click.option("--rounds", type=int, default=20, show_default=True, help="Interleaved requests per arm.")

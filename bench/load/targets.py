@@ -70,9 +70,11 @@ class EndpointTarget:
 
 
 class DeploymentTarget:
-    """A :class:`serving.platform.deploy.Deployment` on a platform, called through its master directly."""
+    """A :class:`serving.platform.deploy.Deployment` on a platform, called through its master directly.
+    ``keep_timings``: keep the master's timings of every request answered (:attr:`timings`)."""
 
-    def __init__(self, deployment: Any, platform_url: str, *, name: str = "", timeout_s: float = 120.0) -> None:
+    def __init__(self, deployment: Any, platform_url: str, *, name: str = "", timeout_s: float = 120.0,
+                 keep_timings: bool = False) -> None:
         from serving.platform.client import PlatformClient
         from serving.platform.master_client import MasterClient
 
@@ -80,9 +82,15 @@ class DeploymentTarget:
         self.name = name or deployment.id
         self._client = MasterClient(deployment, platform_url, timeout_s=timeout_s)
         self._platform = PlatformClient(platform_url)
+        self.keep_timings = keep_timings
+        self.timings: list[dict[str, float]] = []
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
-        return self._client.infer(inputs)
+        if not self.keep_timings:
+            return self._client.infer(inputs)
+        outputs, timings = self._client.infer_timed(inputs)
+        self.timings.append(timings)
+        return outputs
 
     def usage(self) -> dict[str, dict[str, Any]]:
         return _rows(self._platform.meter(), f"{self.deployment.id}-")

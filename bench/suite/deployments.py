@@ -26,12 +26,12 @@ class Deployments:
         self.deps: list[Any] = []
         self.targets: list[Any] = []
 
-    def deploy(self, bundle: Path, name: str, **kw: Any) -> DeploymentTarget:
+    def deploy(self, bundle: Path, name: str, *, keep_timings: bool = False, **kw: Any) -> DeploymentTarget:
         from serving.platform.deploy import deploy_bundle, new_deployment_id
 
         dep = deploy_bundle(self.pp.client, bundle, deployment=new_deployment_id(f"{name}-"), **kw)
         self.deps.append(dep)
-        t = DeploymentTarget(dep, self.pp.url, name=name)
+        t = DeploymentTarget(dep, self.pp.url, name=name, keep_timings=keep_timings)
         self.targets.append(t)
         return t
 

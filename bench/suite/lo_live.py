@@ -4,9 +4,11 @@ the same memory, on the local platform with each function's CPU share emulated (
 For each model and memory size: the model's units are profiled (cached), the platform's invoke path is
 measured at that memory (a no-op run by a worker vs by the master), ``lo`` plans with splits of at most as
 many parts as this machine's cores hold at that share, and the plan and the unsplit function are deployed
-and sent interleaved sequential requests. A row gives both live p50s, the speed-up, the plan's predicted
-p50 and the error of that prediction, and whether the plan's busy shares exceeded the cores (then the
-instances slow each other down, which on Lambda they would not: the row is not evidence either way).
+and sent interleaved sequential requests, with a third arm: a second deployment of the plan whose
+requests' stage times (the master's timings) the prediction stands on. A row gives both live p50s, the
+speed-up, the plan's predicted p50 and the error of that prediction, and whether the plan's busy shares
+exceeded the cores (then the instances slow each other down, which on Lambda they would not: the row is not
+evidence either way).
 
 ``lambda_rows``: full-size VGG-11/16/19 (224 px) on the aws-lambda profile at 1769 and 3008 MB, unsplit vs
 ``lo``, predicted by the same performance model (compute times: FLOPs at the throughput measured for the
@@ -26,9 +28,11 @@ from bench.suite.config import ModelSpec, label, model_path
 
 __all__ = ["GILLIS_SPEEDUP", "LAMBDA_MODELS", "LIVE_MODELS", "LambdaRow", "LoRow", "lambda_rows", "live_rows"]
 
-# width / 2 at 224 px: each unsplit request at 512 MB takes 0.15-0.4 s, long enough that a fork's fixed
-# costs (an invoke, the master's copies at 0.29 vCPU) do not decide the comparison, short enough for 2 cores
-LIVE_MODELS: tuple[ModelSpec, ...] = (("vgg11", 2, 224), ("vgg16", 2, 224), ("resnet50", 2, 224),
+# 224 px, each unsplit request at 512 MB 0.15-0.4 s: long enough that a fork's fixed costs (an invoke, the
+# master's CPU per worker at 0.29 vCPU) do not decide the comparison, short enough for 2 cores. The VGGs and
+# wrn-50-2 at width / 2; ResNet-50 at full width, since at width / 2 (1 GFLOP, 80 ms at 512 MB) its compute is
+# a few times a worker's fixed cost and no split of it pays at any memory
+LIVE_MODELS: tuple[ModelSpec, ...] = (("vgg11", 2, 224), ("vgg16", 2, 224), ("resnet50", 1, 224),
                                       ("wrn-50-2", 2, 224))
 LAMBDA_MODELS: tuple[ModelSpec, ...] = (("vgg11", 1, 224), ("vgg16", 1, 224), ("vgg19", 1, 224))
 # Gillis (../shared/papers/gillis.md, Fig. 9): latency-optimal vs default on AWS Lambda
@@ -76,7 +80,7 @@ class LambdaRow:
 
 
 def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: int, max_group: int | None,
-              say: Callable[[str], None], measure_budget_s: float = 120.0, measure_samples: int = 10,
+              say: Callable[[str], None], measure_budget_s: float = 120.0, measure_samples: int = 16,
               ) -> tuple[list[LoRow], dict[str, Any], float]:
     """The live rows, the platform's CPU description (``cpu_limit``, cores), and the one-thread GFLOP/s of
     the measured unit times (median over the models). Each plan is refined by timing its stages live
@@ -92,6 +96,8 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
     from partitioner.perfmodel import PerfModel, StageChoice
     from partitioner.planner import PlanRequest, export_solution
     from partitioner.spec import Split
+    from partitioner.stage_times import StageTimes
+    from serving.calibrate.stages import stage_records
     from serving.platform.process import PlatformProcess
 
     rows: list[LoRow] = []
@@ -121,18 +127,28 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
                 whole = [StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0)]
                 predicted_unsplit = pm.estimate(whole, mb).latency_ms
                 refined = measured_lo_plan(pp, lg, pm, memory_mb=mb, max_group=req.max_group, work=work / "stages",
-                                           budget_s=measure_budget_s, samples=measure_samples, say=say)
+                                           budget_s=measure_budget_s, samples=measure_samples, say=say, retime=False)
                 result = refined.result
                 slug = f"{name.replace('/', '_').replace('@', '-')}-{mb}"
                 lo = export_solution(lg, result, req, work / f"lo-{slug}", source=source)
                 unsplit = export_bundle(lg, "0-:none", work / f"unsplit-{slug}", master_mb=mb)
                 pool = InputPool.from_bundle(unsplit, 8)
                 with deployments(pp) as st:
-                    targets = {"unsplit": st.deploy(unsplit, "unsplit"), "lo": st.deploy(lo, "lo")}
+                    # the prediction stands on the stage times of a second deployment of the plan, its requests
+                    # interleaved with the compared ones: the loop above kept the plan whose stages measured
+                    # fastest, so its own timing is biased low, and this machine drifts by 10 % over minutes
+                    targets = {"unsplit": st.deploy(unsplit, "unsplit"), "lo": st.deploy(lo, "lo"),
+                               "timed": st.deploy(lo, "timed", keep_timings=True)}
                     say(f"{name} at {mb} MB: {rounds} interleaved rounds ({len(result.choices)} stages)")
                     before = dict(pp.client.health().get("cpu") or {})
                     samples, _, _ = interleaved(targets, pool, rounds)
                     after = dict(pp.client.health().get("cpu") or {})
+                    timed = StageTimes()
+                    for rec in stage_records(pm, result, targets["timed"].timings[-rounds:]):
+                        if rec is not None:
+                            timed.add(rec)
+                pm.use_stage_times(timed)
+                result = replace(result, estimate=pm.estimate(list(result.choices), result.master_mb))
                 live_lo, live_unsplit = p50(samples["lo"]), p50(samples["unsplit"])
                 pred = result.estimate.latency_ms
                 rows.append(LoRow(

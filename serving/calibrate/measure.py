@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import statistics
 import tempfile
 import time
@@ -79,6 +80,7 @@ __all__ = [
     "Usage",
     "calibrate_platform",
     "handling_ms",
+    "jitter_sigma",
     "measure_cpu_share",
     "measure_dispatch",
     "measure_cpu_share_on",
@@ -188,6 +190,9 @@ class CpuShare:
     expected_slowdown: float
     samples: int
     metered: bool = True  # False: timed by the function's handler (the platform reported no durations)
+    # the spread of the computation's repeats at both sizes: the standard deviation of their log durations
+    # around each size's median (the lognormal sigma of the machine's speed as one request sees it)
+    jitter_sigma: float = 0.0
 
     @property
     def measured_slowdown(self) -> float:
@@ -196,7 +201,8 @@ class CpuShare:
     def to_json(self) -> dict[str, Any]:
         return {"memory_mb": self.memory_mb, "reference_mb": self.reference_mb, "ms": self.ms,
                 "reference_ms": self.reference_ms, "expected_slowdown": self.expected_slowdown,
-                "measured_slowdown": self.measured_slowdown, "samples": self.samples, "metered": self.metered}
+                "measured_slowdown": self.measured_slowdown, "samples": self.samples, "metered": self.metered,
+                "jitter_sigma": self.jitter_sigma}
 
 
 @dataclass(frozen=True)
@@ -565,8 +571,19 @@ def measure_cpu_share_on(target: CalibrationTarget, settings: CalibrationSetting
     def expected(m: int) -> float:
         return min(1.0, ref_mb / mb_per_vcpu) / min(1.0, m / mb_per_vcpu)
 
-    return tuple(CpuShare(m, ref_mb, _median(times[m]), ref, expected(m), settings.cpu_samples, metered)
+    return tuple(CpuShare(m, ref_mb, _median(times[m]), ref, expected(m), settings.cpu_samples, metered,
+                          jitter_sigma(times[m], times[ref_mb]))
                  for m in sizes)
+
+
+def jitter_sigma(*runs: Sequence[float]) -> float:
+    """The standard deviation of the log durations of repeated runs, each run's taken around its own median:
+    how much one fixed computation's time moves from request to request (``partitioner.tail.jitter_factor``)."""
+    dev = [math.log(x / m) for xs in runs if (m := _median(xs)) > 0 for x in xs if x > 0]
+    if len(dev) < 3:
+        return 0.0
+    mean = sum(dev) / len(dev)
+    return math.sqrt(sum((d - mean) ** 2 for d in dev) / (len(dev) - 1))
 
 
 def measure_dispatch(target: LocalTarget, settings: CalibrationSettings, workdir: Path, *, memory_mb: int,

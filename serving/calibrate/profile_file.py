@@ -125,6 +125,13 @@ def calibrated_profile_data(base: str | Path, cal: Calibration, where: Provenanc
             f"{by}; a fixed computation's median {'metered' if ref.metered else 'handler (as the function timed it)'} "
             f"time at each memory size over the same at "
             f"{ref.reference_mb} MB (one vCPU), {ref.samples} invocations each, interleaved ({shares}){kept}")
+    jitter = [c.jitter_sigma for c in cal.cpu_share if c.jitter_sigma > 0]
+    if jitter:
+        data["jitter_sigma"] = _r(max(jitter))
+        each = ", ".join(f"{c.memory_mb} MB and {c.reference_mb} MB: {c.jitter_sigma:.3f}" for c in cal.cpu_share)
+        sources["jitter_sigma"] = (
+            f"{by}; the standard deviation of the log durations of the CPU-share probe's repeats, each size's "
+            f"around its median ({each})")
     if cal.dispatch:
         data["dispatch_ms"] = {d.memory_mb: _r(d.dispatch_ms) for d in cal.dispatch}
         cpus = "; ".join(f"{d.memory_mb} MB: " + ", ".join(f"{n} workers {ms:.3f} ms"

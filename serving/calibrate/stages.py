@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from functions import settings
 from partitioner.stage_times import StageRecord, StageTimes, records_from
 
-__all__ = ["StageTimer", "load_stage_times", "measured_plan", "solve_on_target", "save_stage_times", "stage_times_path"]
+__all__ = ["StageTimer", "load_stage_times", "measured_plan", "save_stage_times", "solve_on_target", "stage_records",
+           "stage_times_path"]
 
 log = logging.getLogger(__name__)
 
@@ -84,39 +86,46 @@ class StageTimer:
         self.round += 1
         bundle = self.work / f"measure-{self.round}"
         export_solution(self.lg, result, self.request, bundle)  # codecs left out: the stages are timed plain
-        plain = [c.plain for c in result.choices]
-        model = [self.pm.model_option(c, result.master_mb) for c in plain]
         dep = deploy_bundle(self.client, bundle, transport=self.request.transport,
                             deployment=new_deployment_id("measure-"))
-        stage_ms: list[list[float]] = [[] for _ in result.choices]
-        stage_cpu_ms: list[list[float]] = [[] for _ in result.choices]
+        timings: list[dict[str, float]] = []
         try:
             caller = MasterClient(dep, self.url, timeout_s=120.0)
             try:
                 for i in range(self.warmup + self.samples):
-                    _, timings = caller.infer_timed(random_inputs(self.lg.model, i % 4))
-                    if i < self.warmup:
-                        continue
-                    for s in range(len(result.choices)):
-                        t = timings.get(f"stage{s}_ms")
-                        if t is not None:
-                            stage_ms[s].append(float(t))
-                        c = timings.get(f"stage{s}_cpu_ms")
-                        if c is not None:
-                            stage_cpu_ms[s].append(float(c))
+                    _, t = caller.infer_timed(random_inputs(self.lg.model, i % 4))
+                    if i >= self.warmup:
+                        timings.append(t)
             finally:
                 caller.close()
         finally:
             dep.remove(purge=True)
             shutil.rmtree(bundle, ignore_errors=True)
-        records = records_from(plain, result.master_mb, stage_ms,
-                               [m.stage_ms if m is not None else 0.0 for m in model], stage_cpu_ms,
-                               [m.master_cpu_ms if m is not None else 0.0 for m in model])
-        for r in records:
-            if r is not None and r.spread > _SPREAD_LIMIT:
-                log.warning("stage %d-%d (%s) timings disagree (quartiles %.2fx apart): the machine looks busy; "
-                            "using them for this plan only", r.first, r.last, r.split, r.spread)
-        return records
+        return stage_records(self.pm, result, timings)
+
+
+def stage_records(pm: Any, result: Any, timings: Sequence[Mapping[str, float]]) -> list[StageRecord | None]:
+    """One record per stage of ``result`` from the master's timings of requests that ran it (``stage{i}_ms``,
+    ``stage{i}_cpu_ms``), beside what ``pm``'s model says of each stage; a warning for stages whose repeats
+    disagree."""
+    plain = [c.plain for c in result.choices]
+    model = [pm.model_option(c, result.master_mb) for c in plain]
+    stage_ms: list[list[float]] = [[] for _ in plain]
+    stage_cpu_ms: list[list[float]] = [[] for _ in plain]
+    for t in timings:
+        for s in range(len(plain)):
+            if (ms := t.get(f"stage{s}_ms")) is not None:
+                stage_ms[s].append(float(ms))
+            if (cpu := t.get(f"stage{s}_cpu_ms")) is not None:
+                stage_cpu_ms[s].append(float(cpu))
+    records = records_from(plain, result.master_mb, stage_ms,
+                           [m.stage_ms if m is not None else 0.0 for m in model], stage_cpu_ms,
+                           [m.master_cpu_ms if m is not None else 0.0 for m in model])
+    for r in records:
+        if r is not None and r.spread > _SPREAD_LIMIT:
+            log.warning("stage %d-%d (%s) timings disagree (quartiles %.2fx apart): the machine looks busy; "
+                        "using them for this plan only", r.first, r.last, r.split, r.spread)
+    return records
 
 
 def measured_plan(lg: Any, request: Any, pm: Any, plan: Any, *, budget_s: float, samples: int = 10,

@@ -77,8 +77,11 @@ def test_the_profile_loads_and_says_what_was_measured(calibrated: CalibrationRes
     assert h is not None and (h.memory_mb, h.reference_mb, h.samples) == (512, 1769, 60)
     assert h.handling_ms == pytest.approx(max(0.0, (h.rtt_ms - h.reference_rtt_ms) / (h.stretch - 1)))
     assert prof.handling_ms == pytest.approx(h.handling_ms, abs=1e-4) and prof.handling_ms >= 0
+    # the compute probe's repeats: their spread is the tail model's request-wide jitter
+    (share,) = calibrated.calibration.cpu_share
+    assert share.jitter_sigma > 0 and prof.jitter_sigma == pytest.approx(share.jitter_sigma, abs=1e-4)
     for field in ("invoke_latency_ms", "billed_overhead_ms", "transports", "bandwidth_mb_s", "cold_start_ms",
-                  "cpu_share", "dispatch_ms", "handling_ms"):
+                  "cpu_share", "dispatch_ms", "handling_ms", "jitter_sigma"):
         assert prof.sources[field].startswith("measured by flatpack calibrate on "), field
     where = prof.sources["calibration"]
     assert socket.gethostname() in where and calibrated.provenance.date in where and "flatpack " in where
@@ -101,6 +104,15 @@ def test_the_probe_functions_are_removed(calibrated: CalibrationResult, platform
 def test_old_profiles_load_without_the_measured_fields() -> None:
     prof = load_profile("aws-lambda")
     assert prof.transports == {} and prof.cold_start_ms is None and prof.cpu_share == {}
+    assert prof.jitter_sigma == 0.0
+
+
+def test_the_jitter_is_the_spread_of_log_durations_around_each_runs_median() -> None:
+    from serving.calibrate.measure import jitter_sigma
+
+    assert jitter_sigma([10.0] * 5, [30.0] * 5) == 0.0  # two sizes, each steady: no jitter, whatever the share
+    assert jitter_sigma([10.0, 10.0 * math.e, 10.0 / math.e]) == pytest.approx(1.0)
+    assert jitter_sigma([10.0, 11.0]) == 0.0  # too few to say
 
 
 def _tiny_model(path: Path) -> Path:
@@ -145,6 +157,7 @@ def test_plan_takes_the_calibrated_file(calibrated: CalibrationResult, tmp_path:
     # the master's CPU per worker and a function's per invocation: measured, not the defaults
     assert (pm.dispatch_at(1769), pm.dispatch_at(512)) == pytest.approx((prof.dispatch_ms[1769], prof.dispatch_ms[512]))
     assert pm.handling_ms == prof.handling_ms
+    assert pm.platform.jitter_sigma == prof.jitter_sigma > 0
 
 
 def test_calibrated_profile_reads_this_machines_cache(calibrated: CalibrationResult, tmp_path: Path,

@@ -219,3 +219,22 @@ def test_master_stages_measured_apart_are_not_merged_into_a_slower_plan(lg: Laye
     kept = merge_master_stages(pm, result)
     assert kept.choices == apart
     assert kept.estimate.latency_ms == pytest.approx(result.estimate.latency_ms)
+
+
+def test_stage_medians_add_up_to_the_requests_median_total(lg: LayerGraph) -> None:
+    """Stages that trade time request by request (a CPU quota's period: one ending early leaves the next less
+    of it): every request took 15 ms, the stages' medians alone add up to 19 ms (each lands on one of its
+    peaks); the records are scaled together to the requests' total, in proportion."""
+    pm = _pm(lg)
+    ch = _split_stage(pm)
+    a = [5.0, 5.0, 5.0, 1.0, 1.0]
+    b = [1.0, 1.0, 5.0, 5.0, 5.0]
+    c = [15.0 - x - y for x, y in zip(a, b, strict=True)]
+    recs = records_from([ch] * 3, MB, [a, b, c], [1.0] * 3)
+    assert all(r is not None for r in recs)
+    assert sum(r.measured_ms for r in recs if r is not None) == pytest.approx(15.0)
+    assert recs[0] is not None and recs[2] is not None
+    assert recs[0].measured_ms / recs[2].measured_ms == pytest.approx(5.0 / 9.0)
+    # samples that do not line up request by request are taken as they are
+    uneven = records_from([ch] * 3, MB, [a, b, c[:3]], [1.0] * 3)
+    assert uneven[0] is not None and uneven[0].measured_ms == pytest.approx(5.0)

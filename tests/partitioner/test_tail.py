@@ -12,7 +12,7 @@ import pytest
 from functions.plan import Split
 from partitioner.graph import LayerGraph
 from partitioner.perfmodel import ComputeModel, ExGauss, PerfModel, PlatformFacts, StageChoice
-from partitioner.tail import StageShape, plan_quantile, sigma_from_p95, stage_quantile
+from partitioner.tail import StageShape, jitter_factor, plan_quantile, sigma_from_p95, stage_quantile
 from platforms import load_profile
 from tests.onnx_builders import conv_stack
 
@@ -88,3 +88,28 @@ def test_the_model_samples_its_plans_within_the_bound_the_solvers_check() -> Non
     with pytest.raises(ValueError, match="hedge"):
         PerfModel(lg, facts, compute, hedge=1.5)
     assert np.isfinite(PerfModel(lg, facts, compute, percentile=0.99, hedge=0.95).plan_quantile(choices, 1769))
+
+
+def test_a_request_wide_jitter_moves_the_tail_and_the_bound_keeps_above_it() -> None:
+    """A machine whose speed moves every stage of a request together (sigma 0.13: p99 1.35x the median):
+    the sampled p99 of a quiet plan grows by about that factor, not by the sqrt(n) that independent stages
+    would give, and the solvers' bound (every stage at the percentile) stays above the sample."""
+    quiet = ExGauss(0.0, 1e-6, 1e-6)
+    shapes = [_shape(0, sigma=0.01)] * 4
+    base = plan_quantile(shapes, quiet, quiet, 0.0, 0.99)
+    jittery = plan_quantile(shapes, quiet, quiet, 0.0, 0.99, jitter_sigma=0.13)
+    assert jittery / base == pytest.approx(jitter_factor(0.13, 0.99), rel=0.05)
+    assert jitter_factor(0.13, 0.99) == pytest.approx(math.exp(2.3263 * 0.13), rel=1e-3)
+    assert jitter_factor(0.0, 0.99) == 1.0
+
+    lg = LayerGraph.load(conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * 3,
+                                    cin=3, h=32, w=32))
+    facts = dataclasses.replace(PlatformFacts.from_profile(load_profile("aws-lambda")), invoke=INVOKE)
+    compute = ComputeModel(tuple({1: 30.0, 2: 16.0} for _ in lg.units), tuple(u.flops for u in lg.units))
+    choices = [StageChoice(0, 1, Split("spatial", (2, 1)), True), StageChoice(2, len(lg.units) - 1, Split())]
+    plain = PerfModel(lg, facts, compute, percentile=0.99)
+    shaky = PerfModel(lg, dataclasses.replace(facts, jitter_sigma=0.13), compute, percentile=0.99)
+    est = shaky.estimate(choices, 1769)
+    assert shaky.plan_quantile(choices, 1769) > plain.plan_quantile(choices, 1769) * 1.15
+    assert shaky.plan_quantile(choices, 1769) <= est.latency_q_ms
+    assert est.latency_ms == pytest.approx(plain.estimate(choices, 1769).latency_ms)  # the mean is the mean

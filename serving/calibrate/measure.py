@@ -580,10 +580,7 @@ def jitter_sigma(*runs: Sequence[float]) -> float:
     """The standard deviation of the log durations of repeated runs, each run's taken around its own median:
     how much one fixed computation's time moves from request to request (``partitioner.tail.jitter_factor``)."""
     dev = [math.log(x / m) for xs in runs if (m := _median(xs)) > 0 for x in xs if x > 0]
-    if len(dev) < 3:
-        return 0.0
-    mean = sum(dev) / len(dev)
-    return math.sqrt(sum((d - mean) ** 2 for d in dev) / (len(dev) - 1))
+    return statistics.stdev(dev) if len(dev) >= 3 else 0.0
 
 
 def measure_dispatch(target: LocalTarget, settings: CalibrationSettings, workdir: Path, *, memory_mb: int,

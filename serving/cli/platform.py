@@ -111,6 +111,24 @@ def stop(wait_s: float) -> None:
     click.echo(f"stopped the platform at {state['url']} (pid {pid})")
 
 
+def _status_not_running(as_json: bool) -> None:
+    """What a platform started now would do with CPU (the mechanism found without creating anything): a user
+    checks the machine before starting one. JSON: ``running`` false; text: an error naming how to start one."""
+    from platforms import load_profile
+    from serving.platform.config import PlatformConfig
+    from serving.platform.cpu import detect
+
+    config = PlatformConfig.from_env(port=0)
+    cpu = {"cores": os.cpu_count() or 1, "mb_per_vcpu": load_profile(config.profile).mb_per_vcpu}
+    mechanism = detect(config.cpu_limit)
+    if as_json:
+        click.echo(json.dumps({"running": False, "url": None, "cpu_limit": mechanism, "cpu": cpu}))
+        return
+    raise click.ClickException(f"no local platform is running; start one with `flatpack platform start` (it would "
+                               f"limit CPU with {mechanism}: {cpu['mb_per_vcpu']:.0f} MB per vCPU, "
+                               f"{cpu['cores']} cores)")
+
+
 @platform.command("status")
 @click.option("--url", default=None, help="Platform URL (default: the one `flatpack platform start` started).")
 @click.option("--json", "as_json", is_flag=True, help="Print functions and the billing meter as JSON.")
@@ -121,15 +139,16 @@ def status(url: str | None, as_json: bool) -> None:
     state = _read_state()
     url = url or (state or {}).get("url")
     if not url:
-        raise click.ClickException("no local platform is running; start one with `flatpack platform start`")
+        _status_not_running(as_json)
+        return
     client = PlatformClient(url, timeout_s=5)
     try:
         health, functions, meter = client.health(), client.functions(), client.meter()
     except PlatformUnavailable as e:
         raise click.ClickException(f"{e}; start one with `flatpack platform start`") from e
     if as_json:
-        click.echo(json.dumps({"url": url, "cpu_limit": health.get("cpu_limit"), "cpu": health.get("cpu"),
-                               "health": health, "functions": functions, "meter": meter}))
+        click.echo(json.dumps({"running": True, "url": url, "cpu_limit": health.get("cpu_limit"),
+                               "cpu": health.get("cpu"), "health": health, "functions": functions, "meter": meter}))
         return
     console.print(f"local platform at {url} (profile {health.get('profile')}), {len(functions)} function(s)")
     cpu = health.get("cpu") or {}

@@ -86,6 +86,21 @@ def test_auto_picks_a_cgroup_where_one_can_be_written_and_status_names_it(shm_ro
     assert doc["cpu"]["cores"] >= 1 and doc["cpu"]["mb_per_vcpu"] == 1769.0
 
 
+def test_status_without_a_platform_names_the_mechanism_one_would_use(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from serving.cli import main
+
+    monkeypatch.setenv("FLATPACK_STATE_DIR", str(tmp_path))  # no platform recorded as started
+    monkeypatch.setenv("FLATPACK_PLATFORM_CPU_LIMIT", "auto")
+    out = CliRunner().invoke(main, ["platform", "status", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert doc["running"] is False and doc["cpu_limit"] == detect("auto") == MECHANISMS[0]
+    assert doc["cpu"]["mb_per_vcpu"] == 1769.0
+    text = CliRunner().invoke(main, ["platform", "status"])
+    assert text.exit_code == 1 and "flatpack platform start" in text.output and detect("auto") in text.output
+
+
 @pytest.mark.skipif(detect("cgroup-v1") != "cgroup-v1", reason="no writable cgroup v1 here")
 def test_the_cgroup_memory_limit_is_reported_as_out_of_memory(shm_root: Path, bundles) -> None:
     from functions.errors import OutOfMemory

@@ -50,6 +50,7 @@ __all__ = [
     "ComputeModel",
     "CutCodec",
     "CutCodecs",
+    "HOST_RESERVE_CORES",
     "ExGauss",
     "OptionCost",
     "OptionFloors",
@@ -141,6 +142,8 @@ class PlatformFacts:
     bandwidth_mb_s: float  # per function, to/from the reference transport
     transfer_latency_ms: float  # per put or get
     cores: int | None = None  # physical cores shared by every function (the local platform); None = unlimited
+    # of those cores, what the platform process and the caller use while requests run (see HOST_RESERVE_CORES)
+    reserve_cores: float = 0.0
     memcpy_gb_s: float = 4.0
     billed_overhead_ms: float = 0.0  # billed per invocation beyond the work the model times
     # calibrated CPU shares: (nominal vCPU below one, measured slow-down / the nominal 1 / vCPU), by vCPU
@@ -240,6 +243,7 @@ class PlatformFacts:
             # not what a request pays. Elsewhere a network store's round trip.
             transfer_latency_ms=(0.28 if shared_host else 1.0) if transfer_latency_ms is None else transfer_latency_ms,
             cores=cpus if shared_host else None,
+            reserve_cores=HOST_RESERVE_CORES if shared_host else 0.0,
             billed_overhead_ms=profile.billed_overhead_ms,
             share_factors=_share_factors(profile),
             transfers=tuple((name, t.latency_ms, t.bandwidth_mb_s) for name, t in sorted(profile.transports.items())),
@@ -269,6 +273,12 @@ def _share_factors(profile: PlatformProfile) -> tuple[tuple[float, float], ...]:
                 out.append((v, factor))
     return tuple(sorted(out))
 
+
+#: what the local platform's own process and a caller sending requests back to back use of the host's cores
+#: (measured: about 0.07 of a core for the platform, 0.2 for the caller). The functions' shares get the rest;
+#: beyond it they slow each other down, which on Lambda they would not: two one-vCPU parts on a 2-core host
+#: (a fork at 1769 MB) ran 10-18 % over a model that gave them both cores
+HOST_RESERVE_CORES = 0.3
 
 _REDIS_LOOPBACK_MS = 0.12  # a Redis command's round trip over loopback TCP, beyond a shm file's cost
 
@@ -663,6 +673,7 @@ class PerfModel:
         self.hedge = hedge
         # the machine's request-wide speed at the percentile, on every stage of the bound (partitioner.tail)
         self._jitter_q = jitter_factor(self.platform.jitter_sigma, self.q)
+        self._jitter_at: dict[int, float] = {}
         self.cold_p = cold_p
         self.cold_start_ms = cold_start_ms
         self.transport = transport
@@ -685,6 +696,7 @@ class PerfModel:
         self._options.clear()
         self._ratios.clear()
         self._measured_keys = None
+        self._jitter_at.clear()
 
     def part_costs(self, first: int, last: int, split: Split) -> list[PartCost] | None:
         """Per-part costs, or None if the split is not admissible for these units."""
@@ -747,7 +759,7 @@ class PerfModel:
             # each part is entitled to its share; only when the shares add up to more than this machine's
             # cores do they slow each other down (the scale model no longer holds: the platform reports it)
             demand = (v_master if mine is not None else 0.0) + n * self._cpu(worker_mb)
-            slow = max(1.0, demand / p.cores)
+            slow = max(1.0, demand / max(1.0, p.cores - p.reserve_cores))
         else:
             slow = 1.0
         # a codec's time is one thread's: stretched below one vCPU, not sped up above it
@@ -997,7 +1009,7 @@ class PerfModel:
         inv = self.platform.invoke
         q = self.q if q is None else q
         offset = mean - inv.mean + self._handling_slower(master_mb)
-        jitter = self.platform.jitter_sigma
+        jitter = self.jitter_at(master_mb)
         sampled = plan_quantile(shapes, inv, inv, offset, q, hedge=self.hedge, cold_p=self.cold_p,
                                 cold_ms=self.cold_start_ms, jitter_sigma=jitter)
         floor = self._cpu_floor(cpu, master_mb)  # as under the mean (see _request_total)
@@ -1031,6 +1043,17 @@ class PerfModel:
         total, total_q, billed = self._request_total(lat, lat_q, cpu, master_mb)
         return total, total_q, self.cost_usd(billed, master_mb, gb_ms, inv), fits
 
+    def jitter_at(self, master_mb: int) -> float:
+        """The request-wide spread (lognormal sigma) of a plan whose master has ``master_mb``: the platform's
+        (``jitter_sigma``, calibrate's fixed computation), or what requests of plans with that master
+        measured on the target (:meth:`partitioner.stage_times.StageTimes.request_sigma`), the larger."""
+        sigma = self._jitter_at.get(master_mb)
+        if sigma is None:
+            measured = self.stage_times.request_sigma(master_mb) if self.stage_times is not None else None
+            sigma = max(self.platform.jitter_sigma, measured or 0.0)
+            self._jitter_at[master_mb] = sigma
+        return sigma
+
     def _request_total(self, lat: float, lat_q: float, master_cpu_ms: float, master_mb: int
                        ) -> tuple[float, float, float]:
         """A request's latency (mean, percentile) from its stages' sums, and the master's busy time.
@@ -1042,13 +1065,17 @@ class PerfModel:
         top-up makes the instance's wall time its CPU time over its share, as Lambda's continuous share
         does): measured on resnet50/w2@224 at 512 MB, 62 ms in the handler and 80 ms at the caller."""
         fixed, fixed_q = self.request_ms()
+        # the stages' quantiles hold the platform's jitter at the percentile; a wider one measured on the
+        # target for this master memory widens them alike
+        jitter_q = jitter_factor(self.jitter_at(master_mb), self.q)
+        lat_q *= jitter_q / self._jitter_q
         floor = self._cpu_floor(master_cpu_ms, master_mb)
         if floor is None:  # measured on the local platform (its top-up); the solvers' sums hold
             return lat + fixed, lat_q + fixed_q, lat
         inv = self.platform.invoke
         slower = self._handling_slower(master_mb)
         mean = max(lat + fixed + slower, inv.mean + floor)
-        quantile = max(lat_q + fixed_q + slower, inv.quantile(self.q) + floor * self._jitter_q)
+        quantile = max(lat_q + fixed_q + slower, inv.quantile(self.q) + floor * jitter_q)
         return mean, quantile, max(lat, floor + self.handling_ms)
 
     def _cpu_floor(self, master_cpu_ms: float, master_mb: int) -> float | None:

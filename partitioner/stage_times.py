@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from functions.plan import Split
+from partitioner.tail import sigma_from_quartiles
 
 __all__ = ["Refined", "StageRecord", "StageTimes", "refine"]
 
@@ -53,6 +54,9 @@ class StageRecord:
     # the master's CPU in the stage (median ms, every thread), and the model's figure for it at one vCPU
     master_cpu_ms: float | None = None
     model_cpu_ms: float | None = None
+    # upper over lower quartile of the totals (the stages' sum) of the requests it was timed in: the plan's
+    # spread as one request sees it (see StageTimes.request_sigma)
+    request_spread: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -64,7 +68,8 @@ class StageRecord:
                 "measured_ms": round(self.measured_ms, 4), "model_ms": round(self.model_ms, 4),
                 "samples": self.samples, "spread": round(self.spread, 4),
                 **({"master_cpu_ms": round(self.master_cpu_ms, 4), "model_cpu_ms": round(self.model_cpu_ms, 4)}
-                   if self.master_cpu_ms is not None and self.model_cpu_ms is not None else {})}
+                   if self.master_cpu_ms is not None and self.model_cpu_ms is not None else {}),
+                **({"request_spread": round(self.request_spread, 4)} if self.request_spread is not None else {})}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> StageRecord:
@@ -72,7 +77,8 @@ class StageRecord:
                    int(d["worker_mb"]), int(d["master_mb"]), float(d["measured_ms"]), float(d["model_ms"]),
                    int(d["samples"]), float(d.get("spread", 1.0)),
                    float(d["master_cpu_ms"]) if "master_cpu_ms" in d else None,
-                   float(d["model_cpu_ms"]) if "model_cpu_ms" in d else None)
+                   float(d["model_cpu_ms"]) if "model_cpu_ms" in d else None,
+                   float(d["request_spread"]) if "request_spread" in d else None)
 
 
 #: the key of a stage choice at a master memory, as the performance model memoises options: a stage that
@@ -119,6 +125,19 @@ class StageTimes:
         xs = [1, *sorted(by_degree)]
         ys = [1.0, *(float(np.median(by_degree[d])) for d in xs[1:])]
         return float(np.interp(degree, xs, ys))
+
+    def request_sigma(self, master_mb: int) -> float | None:
+        """The lognormal sigma of a request's latency measured on plans whose master had ``master_mb``: the
+        median over their records of the sigma their requests' quartiles give; None where none was timed.
+
+        Below one vCPU the CPU quota, not the work, spreads a request: how much of its period a stage finds
+        left decides when it ends (a 2x2 fan-out of vgg11/w2 at 512 MB: quartiles of its 300 requests 1.2x
+        apart, p99 1.27x the p50, where the profile's spreads give 1.1x), and a stage that ends early leaves
+        the next less of the period, so its stages' own spreads (up to 2x between quartiles) do not add up.
+        The requests' totals, timed on the target, carry it."""
+        sig = [sigma_from_quartiles(r.request_spread) for r in self.records.values()
+               if r.master_mb == master_mb and r.request_spread is not None]
+        return float(np.median(sig)) if sig else None
 
     def to_json(self) -> dict[str, Any]:
         return {"records": [r.to_json() for r in self.records.values()]}
@@ -168,27 +187,50 @@ class Refined:
 PlanFn = Callable[[], Any]
 #: deploy a plan, time its stages: one record per stage (None for a stage that could not be timed)
 MeasureFn = Callable[[Any], Sequence[StageRecord | None]]
+#: deploy several plans side by side and time them with their requests interleaved: one list of records per
+#: plan, in the order given
+MeasureTogetherFn = Callable[[Sequence[Any]], Sequence[Sequence[StageRecord | None]]]
+
+#: a plan measured in an earlier round whose estimate is within this fraction of the loop's last plan is timed
+#: again beside it (see :func:`refine`)
+RUNOFF_MARGIN = 0.08
 
 
 def refine(plan: PlanFn, measure: MeasureFn, times: StageTimes, apply: Callable[[StageTimes], None], *,
            budget_s: float, max_rounds: int = 6, split_only: bool = True,
            progress: Callable[[str], None] | None = None, on_record: Callable[[StageTimes], None] | None = None,
-           ) -> Refined:
+           measure_together: MeasureTogetherFn | None = None, estimate: Callable[[Any], float] | None = None,
+           runoff_margin: float = RUNOFF_MARGIN) -> Refined:
     """Plan, measure the plan's stages not measured yet, apply the measurements and plan again, until every
     stage of the plan is measured, ``budget_s`` is spent or ``max_rounds`` plans were measured.
 
     ``split_only``: only stages with more than one part need measuring (an unsplit stage that the master
     runs is its units' profiled time, which the whole-model timing already calibrates). ``on_record`` is
-    called after each round with the times so far (to save them)."""
+    called after each round with the times so far (to save them).
+
+    ``measure_together``: a runoff once the plan stands on measurements. Each round's plan was timed in its
+    own minutes, and a host's speed drifts by 10 % over minutes: a plan that lost because its round fell in
+    a slow moment is never measured again, and the loop's choice between near-equal plans follows the noise
+    (vgg16/w2 at 512 MB: the classifier on a reduction=4 stage or on the master, x2.05 against x1.89 live,
+    either way across runs). So the best plan of the earlier rounds whose estimate lies within
+    ``runoff_margin`` of the last plan's (``estimate``: a plan's latency on the times applied now) is
+    deployed beside it, both are timed with their requests interleaved (the baseline in the same run), their
+    stages' records replace the earlier ones, and the loop plans again. At most one runoff; it counts as a
+    round."""
     say = progress or (lambda _m: None)
     t0 = time.perf_counter()
     apply(times)
     result = plan()
     rounds = 0
     stopped = "every stage of the plan is measured"
+    measured: list[Any] = []  # the plans timed so far, one per round
+    runoff: Any = None  # the earlier plan timed beside the last one, once that happened
     while True:
         todo = _unmeasured(result, times, split_only)
-        if not todo:
+        rival = None
+        if not todo and runoff is None and measure_together is not None and estimate is not None:
+            rival = _runoff_rival(result, measured, estimate, runoff_margin)
+        if not todo and rival is None:
             break
         if rounds >= max_rounds:
             stopped = f"stopped after {rounds} measured plans (the round limit)"
@@ -198,17 +240,46 @@ def refine(plan: PlanFn, measure: MeasureFn, times: StageTimes, apply: Callable[
             stopped = f"stopped at the time budget ({budget_s:.0f} s)"
             break
         rounds += 1
-        say(f"measuring the plan on the target, round {rounds}: {len(todo)} stage(s) not measured yet")
-        for rec in measure(result):
+        if rival is not None and measure_together is not None:
+            est, runoff = rival
+            say(f"round {rounds}: timing the plan beside an earlier one within {runoff_margin:.0%} of it, requests "
+                f"interleaved ({est:.1f} vs {result.estimate.latency_ms:.1f} ms estimated)")
+            records = [r for recs in measure_together([result, runoff]) for r in recs]
+        else:
+            say(f"measuring the plan on the target, round {rounds}: {len(todo)} stage(s) not measured yet")
+            measured.append(result)
+            records = list(measure(result))
+        for rec in records:
             if rec is not None:
                 times.add(rec)
         if on_record is not None:
             on_record(times)
         apply(times)
         result = plan()
+    if runoff is not None and stopped.startswith("every stage"):
+        stopped += ("; the earlier plan it was timed beside, interleaved, won" if _same_plan(result, runoff)
+                    else "; timed beside an earlier plan, interleaved")
     timed = tuple(_is_measured(c, result.master_mb, times, False) for c in result.choices)
     return Refined(result, rounds, time.perf_counter() - t0, timed, not _unmeasured(result, times, split_only),
                    stopped)
+
+
+def _same_plan(a: Any, b: Any) -> bool:
+    return a.master_mb == b.master_mb and tuple(a.choices) == tuple(b.choices)
+
+
+def _runoff_rival(result: Any, measured: Sequence[Any], estimate: Callable[[Any], float],
+                  margin: float) -> tuple[float, Any] | None:
+    """The plan measured earlier whose estimate on the times applied now comes closest to ``result``'s, with
+    that estimate, if within ``margin`` of it."""
+    best: tuple[float, Any] | None = None
+    for old in measured:
+        if _same_plan(old, result):
+            continue
+        est = estimate(old)
+        if est <= result.estimate.latency_ms * (1 + margin) and (best is None or est < best[0]):
+            best = (est, old)
+    return best
 
 
 def _is_measured(choice: Any, master_mb: int, times: StageTimes, split_only: bool) -> bool:
@@ -240,6 +311,11 @@ def records_from(choices: Iterable[Any], master_mb: int, stage_ms: Sequence[Sequ
     cpus = stage_cpu_ms if stage_cpu_ms is not None else [[]] * n
     model_cpus = model_cpu_ms if model_cpu_ms is not None else [0.0] * n
     scale = _total_scale(stage_ms)
+    totals = _totals(stage_ms)
+    request_spread = None
+    if len(totals) >= 4:
+        t1, t3 = np.percentile(totals, [25, 75])
+        request_spread = float(t3 / t1) if t1 > 0 else None
     for c, samples, model, cpu, model_cpu in zip(choices, stage_ms, model_ms, cpus, model_cpus, strict=True):
         if not samples:
             out.append(None)
@@ -248,19 +324,26 @@ def records_from(choices: Iterable[Any], master_mb: int, stage_ms: Sequence[Sequ
         cpu_med = float(np.median(cpu)) if cpu else None
         out.append(StageRecord(c.first, c.last, c.split, c.master_part, c.worker_mb, master_mb, float(med),
                                float(model), len(samples), float(q3 / q1) if q1 > 0 else 1.0,
-                               cpu_med, float(model_cpu) if cpu_med is not None else None))
+                               cpu_med, float(model_cpu) if cpu_med is not None else None, request_spread))
     return out
+
+
+def _totals(stage_ms: Sequence[Sequence[float]]) -> np.ndarray:
+    """Each request's stages summed, where every stage has a sample from every request (else empty)."""
+    lengths = {len(x) for x in stage_ms}
+    if not stage_ms or len(lengths) != 1 or 0 in lengths:
+        return np.zeros(0)
+    return np.sum(np.asarray(stage_ms, dtype=float), axis=0)
 
 
 def _total_scale(stage_ms: Sequence[Sequence[float]]) -> float:
     """The median of the requests' totals over the sum of the stages' medians (1 where the stages' samples
     do not line up request by request)."""
-    lengths = {len(x) for x in stage_ms}
-    if len(stage_ms) < 2 or len(lengths) != 1 or 0 in lengths:
+    totals = _totals(stage_ms)
+    if len(stage_ms) < 2 or not totals.size:
         return 1.0
     medians = sum(float(np.median(x)) for x in stage_ms)
-    total = float(np.median(np.sum(np.asarray(stage_ms, dtype=float), axis=0)))
-    return total / medians if medians > 0 else 1.0
+    return float(np.median(totals)) / medians if medians > 0 else 1.0
 
 
 def with_measured(oc: Any, rec: StageRecord | None, ratio: float | None, *, model_ms: float | None = None,

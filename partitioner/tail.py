@@ -38,13 +38,14 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-__all__ = ["DEFAULT_SIGMA", "StageShape", "jitter_factor", "plan_quantile", "sigma_from_p95", "stage_quantile",
-           "workers_quantile"]
+__all__ = ["DEFAULT_SIGMA", "StageShape", "jitter_factor", "plan_quantile", "sigma_from_p95", "sigma_from_quartiles",
+           "stage_quantile", "workers_quantile"]
 
 #: a unit's compute spread when nothing measured it: a quiet machine's run-to-run variation
 DEFAULT_SIGMA = 0.05
 _MAX_SIGMA = 0.6
 _Z95 = 1.6448536269514722
+_Z75 = 0.6744897501960817
 
 
 def sigma_from_p95(median_ms: float, p95_ms: float) -> float:
@@ -52,6 +53,13 @@ def sigma_from_p95(median_ms: float, p95_ms: float) -> float:
     if median_ms <= 0 or p95_ms <= median_ms:
         return 0.0
     return min(_MAX_SIGMA, math.log(p95_ms / median_ms) / _Z95)
+
+
+def sigma_from_quartiles(q3_over_q1: float) -> float:
+    """The lognormal sigma whose upper over lower quartile is ``q3_over_q1`` (clipped to [0, 0.6])."""
+    if q3_over_q1 <= 1.0:
+        return 0.0
+    return min(_MAX_SIGMA, math.log(q3_over_q1) / (2 * _Z75))
 
 
 @lru_cache(maxsize=4096)

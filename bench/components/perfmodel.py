@@ -184,6 +184,8 @@ class TailCheck:
     measured_ms: float
     predicted_bound_ms: float
     measured_p50_ms: float
+    predicted_p50_ms: float = 0.0
+    timed_stages: int = 0  # stages whose distribution is the one timed live before the plan was chosen
 
     @property
     def error(self) -> float:
@@ -376,12 +378,19 @@ def _tail_check(local: Any, lg: Any, model: str, facts: Any, cm: Any, out: Path,
     from partitioner.inputs import random_inputs
     from partitioner.perfmodel import PerfModel
     from partitioner.planner import PlanRequest, export_solution, solve
+    from partitioner.stage_times import StageTimes, refine
+    from serving.calibrate.stages import StageTimer
     from serving.platform.deploy import deploy_bundle
     from serving.platform.master_client import MasterClient
 
     req = PlanRequest(mode="lo", platform="local", memory=memory_mb, transport="shm", percentile=0.99)
     pm = PerfModel(lg, facts, cm, transport="shm", percentile=0.99)
-    result = solve(lg, req, pm=pm)
+    # as the product plans for the local target (serving.calibrate.stages.solve_on_target): the plans' stages
+    # timed live until the plan stands on measurements, each measured stage's spread its repeats'
+    timer = StageTimer(local.client, local.url, lg, req, pm, out.parent / f"{out.name}-stages", samples=16)
+    refined = refine(lambda: solve(lg, req, pm=pm), timer.measure, StageTimes(), pm.use_stage_times,
+                     budget_s=120, progress=say)
+    result = refined.result
     export_solution(lg, result, req, out)
     say(f"{model} p99 plan at {memory_mb} MB: {requests} requests under steady load")
     dep = deploy_bundle(local.client, out, transport="shm")
@@ -400,7 +409,8 @@ def _tail_check(local: Any, lg: Any, model: str, facts: Any, cm: Any, out: Path,
         dep.remove()
     return TailCheck(model, " ".join(str(c) for c in result.choices), memory_mb, 0.99, requests,
                      pm.plan_quantile(result.choices, result.master_mb, 0.99), float(np.percentile(lat, 99)),
-                     result.estimate.latency_q_ms, float(np.median(lat)))
+                     result.estimate.latency_q_ms, float(np.median(lat)),
+                     pm.plan_quantile(result.choices, result.master_mb, 0.5), sum(refined.timed))
 
 
 def _worker_invocations(pm: PerfModel, choices: Sequence[StageChoice], master_mb: int) -> int:

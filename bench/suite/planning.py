@@ -16,6 +16,7 @@ from bench.sim.simulator import ExGaussDraw
 from bench.suite.comparison import bad
 from bench.suite.config import MEMORY_MB, ModelSpec, label, model_path
 from bench.suite.deployments import deployments
+from partitioner.perfmodel import HOST_RESERVE_CORES
 
 __all__ = ["InvokeFacts", "invoke_facts", "lo_plan", "load_model", "max_degree", "measured_lo_plan",
            "oversubscribed", "perfmodel", "shares_room"]
@@ -104,10 +105,9 @@ def lo_plan(pm: Any, max_group: int | None = None, *, memory_mb: int = MEMORY_MB
     return replace(merged, notes=(space.group_note,), max_group=space.group_limit)
 
 
-# What the platform process and the caller use of this machine's cores while requests run back to back
-# (measured: about 0.07 of a core for the platform, 0.2 for a caller timing one request after another).
-# The functions' shares get the rest; beyond it they slow each other down, which on Lambda they would not.
-PLATFORM_RESERVE_CORES = 0.3
+# What the platform process and the caller use of this machine's cores while requests run back to back: the
+# performance model's figure (partitioner.perfmodel.HOST_RESERVE_CORES)
+PLATFORM_RESERVE_CORES = HOST_RESERVE_CORES
 
 
 def max_degree(memory_mb: int, mb_per_vcpu: float, cores: int) -> int:
@@ -152,7 +152,9 @@ def measured_lo_plan(pp: Any, lg: Any, pm: Any, *, memory_mb: int, max_group: in
     degree = max_degree(memory_mb, pm.platform.mb_per_vcpu, usable_cores())
     timer = StageTimer(pp.client, pp.url, lg, req, pm, work, samples=samples)
     refined = refine(lambda: lo_plan(pm, max_group, memory_mb=memory_mb, max_degree=degree), timer.measure,
-                     StageTimes(), pm.use_stage_times, budget_s=budget_s, progress=say)
+                     StageTimes(), pm.use_stage_times, budget_s=budget_s, progress=say,
+                     measure_together=timer.measure_together,
+                     estimate=lambda r: pm.estimate(list(r.choices), r.master_mb).latency_ms)
     if not retime:
         return refined
     if say is not None:

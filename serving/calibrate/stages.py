@@ -78,30 +78,39 @@ class StageTimer:
 
     def measure(self, result: Any) -> list[StageRecord | None]:
         """One record per stage of ``result``: its median stage time over ``samples`` warm requests."""
+        return self.measure_together([result])[0]
+
+    def measure_together(self, results: Sequence[Any]) -> list[list[StageRecord | None]]:
+        """The records of each of ``results`` (as :meth:`measure`), the plans deployed side by side and their
+        requests interleaved (one to each in turn), so that a drift of the machine's speed moves them alike."""
+        import contextlib
+
         from partitioner.inputs import random_inputs
         from partitioner.planner import export_solution
         from serving.platform.deploy import deploy_bundle, new_deployment_id
         from serving.platform.master_client import MasterClient
 
-        self.round += 1
-        bundle = self.work / f"measure-{self.round}"
-        export_solution(self.lg, result, self.request, bundle)  # codecs left out: the stages are timed plain
-        dep = deploy_bundle(self.client, bundle, transport=self.request.transport,
-                            deployment=new_deployment_id("measure-"))
-        timings: list[dict[str, float]] = []
-        try:
-            caller = MasterClient(dep, self.url, timeout_s=120.0)
-            try:
-                for i in range(self.warmup + self.samples):
-                    _, t = caller.infer_timed(random_inputs(self.lg.model, i % 4))
+        timings: list[list[dict[str, float]]] = [[] for _ in results]
+        with contextlib.ExitStack() as stack:
+            callers = []
+            for result in results:
+                self.round += 1
+                bundle = self.work / f"measure-{self.round}"
+                stack.callback(shutil.rmtree, bundle, ignore_errors=True)
+                export_solution(self.lg, result, self.request, bundle)  # codecs left out: stages timed plain
+                dep = deploy_bundle(self.client, bundle, transport=self.request.transport,
+                                    deployment=new_deployment_id("measure-"))
+                stack.callback(dep.remove, purge=True)
+                caller = MasterClient(dep, self.url, timeout_s=120.0)
+                stack.callback(caller.close)
+                callers.append(caller)
+            for i in range(self.warmup + self.samples):
+                inputs = random_inputs(self.lg.model, i % 4)
+                for k, caller in enumerate(callers):
+                    _, t = caller.infer_timed(inputs)
                     if i >= self.warmup:
-                        timings.append(t)
-            finally:
-                caller.close()
-        finally:
-            dep.remove(purge=True)
-            shutil.rmtree(bundle, ignore_errors=True)
-        return stage_records(self.pm, result, timings)
+                        timings[k].append(t)
+        return [stage_records(self.pm, result, t) for result, t in zip(results, timings, strict=True)]
 
 
 def stage_records(pm: Any, result: Any, timings: Sequence[Mapping[str, float]]) -> list[StageRecord | None]:
@@ -161,8 +170,15 @@ def measured_plan(lg: Any, request: Any, pm: Any, plan: Any, *, budget_s: float,
             if state["save"]:
                 save_stage_times(times, path, spread_limit=spread_limit)
 
+        def measure_together(results: Sequence[Any]) -> list[list[StageRecord | None]]:
+            return state["timer"].measure_together(results)  # a runoff follows a measured round: timer is up
+
+        # the runoff compares latencies: what lo minimises (slo's cheapest plan within the SLO is not a race)
+        fastest = request.mode == "lo"
         return refine(plan, measure, load_stage_times(path), pm.use_stage_times, budget_s=budget_s,
-                      max_rounds=max_rounds, progress=progress, on_record=save)
+                      max_rounds=max_rounds, progress=progress, on_record=save,
+                      measure_together=measure_together if fastest else None,
+                      estimate=lambda r: pm.estimate(list(r.choices), r.master_mb).latency_ms)
 
 
 def _expected_cpu_limit() -> str:

@@ -63,6 +63,30 @@ def test_every_stage_of_a_deployed_plan_is_timed_and_nothing_is_left_deployed(pl
     assert not list(tmp_path.iterdir())  # the exported bundle went with the deployment
 
 
+def test_two_plans_timed_together_each_get_their_records_and_nothing_is_left_deployed(platform, lg: LayerGraph,
+                                                                                     tmp_path: Path) -> None:
+    from partitioner.perfmodel import StageChoice
+    from partitioner.solvers.common import SolverResult
+    from partitioner.spec import Split
+    from serving.calibrate.stages import StageTimer
+
+    pm = _pm(lg)
+    split = _plan(pm)
+    whole = [StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0)]
+    unsplit = SolverResult(tuple(whole), MB, pm.estimate(whole, MB), "unsplit")
+    request = PlanRequest(mode="lo", platform="local", memory=MB, transport="shm")
+    before = {f["name"] for f in platform.client.functions()}
+    timer = StageTimer(platform.client, platform.url, lg, request, pm, tmp_path, samples=3, warmup=1)
+    got = timer.measure_together([split, unsplit])
+    assert [len(r) for r in got] == [len(split.choices), 1]
+    for records, result in zip(got, (split, unsplit), strict=True):
+        for rec, ch in zip(records, result.choices, strict=True):
+            assert rec is not None and rec.samples == 3 and rec.measured_ms > 0
+            assert (rec.first, rec.last, rec.split) == (ch.first, ch.last, ch.split)
+    assert {f["name"] for f in platform.client.functions()} == before
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_second_plan_of_the_same_model_takes_its_stage_times_from_the_cache(platform, lg: LayerGraph,
                                                                               monkeypatch: pytest.MonkeyPatch,
                                                                               tmp_path: Path) -> None:

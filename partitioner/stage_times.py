@@ -62,6 +62,13 @@ class StageRecord:
     def ratio(self) -> float:
         return self.measured_ms / self.model_ms if self.model_ms > 0 else 1.0
 
+    @property
+    def steadiness(self) -> float:
+        """How far apart the quartiles of what it was timed in lie: its requests' totals where known, else its
+        own repeats. A busy machine spreads whole requests; below one vCPU a quota spreads each stage (up
+        to 2x between its quartiles) while the stages' sum holds, which says nothing of the machine."""
+        return self.request_spread if self.request_spread is not None else self.spread
+
     def to_json(self) -> dict[str, Any]:
         return {"first": self.first, "last": self.last, "split": self.split.to_json(),
                 "master_part": self.master_part, "worker_mb": self.worker_mb, "master_mb": self.master_mb,

@@ -53,10 +53,11 @@ def load_stage_times(path: Path) -> StageTimes:
 
 
 def save_stage_times(times: StageTimes, path: Path, *, spread_limit: float = _SPREAD_LIMIT) -> None:
-    """Save the records taken on a quiet machine: those whose quartiles lie within ``spread_limit``."""
+    """Save the records taken on a quiet machine: those whose requests' quartiles (``StageRecord.steadiness``)
+    lie within ``spread_limit``."""
     steady = StageTimes()
     for r in times.records.values():
-        if r.spread <= spread_limit:
+        if r.steadiness <= spread_limit:
             steady.add(r)
     steady.save(path)
 
@@ -130,10 +131,13 @@ def stage_records(pm: Any, result: Any, timings: Sequence[Mapping[str, float]]) 
     records = records_from(plain, result.master_mb, stage_ms,
                            [m.stage_ms if m is not None else 0.0 for m in model], stage_cpu_ms,
                            [m.master_cpu_ms if m is not None else 0.0 for m in model])
-    for r in records:
-        if r is not None and r.spread > _SPREAD_LIMIT:
-            log.warning("stage %d-%d (%s) timings disagree (quartiles %.2fx apart): the machine looks busy; "
-                        "using them for this plan only", r.first, r.last, r.split, r.spread)
+    unsteady = [r for r in records if r is not None and r.steadiness > _SPREAD_LIMIT]
+    if unsteady:
+        r = unsteady[0]
+        what = ("the requests' totals" if r.request_spread is not None
+                else f"stage {r.first}-{r.last} ({r.split})")
+        log.warning("%s disagree (quartiles %.2fx apart): the machine looks busy; using these timings for "
+                    "this plan only", what, r.steadiness)
     return records
 
 

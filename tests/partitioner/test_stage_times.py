@@ -236,6 +236,8 @@ def test_stage_medians_add_up_to_the_requests_median_total(lg: LayerGraph) -> No
     assert sum(r.measured_ms for r in recs if r is not None) == pytest.approx(15.0)
     assert recs[0] is not None and recs[2] is not None
     assert recs[0].measured_ms / recs[2].measured_ms == pytest.approx(5.0 / 9.0)
+    # each stage spreads 5x, the requests not at all: that is a quota's period, not a busy machine
+    assert recs[0].spread > 1.25 and recs[0].request_spread == pytest.approx(1.0) and recs[0].steadiness == 1.0
     # samples that do not line up request by request are taken as they are
     uneven = records_from([ch] * 3, MB, [a, b, c[:3]], [1.0] * 3)
     assert uneven[0] is not None and uneven[0].measured_ms == pytest.approx(5.0)

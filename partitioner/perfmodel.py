@@ -274,11 +274,14 @@ def _share_factors(profile: PlatformProfile) -> tuple[tuple[float, float], ...]:
     return tuple(sorted(out))
 
 
-#: what the local platform's own process and a caller sending requests back to back use of the host's cores
-#: (measured: about 0.07 of a core for the platform, 0.2 for the caller). The functions' shares get the rest;
-#: beyond it they slow each other down, which on Lambda they would not: two one-vCPU parts on a 2-core host
-#: (a fork at 1769 MB) ran 10-18 % over a model that gave them both cores
-HOST_RESERVE_CORES = 0.3
+#: what the local platform's own process, a waiting master and the caller use of the host's cores while a
+#: stage's parts compute. The functions' shares get the rest; beyond it they slow each other down, which on
+#: Lambda they would not: two one-vCPU parts on a 2-core host (a fork at 1769 MB) ran 10-37 % over a model that
+#: gave them both cores. The platform takes about 0.07 of a core while requests run back to back, the caller
+#: 0.2 between its requests (not while a stage computes). `flatpack bench cpushare`'s instances at once, at
+#: 512 MB on a 2-core host: the slowest of 4 (1.16 vCPU) 1.09-1.20x one alone, of 6 (1.74) 1.13-1.25x, of 7
+#: (2.03) 1.20-1.27x: six hold their shares as four do (the slowest of more draws is a little slower)
+HOST_RESERVE_CORES = 0.2
 
 _REDIS_LOOPBACK_MS = 0.12  # a Redis command's round trip over loopback TCP, beyond a shm file's cost
 

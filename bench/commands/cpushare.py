@@ -25,6 +25,15 @@ def _print(result: CpuShareResult) -> None:
         t.add_row(str(r.memory_mb), f"{r.vcpu:.3f}", f"{r.expected_slowdown:.2f}x", f"{r.measured_slowdown:.2f}x",
                   f"{r.median_ms:.1f}", f"{r.error:+.1%}")
     console.print(t)
+    if result.together:
+        t = Table(title="instances computing at once: the slowest one's time over one alone (medians)")
+        for c in ("instances", "MB", "vCPU in all", "fits the cores less the reserve", "alone ms", "slowest ms",
+                  "slow-down"):
+            t.add_column(c, justify="right")
+        for g in result.together:
+            t.add_row(str(g.instances), str(g.memory_mb), f"{g.demand_vcpu:.2f}", "yes" if g.fits else "no",
+                      f"{g.alone_ms:.1f}", f"{g.slowest_ms:.1f}", f"{g.slowdown:.2f}x")
+        console.print(t)
     if result.oversubscribed_invocations:
         console.print(f"[yellow]{result.oversubscribed_invocations} invocations ran while busy shares exceeded "
                       f"the cores[/]")
@@ -41,10 +50,13 @@ def _print(result: CpuShareResult) -> None:
 @click.option("--cpu-limit", default="auto", show_default=True,
               type=click.Choice(["auto", "cgroup", "cgroup-v2", "cgroup-v1", "dilation", "off"]),
               help="The platform's mechanism to measure.")
+@click.option("--together", "together_counts", type=int, multiple=True, default=(1, 4, 6, 7), show_default=True,
+              help="Also run this many instances at --together-mb at once (repeat; none with --together 0).")
+@click.option("--together-mb", type=int, default=512, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also save the JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def cpushare_cmd(memories: tuple[int, ...], reference_mb: int | None, samples: int, layers: int, cpu_limit: str,
-                 out: Path | None, as_json: bool) -> None:
+                 together_counts: tuple[int, ...], together_mb: int, out: Path | None, as_json: bool) -> None:
     """A fixed one-thread computation at each memory size against 1769 MB: measured vs expected slow-down."""
     from serving.console import err_console
 
@@ -53,7 +65,8 @@ def cpushare_cmd(memories: tuple[int, ...], reference_mb: int | None, samples: i
     with err_console.status("measuring CPU shares") as st:
         try:
             result = measure(memories, reference_mb=reference_mb, samples=samples, layers=layers,
-                             cpu_limit=cpu_limit, say=lambda m: st.update(m))
+                             cpu_limit=cpu_limit, together_counts=[k for k in together_counts if k > 0],
+                             together_mb=together_mb, say=lambda m: st.update(m))
         except ValueError as e:
             raise click.ClickException(str(e)) from e
     if not emit(result.to_json(), out=out, as_json=as_json):

@@ -53,7 +53,7 @@ class LoRow:
     error: float  # live lo p50 / predicted - 1
     unsplit_error: float
     oversubscribed: bool  # the plan's parts that compute at once need more than this machine's cores (less
-    # what the platform and the caller use: bench.suite.planning.PLATFORM_RESERVE_CORES)
+    # what the platform and the caller use: partitioner.perfmodel.HOST_RESERVE_CORES)
     platform_oversubscribed: bool  # the platform saw shares of instances with a request in flight exceed them
     errors: int
     compute: str

@@ -105,9 +105,6 @@ def lo_plan(pm: Any, max_group: int | None = None, *, memory_mb: int = MEMORY_MB
     return replace(merged, notes=(space.group_note,), max_group=space.group_limit)
 
 
-# What the platform process and the caller use of this machine's cores while requests run back to back: the
-# performance model's figure (partitioner.perfmodel.HOST_RESERVE_CORES)
-PLATFORM_RESERVE_CORES = HOST_RESERVE_CORES
 
 
 def max_degree(memory_mb: int, mb_per_vcpu: float, cores: int) -> int:
@@ -126,8 +123,8 @@ def oversubscribed(choices: Any, memory_mb: int, mb_per_vcpu: float, cores: int 
 
 
 def shares_room(cores: int) -> float:
-    """The cores left for the functions' shares: this machine's, less :data:`PLATFORM_RESERVE_CORES`."""
-    return max(1.0, cores - PLATFORM_RESERVE_CORES)
+    """The cores left for the functions' shares: this machine's, less the host's reserve (``HOST_RESERVE_CORES``)."""
+    return max(1.0, cores - HOST_RESERVE_CORES)
 
 
 def measured_lo_plan(pp: Any, lg: Any, pm: Any, *, memory_mb: int, max_group: int | None, work: Path,

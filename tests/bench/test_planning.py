@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.suite.planning import PLATFORM_RESERVE_CORES, max_degree, shares_room
+from bench.suite.planning import max_degree, shares_room
+from partitioner.perfmodel import HOST_RESERVE_CORES
 
 
-@pytest.mark.parametrize(("memory_mb", "cores", "parts"), [(512, 2, 5), (1769, 2, 1), (256, 2, 11), (512, 4, 12),
+@pytest.mark.parametrize(("memory_mb", "cores", "parts"), [(512, 2, 6), (1769, 2, 1), (256, 2, 12), (512, 4, 13),
                                                             (3538, 2, 1), (128, 1, 13)])
 def test_parts_at_once_leave_the_platform_its_reserve(memory_mb: int, cores: int, parts: int) -> None:
     assert max_degree(memory_mb, 1769.0, cores) == parts
@@ -16,4 +17,4 @@ def test_parts_at_once_leave_the_platform_its_reserve(memory_mb: int, cores: int
 
 def test_one_core_still_runs_one_function() -> None:
     assert shares_room(1) == 1.0
-    assert 0 < PLATFORM_RESERVE_CORES < 1
+    assert 0 < HOST_RESERVE_CORES < 1

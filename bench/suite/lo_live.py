@@ -59,6 +59,7 @@ class LoRow:
     compute: str
     measured_stages: int  # stages whose time the prediction takes from a live measurement of that stage
     measure_rounds: int  # plans deployed and timed before this one stood on measurements
+    refine_stopped: str = ""  # why the measure-and-replan loop stopped (and whether a runoff changed the plan)
 
     def to_json(self) -> dict[str, Any]:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -164,7 +165,7 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
                     errors=bad(samples["lo"]) + bad(samples["unsplit"]), compute=source,
                     measured_stages=sum(1 for c in result.choices
                                         if (o := pm.option(c, result.master_mb)) is not None and o.measured),
-                    measure_rounds=refined.rounds,
+                    measure_rounds=refined.rounds, refine_stopped=refined.stopped,
                 ))
                 say(f"{name} at {mb} MB: unsplit {live_unsplit:.1f} ms, lo {live_lo:.1f} ms "
                     f"(predicted {pred:.1f})")

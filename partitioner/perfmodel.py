@@ -692,6 +692,18 @@ class PerfModel:
         self._ratios: dict[int, float | None] = {}  # of the stage times, per degree
         self._measured_keys: dict[tuple, list[tuple[int, int]]] | None = None
 
+    def use_compute(self, compute: ComputeModel) -> None:
+        """Price every option with ``compute`` from now on (e.g. unit times rescaled to the whole model timed
+        on the target): the figures that depend on it are dropped."""
+        self.compute = compute
+        if self.platform.handling_ms is None:
+            self.handling_ms = compute.invocation_overhead_ms
+        self._options.clear()
+        self._parts.clear()
+        self._workers.clear()
+        self._ratios.clear()
+        self._measured_keys = None
+
     def use_stage_times(self, times: StageTimes | None) -> None:
         """Price the stages ``times`` measured by their measurements, and split stages it did not measure
         by the model times the measured ratio of their degree (:mod:`partitioner.stage_times`)."""

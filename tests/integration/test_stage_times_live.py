@@ -111,3 +111,33 @@ def test_a_second_plan_of_the_same_model_takes_its_stage_times_from_the_cache(pl
     assert [str(c) for c in again.result.choices] == [str(c) for c in first.result.choices]
     split = [c for c in again.result.choices if c.split.degree > 1]
     assert all(pm2.option(c, MB).measured for c in split)
+
+
+def test_the_whole_model_is_timed_in_a_function_once_and_the_unit_times_follow_it(
+        platform, lg: LayerGraph, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Planning for the local target scales the unit times to the whole model's compute in a one-vCPU
+    function there (timed once, then cached): what the profile's in-process timing misses."""
+    from serving.calibrate.stages import _in_function, whole_model_ms
+
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FLATPACK_PLATFORM_PORT", str(platform.url.rsplit(":", 1)[1]))
+    monkeypatch.setenv("FLATPACK_PLATFORM_CPU_LIMIT", "off")
+    request = PlanRequest(mode="lo", platform="local", memory=MB, transport="shm", profile_budget_s=600)
+    pm = _pm(lg)
+    before = {f["name"] for f in platform.client.functions()}
+    ms = whole_model_ms(lg, request, pm, samples=3, warmup=1)
+    assert ms is not None and ms > 0
+    assert {f["name"] for f in platform.client.functions()} == before  # nothing left deployed
+    cached = list((tmp_path / "cache" / "stage-times").glob("*.whole.json"))
+    if cached:  # saved where its repeats agreed (a loaded CI machine may not give that)
+        assert whole_model_ms(lg, request, pm) == pytest.approx(ms, rel=1e-3)
+    if not cached:
+        return
+    # unit times as a profile would have them, in-process: 20 % faster than the function ran the model
+    n = len(lg.units)
+    pm = PerfModel(lg, pm.platform, ComputeModel(tuple({1: ms / n / 1.2, 2: ms / n / 2} for _ in lg.units),
+                                                 tuple(u.flops for u in lg.units)), transport="shm")
+    note = _in_function(lg, request, pm, None)
+    assert "one-vCPU function" in note and "x1.20 at 1 thread" in note
+    assert sum(u[1] for u in pm.compute.unit_ms) == pytest.approx(ms, rel=1e-3)
+    assert sum(u[2] for u in pm.compute.unit_ms) == pytest.approx(1.2 * ms / 2, rel=1e-3)

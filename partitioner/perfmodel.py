@@ -692,6 +692,15 @@ class PerfModel:
         self._ratios: dict[int, float | None] = {}  # of the stage times, per degree
         self._measured_keys: dict[tuple, list[tuple[int, int]]] | None = None
 
+    def use_platform(self, platform: PlatformFacts) -> None:
+        """Price every option on ``platform`` from now on (e.g. a CPU share's slow-down measured for this model
+        on the target): the figures that depend on it are dropped."""
+        self.platform = platform
+        self._vcpu.clear()
+        self._dispatch_at.clear()
+        self._jitter_q = jitter_factor(platform.jitter_sigma, self.q)
+        self.use_compute(self.compute)
+
     def use_compute(self, compute: ComputeModel) -> None:
         """Price every option with ``compute`` from now on (e.g. unit times rescaled to the whole model timed
         on the target): the figures that depend on it are dropped."""
@@ -703,6 +712,7 @@ class PerfModel:
         self._workers.clear()
         self._ratios.clear()
         self._measured_keys = None
+        self._jitter_at.clear()
 
     def use_stage_times(self, times: StageTimes | None) -> None:
         """Price the stages ``times`` measured by their measurements, and split stages it did not measure

@@ -113,31 +113,51 @@ def test_a_second_plan_of_the_same_model_takes_its_stage_times_from_the_cache(pl
     assert all(pm2.option(c, MB).measured for c in split)
 
 
+@pytest.fixture
+def shared_platform(shm_root: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - a LocalPlatform
+    """A platform that gives each instance the CPU its memory buys (the machine's own mechanism), found
+    through its port as a running one is."""
+    from serving.platform import LocalPlatform, PlatformConfig
+    from serving.platform.cpu import detect
+
+    with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="auto")) as p:
+        monkeypatch.setenv("FLATPACK_PLATFORM_PORT", str(p.url.rsplit(":", 1)[1]))
+        monkeypatch.setenv("FLATPACK_PLATFORM_CPU_LIMIT", detect("auto"))
+        yield p
+
+
 def test_the_whole_model_is_timed_in_a_function_once_and_the_unit_times_follow_it(
-        platform, lg: LayerGraph, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        shared_platform, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Planning for the local target scales the unit times to the whole model's compute in a one-vCPU
-    function there (timed once, then cached): what the profile's in-process timing misses."""
+    function there, and the CPU share's slow-down at the plan's memory to the model's own (timed once, then
+    cached): what the profile's in-process timing and calibrate's probe miss."""
     from serving.calibrate.stages import _in_function, whole_model_ms
 
+    from tests.conftest import slow_model
+
+    platform = shared_platform
+    lg = LayerGraph.load(slow_model(layers=8))  # tens of ms a request: long enough for a quota to bite
     monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("FLATPACK_PLATFORM_PORT", str(platform.url.rsplit(":", 1)[1]))
-    monkeypatch.setenv("FLATPACK_PLATFORM_CPU_LIMIT", "off")
     request = PlanRequest(mode="lo", platform="local", memory=MB, transport="shm", profile_budget_s=600)
     pm = _pm(lg)
     before = {f["name"] for f in platform.client.functions()}
-    ms = whole_model_ms(lg, request, pm, samples=3, warmup=1)
-    assert ms is not None and ms > 0
+    ms = whole_model_ms(lg, request, pm, memories=[MB], samples=3, warmup=1)
+    assert set(ms) == {1769, MB} and all(v > 0 for v in ms.values())
     assert {f["name"] for f in platform.client.functions()} == before  # nothing left deployed
-    cached = list((tmp_path / "cache" / "stage-times").glob("*.whole.json"))
-    if cached:  # saved where its repeats agreed (a loaded CI machine may not give that)
-        assert whole_model_ms(lg, request, pm) == pytest.approx(ms, rel=1e-3)
-    if not cached:
-        return
+    if not list((tmp_path / "cache" / "stage-times").glob("*.whole.json")):
+        return  # saved only where its repeats agreed, which a loaded CI machine may not give
+    assert whole_model_ms(lg, request, pm, memories=[MB]) == pytest.approx(ms, rel=1e-3)
     # unit times as a profile would have them, in-process: 20 % faster than the function ran the model
     n = len(lg.units)
-    pm = PerfModel(lg, pm.platform, ComputeModel(tuple({1: ms / n / 1.2, 2: ms / n / 2} for _ in lg.units),
-                                                 tuple(u.flops for u in lg.units)), transport="shm")
+    pm = PerfModel(lg, pm.platform, ComputeModel(tuple({1: ms[1769] / n / 1.2, 2: ms[1769] / n / 2}
+                                                       for _ in lg.units), tuple(u.flops for u in lg.units)),
+                   transport="shm")
     note = _in_function(lg, request, pm, None)
     assert "one-vCPU function" in note and "x1.20 at 1 thread" in note
-    assert sum(u[1] for u in pm.compute.unit_ms) == pytest.approx(ms, rel=1e-3)
-    assert sum(u[2] for u in pm.compute.unit_ms) == pytest.approx(1.2 * ms / 2, rel=1e-3)
+    assert sum(u[1] for u in pm.compute.unit_ms) == pytest.approx(ms[1769], rel=1e-3)
+    assert sum(u[2] for u in pm.compute.unit_ms) == pytest.approx(1.2 * ms[1769] / 2, rel=1e-3)
+    # at 512 MB the model took its share's slow-down (about 3.5x): the model's own factor replaces calibrate's
+    assert ms[MB] > 2.5 * ms[1769]
+    factor = ms[MB] / ms[1769] * MB / 1769
+    assert pm.platform.share_factors == ((pytest.approx(MB / 1769), pytest.approx(factor)),)
+    assert "its CPU share's slow-down for this model" in note

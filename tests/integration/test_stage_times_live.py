@@ -132,7 +132,6 @@ def test_the_whole_model_is_timed_in_a_function_once_and_the_unit_times_follow_i
     function there, and the CPU share's slow-down at the plan's memory to the model's own (timed once, then
     cached): what the profile's in-process timing and calibrate's probe miss."""
     from serving.calibrate.stages import _in_function, whole_model_ms
-
     from tests.conftest import slow_model
 
     platform = shared_platform

@@ -86,8 +86,6 @@ class StageTimer:
     def measure_together(self, results: Sequence[Any]) -> list[list[StageRecord | None]]:
         """The records of each of ``results`` (as :meth:`measure`), the plans deployed side by side and their
         requests interleaved (one to each in turn), so that a drift of the machine's speed moves them alike."""
-        import contextlib
-
         from partitioner.inputs import random_inputs
         from partitioner.planner import export_solution
         from serving.platform.deploy import deploy_bundle, new_deployment_id
@@ -149,7 +147,6 @@ def measured_plan(lg: Any, request: Any, pm: Any, plan: Any, *, budget_s: float,
     (the running one, else one started for it, only if something needs measuring), within ``budget_s``.
     Stage times whose quartiles lie within ``spread_limit`` are saved for later plans. Returns
     :class:`partitioner.stage_times.Refined`; ``pm`` keeps the stage times applied."""
-    import contextlib
     import tempfile
 
     from partitioner.stage_times import refine
@@ -208,16 +205,12 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     3.6x, the probe 3.43x, where the nominal share says 3.46x (its 136 MB of weights leave the caches in the
     quota's pauses). The demo's plan predicted 161.6 ms and ran 188.7."""
     import json
-    import statistics
     import tempfile
 
-    import numpy as np
-
-    from partitioner.export import export_bundle
-    from partitioner.inputs import random_inputs
+    from partitioner.perfmodel import StageChoice
+    from partitioner.solvers.common import SolverResult
+    from partitioner.spec import Split
     from serving.calibrate.target import local_platform
-    from serving.platform.deploy import deploy_bundle, new_deployment_id
-    from serving.platform.master_client import MasterClient
 
     p = pm.platform
     ref = int(min(p.memory_max_mb, max(p.memory_min_mb, round(p.mb_per_vcpu))))
@@ -229,33 +222,20 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
         cached = {}
     if all(m in cached for m in sizes):
         return {m: cached[m] for m in sizes}
-    times: dict[int, list[float]] = {m: [] for m in sizes}
-    with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flatpack-whole-")))
-        t = stack.enter_context(local_platform(request.platform))
-        callers = {}
-        for m in sizes:
-            bundle = export_bundle(lg, "0-:none", tmp / f"whole-{m}", master_mb=m)
-            dep = deploy_bundle(t.client, bundle, transport=request.transport,
-                                deployment=new_deployment_id("whole-"))
-            stack.callback(dep.remove, purge=True)
-            callers[m] = MasterClient(dep, t.url, timeout_s=120.0)
-            stack.callback(callers[m].close)
-        for i in range(warmup + samples):
-            inputs = random_inputs(lg.model, i % 4)
-            for m, caller in callers.items():
-                _, timing = caller.infer_timed(inputs)
-                if i >= warmup and "stage0_ms" in timing:
-                    times[m].append(float(timing["stage0_ms"]))
-    out = {m: statistics.median(x) for m, x in times.items() if x}
-    spreads = [float(q3 / q1) for x in times.values() if x for q1, q3 in [np.percentile(x, [25, 75])] if q1 > 0]
-    if out and max(spreads, default=1.0) <= _SPREAD_LIMIT:
+    whole = (StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0),)
+    plans = [SolverResult(whole, m, pm.estimate(list(whole), m), "unsplit") for m in sizes]
+    with tempfile.TemporaryDirectory(prefix="flatpack-whole-") as tmp, local_platform(request.platform) as t:
+        timer = StageTimer(t.client, t.url, lg, request, pm, Path(tmp), samples=samples, warmup=warmup)
+        records = {m: recs[0] for m, recs in zip(sizes, timer.measure_together(plans), strict=True)}
+    out = {m: r.measured_ms for m, r in records.items() if r is not None}
+    spread = max((r.spread for r in records.values() if r is not None), default=1.0)
+    if out and spread <= _SPREAD_LIMIT:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"ms": {str(m): round(v, 4) for m, v in {**cached, **out}.items()},
                                     "samples": samples}))
     elif out:
         log.warning("the whole model's timings in a function disagree (quartiles %.2fx apart): the machine looks "
-                    "busy; using them for this plan only", max(spreads))
+                    "busy; using them for this plan only", spread)
     return out
 
 

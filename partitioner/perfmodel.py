@@ -699,6 +699,7 @@ class PerfModel:
         self._vcpu.clear()
         self._dispatch_at.clear()
         self._jitter_q = jitter_factor(platform.jitter_sigma, self.q)
+        self._jitter_at.clear()
         self.use_compute(self.compute)
 
     def use_compute(self, compute: ComputeModel) -> None:
@@ -712,7 +713,6 @@ class PerfModel:
         self._workers.clear()
         self._ratios.clear()
         self._measured_keys = None
-        self._jitter_at.clear()
 
     def use_stage_times(self, times: StageTimes | None) -> None:
         """Price the stages ``times`` measured by their measurements, and split stages it did not measure

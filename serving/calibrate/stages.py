@@ -213,7 +213,7 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     from serving.calibrate.target import local_platform
 
     p = pm.platform
-    ref = int(min(p.memory_max_mb, max(p.memory_min_mb, round(p.mb_per_vcpu))))
+    ref = _one_vcpu_mb(p)
     sizes = [ref, *sorted({int(m) for m in memories if p.memory_min_mb <= int(m) <= p.memory_max_mb} - {ref})]
     path = stage_times_path(lg, pm, request.transport, _expected_cpu_limit()).with_suffix(".whole.json")
     try:
@@ -239,6 +239,11 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     return out
 
 
+def _one_vcpu_mb(platform: Any) -> int:
+    """The memory option that buys one vCPU on ``platform`` (the reference the whole model is timed at)."""
+    return int(min(platform.memory_max_mb, max(platform.memory_min_mb, round(platform.mb_per_vcpu))))
+
+
 def _in_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     """Rescale ``pm``'s unit times to the whole model timed in a one-vCPU function on the target, and where
     the request fixes a memory below one vCPU, its CPU share's slow-down to the model's own there
@@ -248,7 +253,7 @@ def _in_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     from partitioner.planner import scale_to_whole
 
     p = pm.platform
-    ref = int(min(p.memory_max_mb, max(p.memory_min_mb, round(p.mb_per_vcpu))))
+    ref = _one_vcpu_mb(p)
     low = [int(request.memory)] if request.memory != "auto" and int(request.memory) < p.mb_per_vcpu else []
     if progress is not None:
         progress("timing the whole model in a function on the local platform (cached)")

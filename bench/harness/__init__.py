@@ -6,6 +6,7 @@ itself, a Redis of its own, the no-op function, reports and plots, signal handli
 - :mod:`~bench.harness.redis_server`: a Redis that answers, or one of the benchmark's own;
 - :mod:`~bench.harness.noop`: a function that does nothing, to time an invoke path;
 - :mod:`~bench.harness.report`: markdown reports and matplotlib plots;
+- :mod:`~bench.harness.results_page`: a benchmark's JSON as a page of the docs (``--report DIR``);
 - :mod:`~bench.harness.signals`: SIGTERM ends a long run cleanly.
 
 Modules are imported by name; this package imports none of them.

@@ -12,6 +12,12 @@ memory. A remote tensor is fetched only where its values are needed here (a join
 the master runs, the model outputs) or where a part needs a region of it and the transport cannot read
 regions in place (only shared memory can).
 
+Trace: the master records a span per step of the request (:mod:`functions.trace`): per stage, per part the
+scatter of its inputs, its invocation, the worker's read / compute / write (from its reply's timings), the
+reply, the gather of its outputs; the join and epilogue. Each span is two ``perf_counter`` stamps in a
+list; the reply carries them (``Reply.trace``) and their breakdown (``trace_compute_ms``,
+``trace_communication_ms``, ``trace_dispatch_ms``, ``trace_waiting_ms``, summing to ``total_ms``).
+
 Clean-up: the master deletes the tensors it put for a stage once the stage is done, the outputs it
 reads as it reads them, remote tensors after their last use, and, at the end of the request, the
 outputs of any attempt that lost or failed. TTLs (or the shared-memory sweeper) are the backstop.
@@ -40,6 +46,7 @@ from functions.executor import execute_plan, region_slices
 from functions.invoker.policy import CallKey, PolicyInvoker
 from functions.plan import Part, Plan, Region, Stage, full_region
 from functions.procstat import peak_rss_mb
+from functions.trace import TraceRecorder, breakdown
 from functions.transport.base import TensorKey, scheme_of
 from functions.transport.channel import TensorChannel
 from functions.transport.factory import TransportSet
@@ -158,11 +165,15 @@ class Master:
                 f"function {self.function!r} is not this plan's master ({self.plan.master!r}); "
                 f"send inference requests to the master"
             )
-        t0 = time.perf_counter()
+        rec = TraceRecorder()
+        t0 = rec.t0
         inputs = reply_channel.receive(event.inputs, delete=True)
-        run = _RequestRun(self, event)
+        rec.add("inputs", None, None, t0, time.perf_counter())
+        run = _RequestRun(self, event, rec)
         try:
             outs = execute_plan(self.plan, inputs, run, run.run_epilogue)
+            run.joined()
+            t_out = time.perf_counter()
             arrays = {name: run.materialize(v, delete=True) for name, v in outs.items()}
             index = {t.name: i for i, t in enumerate(self.plan.model.outputs)}
             entries = reply_channel.send(
@@ -170,12 +181,18 @@ class Master:
             )
         finally:
             run.cleanup()
+        t_end = time.perf_counter()
+        rec.add("outputs", None, None, t_out, t_end)
         timings = dict(run.timings)
-        timings["total_ms"] = 1e3 * (time.perf_counter() - t0)
+        timings["total_ms"] = total_ms = 1e3 * (t_end - t0)
+        timings["start_unix_ms"] = 1e3 * rec.t0_unix
         timings["fetched_bytes"] = float(run.fetched_bytes)
         timings["sent_bytes"] = float(run.sent_bytes)
         timings["invocations"] = float(run.invocations)
-        return Reply(outputs=tuple(entries), timings=timings, peak_rss_mb=peak_rss_mb())
+        spans = rec.spans()
+        for category, ms in breakdown(spans, total_ms).by_category().items():
+            timings[f"trace_{category}_ms"] = ms
+        return Reply(outputs=tuple(entries), timings=timings, peak_rss_mb=peak_rss_mb(), trace=tuple(spans))
 
     def close(self) -> None:
         self._fanout.shutdown(wait=False, cancel_futures=True)
@@ -185,9 +202,11 @@ class Master:
 class _RequestRun:
     """One request's state: the PartRunner that :func:`execute_plan` drives."""
 
-    def __init__(self, master: Master, event: Event) -> None:
+    def __init__(self, master: Master, event: Event, trace: TraceRecorder) -> None:
         self.m = master
         self.event = event
+        self.trace = trace
+        self._join: tuple[int, float] | None = None  # (stage, when its parts were all back): its join runs next
         self.deadline = event.deadline_ms / 1000
         self.remote: dict[str, RemoteTensor] = {}
         self.launched: dict[tuple[int, int], set[int]] = defaultdict(set)
@@ -202,8 +221,17 @@ class _RequestRun:
 
     # -- execute_plan's hooks ----------------------------------------------------------------------------
 
+    def joined(self) -> None:
+        """The join of the last stage whose parts are back is done (execute_plan joins between the hooks)."""
+        if self._join is not None:
+            stage, since = self._join
+            self.trace.add("join", stage, None, since, time.perf_counter())
+            self._join = None
+
     def run_stage(self, stage: Stage, inputs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        self.joined()
         t0, c0 = time.perf_counter(), time.process_time()
+        rec = self.trace
         m = self.m
         parts = stage.parts
         keep_remote = len(parts) == 1 and stage.join == "none"
@@ -214,14 +242,18 @@ class _RequestRun:
             events: dict[int, list[TensorEntry]] = {}
             for i, part in enumerate(parts):
                 if part.function != m.function:
+                    ts = time.perf_counter()
                     events[i] = self._entries(stage, part, inputs[i], cache, stage_puts)
+                    rec.add("scatter", stage.index, part.index, ts, time.perf_counter())
             for i, entries in events.items():
                 futures[i] = m._fanout.submit(self._call, stage, parts[i], entries, keep_remote)
             results: list[dict[str, Any]] = [{} for _ in parts]
             try:
                 for i, part in enumerate(parts):
                     if i not in futures:
+                        ts = time.perf_counter()
                         results[i] = self._run_local(part, inputs[i])
+                        rec.add("compute", stage.index, part.index, ts, time.perf_counter())
                 for i, fut in futures.items():
                     results[i] = fut.result()
             except BaseException:
@@ -235,17 +267,24 @@ class _RequestRun:
             for name, v in res.items():
                 if isinstance(v, RemoteTensor):
                     self.remote[name] = v
-        self.timings[f"stage{stage.index}_ms"] = 1e3 * (time.perf_counter() - t0)
+        t_end = time.perf_counter()
+        rec.add("stage", stage.index, None, t0, t_end)
+        self._join = (stage.index, t_end)
+        self.timings[f"stage{stage.index}_ms"] = 1e3 * (t_end - t0)
         # the instance's CPU in the stage, every thread: what its share makes it wait for (the platform's top-up)
         self.timings[f"stage{stage.index}_cpu_ms"] = 1e3 * (time.process_time() - c0)
         return results
 
     def run_epilogue(self, stage: Stage, env: Mapping[str, Any]) -> dict[str, np.ndarray]:
         assert stage.epilogue is not None
+        self.joined()
         path = self.m.bundle_dir / stage.epilogue
         names = self.m.sessions.input_names(path)
+        ts = time.perf_counter()
         try:
-            return self.m.sessions.run(path, {n: self.materialize(env[n]) for n in names})
+            out = self.m.sessions.run(path, {n: self.materialize(env[n]) for n in names})
+            self.trace.add("epilogue", stage.index, None, ts, time.perf_counter())
+            return out
         except KeyError as e:
             raise PartError(f"epilogue {stage.epilogue} needs tensor {e}, which no stage produced") from e
         except Exception as e:
@@ -326,9 +365,11 @@ class _RequestRun:
         ev = self.event
         wire = m.caller.invoker.wire
         launched = self.launched[(stage.index, part.index)]
+        sent: list[float] = []  # when each attempt was sent
 
         def payload_for(attempt: int) -> bytes:
             launched.add(attempt)
+            sent.append(time.perf_counter())
             with self._lock:
                 self.invocations += 1
             return Event(
@@ -343,6 +384,8 @@ class _RequestRun:
             key=CallKey(part.function, stage.index, part.index),
             discard=self._discard_reply,
         )
+        received = time.perf_counter()
+        self._trace_call(stage.index, part.index, sent, received, reply.timings)
         refs = [e.ref for e in reply.outputs if e.ref is not None]
         with self._lock:
             self.won.update(refs)
@@ -368,13 +411,27 @@ class _RequestRun:
                         out[e.name] = m.transports.get(e.ref, delete=True)
                     else:
                         out[e.name] = RemoteTensor(e.name, e.ref, e.dtype, e.shape)
+            self.trace.add("gather", stage.index, part.index, received, time.perf_counter())
             return out
         arrays = m.channel.receive(reply.outputs, delete=True)
+        self.trace.add("gather", stage.index, part.index, received, time.perf_counter())
         by_ref = {e.name for e in reply.outputs if e.ref is not None}
         with self._lock:
             self.fetched_bytes += sum(a.nbytes for n, a in arrays.items() if n in by_ref)
             self.succeeded.add((stage.index, part.index))
         return arrays
+
+    def _trace_call(self, stage: int, part: int, sent: Sequence[float], received: float,
+                    timings: Mapping[str, float]) -> None:
+        """The spans of the attempt that answered: the last one sent before the worker started (a hedge
+        that lost was sent earlier or later; a retry's failed attempts before it leave a gap: waiting)."""
+        rec = self.trace
+        started = timings.get("start_unix_ms")
+        at = sent[0] if sent else received
+        if started is not None:
+            start = rec.unix_to_perf(started / 1e3)
+            at = max((t for t in sent if t <= start), default=at)
+        rec.worker(stage, part, at, received, timings)
 
     def _run_local(self, part: Part, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         arrays = {name: self.materialize(v) for name, v in inputs.items()}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from functions.backends import make_session_cache
@@ -64,6 +65,7 @@ class FunctionRuntime:
         self.worker = Worker(self.plan, config.bundle_dir, config.function, self.sessions)
         self._invoker = invoker
         self.over_memory = False  # went over its memory size: its handler should replace it
+        self._cold = True  # no event served yet: the first reply says how long the instance took to build
         self._master: Master | None = None
         self._channels: dict[Wire, TensorChannel] = {}
         if preload:
@@ -107,7 +109,11 @@ class FunctionRuntime:
 
     def handle_event(self, event: Event, wire: Wire = "binary") -> Reply:
         """Run one event; a failure comes back as a reply with a structured error."""
-        return self._check_memory(self._run(event, wire))
+        reply = self._check_memory(self._run(event, wire))
+        if self._cold:
+            self._cold = False
+            reply = replace(reply, timings={**reply.timings, "cold_start_ms": self.init_ms})
+        return reply
 
     def _check_memory(self, reply: Reply) -> Reply:
         limit = self.config.memory_mb

@@ -69,6 +69,7 @@ class Worker:
 
     def run(self, event: Event, channel: TensorChannel) -> Reply:
         t0 = time.perf_counter()
+        started_unix_ms = 1e3 * time.time()  # where the master's trace places this part's steps
         assert event.stage is not None and event.part is not None
         stage, part = self.part(event.stage, event.part)
         if part.function != self.function:
@@ -106,6 +107,7 @@ class Worker:
         t3 = time.perf_counter()
         return Reply(
             outputs=tuple(entries),
-            timings={"read_ms": 1e3 * (t1 - t0), "run_ms": 1e3 * (t2 - t1), "write_ms": 1e3 * (t3 - t2)},
+            timings={"read_ms": 1e3 * (t1 - t0), "run_ms": 1e3 * (t2 - t1), "write_ms": 1e3 * (t3 - t2),
+                     "start_unix_ms": started_unix_ms},
             peak_rss_mb=peak_rss_mb(),
         )

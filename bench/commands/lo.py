@@ -21,6 +21,12 @@ def _spec(arg: str) -> tuple[str, int, int | None]:
         raise click.BadParameter(f"{arg!r}: give NAME[/wDIV][@SIZE], e.g. vgg16/w2@96") from e
 
 
+def _breakdown(b: dict[str, float] | None) -> str:
+    if b is None:
+        return "-"
+    return " / ".join(f"{b[f'{c}_ms']:.1f}" for c in ("compute", "communication", "dispatch", "waiting"))
+
+
 @click.command("lo")
 @click.option("--model", "models", multiple=True, help="NAME[/wDIV][@SIZE]; repeat (default: vgg11/w2, vgg16/w2, "
               "resnet50 and wrn-50-2/w2, each @224).")
@@ -37,7 +43,8 @@ def _spec(arg: str) -> tuple[str, int, int | None]:
 def lo_cmd(models: tuple[str, ...], memories: tuple[int, ...], rounds: int, max_group: int | None,
            measure_budget: float, no_lambda: bool, out: Path | None, as_json: bool) -> None:
     """Unsplit vs latency-optimal plan at the same memory per function, live on the local platform with each
-    function's CPU share emulated; the prediction's error; full-size VGGs on the Lambda profile beside Gillis."""
+    function's CPU share emulated; the prediction's error; where the plan's p50 goes (compute, communication,
+    dispatch, waiting: its requests' traces); full-size VGGs on the Lambda profile beside Gillis."""
     from bench.harness.provenance import machine
     from bench.suite.lo_live import LAMBDA_MODELS, LIVE_MODELS, lambda_rows, live_rows
     from serving.console import err_console
@@ -59,12 +66,12 @@ def lo_cmd(models: tuple[str, ...], memories: tuple[int, ...], rounds: int, max_
 
     t = Table(title=f"lo vs unsplit, live on the local platform ({cpu.get('cpu_limit')}), p50 of {rounds}")
     for c in ("model", "MB", "functions", "unsplit ms", "lo ms", "speed-up", "predicted", "error", "measured",
-              "note"):
+              "compute / comm / dispatch / wait ms", "note"):
         t.add_column(c, justify="left" if c in ("model", "note") else "right")
     for r in rows:
         t.add_row(r.model, str(r.memory_mb), str(r.functions), f"{r.unsplit_p50_ms:.1f}", f"{r.lo_p50_ms:.1f}",
                   f"{r.speedup:.2f}x", f"{r.predicted_lo_p50_ms:.1f}", f"{r.error:+.1%}",
-                  f"{r.measured_stages}/{len(r.stages)}",
+                  f"{r.measured_stages}/{len(r.stages)}", _breakdown(r.breakdown),
                   "oversubscribed" if r.oversubscribed else "")
     console.print(t)
     if lam:

@@ -10,6 +10,12 @@ speed-up, the plan's predicted p50 and the error of that prediction, and whether
 exceeded the cores (then the instances slow each other down, which on Lambda they would not: the row is not
 evidence either way).
 
+Each row's ``breakdown`` says where the plan's requests went (:mod:`functions.trace`): the timed arm's
+masters split their time into compute, communication, dispatch and waiting on each request's critical
+path; the caller's own share (putting inputs, invoking the master, reading outputs: its p50 less the
+master's median time) is dispatch. The shares, averaged over the requests, are scaled to the row's live
+p50, so the four sum to it.
+
 ``lambda_rows``: full-size VGG-11/16/19 (224 px) on the aws-lambda profile at 1769 and 3008 MB, unsplit vs
 ``lo``, predicted by the same performance model (compute times: FLOPs at the throughput measured for the
 live rows' models on one thread), next to what Gillis measured on Lambda.
@@ -18,15 +24,18 @@ live rows' models on one thread), next to what Gillis measured on Lambda.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench.suite.comparison import bad, p50
 from bench.suite.config import ModelSpec, label, model_path
 
-__all__ = ["GILLIS_SPEEDUP", "LAMBDA_MODELS", "LIVE_MODELS", "LambdaRow", "LoRow", "lambda_rows", "live_rows"]
+__all__ = ["GILLIS_SPEEDUP", "LAMBDA_MODELS", "LIVE_MODELS", "LambdaRow", "LoRow", "breakdown_of", "lambda_rows",
+           "live_rows"]
 
 # 224 px, each unsplit request at 512 MB 0.15-0.4 s: long enough that a fork's fixed costs (an invoke, the
 # master's CPU per worker at 0.29 vCPU) do not decide the comparison, short enough for 2 cores. The VGGs and
@@ -60,9 +69,32 @@ class LoRow:
     measured_stages: int  # stages whose time the prediction takes from a live measurement of that stage
     measure_rounds: int  # plans deployed and timed before this one stood on measurements
     refine_stopped: str = ""  # why the measure-and-replan loop stopped (and whether a runoff changed the plan)
+    breakdown: dict[str, float] | None = None  # compute_ms / communication_ms / dispatch_ms / waiting_ms of lo's p50
 
     def to_json(self) -> dict[str, Any]:
-        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        doc = {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        if self.breakdown is not None:
+            doc["breakdown"] = {k: round(v, 3) for k, v in self.breakdown.items()}
+        return doc
+
+
+def breakdown_of(timings: Sequence[Mapping[str, float]], caller_p50_ms: float, p50_ms: float
+                 ) -> dict[str, float] | None:
+    """``p50_ms`` split as the requests of ``timings`` (the masters' ``trace_*_ms`` and ``total_ms``) split
+    on average, with what the caller adds (``caller_p50_ms`` less the masters' median) counted as dispatch;
+    None without traced timings."""
+    from functions.trace import CATEGORIES
+
+    rows = [t for t in timings if t.get("total_ms", 0.0) > 0 and all(f"trace_{c}_ms" in t for c in CATEGORIES)]
+    if not rows or not p50_ms > 0 or not caller_p50_ms > 0:
+        return None
+    master_ms = float(np.median([t["total_ms"] for t in rows]))
+    caller = min(1.0, max(0.0, (caller_p50_ms - master_ms) / caller_p50_ms))
+    share = {c: float(np.mean([t[f"trace_{c}_ms"] / t["total_ms"] for t in rows])) for c in CATEGORIES}
+    norm = sum(share.values()) or 1.0
+    out = {f"{c}_ms": p50_ms * (1 - caller) * share[c] / norm for c in CATEGORIES}
+    out["dispatch_ms"] += p50_ms * caller
+    return out
 
 
 @dataclass(frozen=True)
@@ -166,6 +198,7 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
                     measured_stages=sum(1 for c in result.choices
                                         if (o := pm.option(c, result.master_mb)) is not None and o.measured),
                     measure_rounds=refined.rounds, refine_stopped=refined.stopped,
+                    breakdown=breakdown_of(targets["timed"].timings[-rounds:], p50(samples["timed"]), live_lo),
                 ))
                 say(f"{name} at {mb} MB: unsplit {live_unsplit:.1f} ms, lo {live_lo:.1f} ms "
                     f"(predicted {pred:.1f})")

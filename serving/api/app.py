@@ -11,7 +11,10 @@ auth (``FLATPACK_API_TOKEN``) guards everything but the liveness probe; request 
 Every model route is served at ``/v2/models/{name}/...`` and at ``/v2/models/{name}/versions/{version}/...``
 (version ``"1"``, the one model metadata lists). Besides the protocol's routes, the read-only Triton
 extensions clients call first: ``POST /v2/repository/index``, ``GET /v2/models/{name}/config``,
-``GET /v2/models/{name}/stats`` and ``GET /v2/models/stats``; and the classification extension.
+``GET /v2/models/{name}/stats`` and ``GET /v2/models/stats``; and the classification extension. And
+flatpack's own ``GET /v2/models/{name}/traces?last=N``: the last N answered requests' traces (spans per
+stage and part, :mod:`functions.trace`), which ``flatpack trace`` draws; with ``OTEL_EXPORTER_OTLP_ENDPOINT``
+set they go to that OpenTelemetry collector too (:mod:`serving.api.otel`).
 
 Speed (``flatpack bench endpoint``): the guard is plain ASGI (starlette's ``BaseHTTPMiddleware`` costs
 a task and two streams per request), and it serves the infer routes itself, with the same handler the
@@ -67,7 +70,9 @@ from functions.inference_protocol import (
 )
 from functions.inference_stats import statistics_document
 from functions.settings import api_token
+from functions.trace import RequestTrace, Span
 from serving.api.dataplane import DataPlane
+from serving.api.otel import OtelExporter
 
 __all__ = ["DEFAULT_MAX_BODY_MB", "create_app"]
 
@@ -152,16 +157,20 @@ async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
 
 
 def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float = DEFAULT_MAX_BODY_MB,
-               version: str = SERVER_VERSION) -> FastAPI:
+               version: str = SERVER_VERSION, exporter: OtelExporter | None = None) -> FastAPI:
     """An app serving ``plane``'s models. ``token``: required bearer token (default: $FLATPACK_API_TOKEN;
-    empty: none)."""
+    empty: none). ``exporter``: where request traces go besides the data plane's buffer (default: the
+    OpenTelemetry collector the environment names, if any)."""
     token = token if token is not None else (api_token() or "")
     limit = int(max_body_mb * 2**20)
+    exporter = exporter if exporter is not None else OtelExporter.from_env()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         plane.close()
+        if exporter is not None:
+            exporter.close()
 
     app = FastAPI(title="flatpack inference endpoint", version=version,
                   description="Open Inference Protocol v2 (KServe/Triton) over models split across serverless "
@@ -178,15 +187,26 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
             info = plane.model(name).info  # 404 before reading a body meant for a model that is not here
             if version is not None:
                 check_version(name, version)
+            ts, ts_unix = time.perf_counter_ns(), time.time()
             body = decode_body(await _read_limited(chunks, limit), headers.get("content-encoding"), limit)
             t0 = time.perf_counter_ns()
             decoded = decode_request(body, headers.get(HEADER_LENGTH.lower()))
             check_outputs(name, info.outputs, decoded.outputs, decoded.classes)
             t1 = time.perf_counter_ns()
-            outputs = await _run(plane, name, decoded, since_ns=t0)
+            outputs, spans = await _run(plane, name, decoded, since_ns=t0, origin=ts / 1e9)
             t2 = time.perf_counter_ns()
             payload, out_headers = encode_response(name, decoded, outputs, labels=info.labels)
-            plane.stats(name).succeeded(t1 - t0, t2 - t1, time.perf_counter_ns() - t2)
+            t3 = time.perf_counter_ns()
+            plane.stats(name).succeeded(t1 - t0, t2 - t1, t3 - t2)
+            trace = RequestTrace(name, 1e3 * ts_unix, (t3 - ts) / 1e6, (
+                Span("request", None, None, 0.0, (t3 - ts) / 1e6),
+                Span("read_body", None, None, 0.0, (t0 - ts) / 1e6),
+                Span("decode", None, None, (t0 - ts) / 1e6, (t1 - ts) / 1e6),
+                *spans,
+                Span("encode", None, None, (t2 - ts) / 1e6, (t3 - ts) / 1e6)))
+            plane.traces(name).add(trace)
+            if exporter is not None:
+                exporter.export(trace)
         except (ApiError, FunctionError) as e:
             return _error(e)
         return Response(payload, headers=out_headers, media_type=out_headers.pop("content-type"))
@@ -241,6 +261,18 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
         plane.model(name)
         return _json(statistics_document([plane.stats(name)]))
 
+    @_model_route(app, "GET", "/traces", tags=["metadata"],
+                  responses=_responses(_400="bad 'last'") | unknown | auth)
+    async def traces(name: str, request: Request) -> Response:
+        """The last ``last`` (default 1) answered requests' traces, oldest first: ``{"requests": [{"model",
+        "started_unix_ms", "latency_ms", "ok", "breakdown", "spans": [{"name", "stage", "part", "start_ms",
+        "end_ms"}]}]}``, times in ms from each request's start."""
+        buffer = plane.traces(name)
+        raw = request.query_params.get("last", "1")
+        if not raw.isdigit() or int(raw) < 1:
+            raise InvalidInput(f"'last' must be a whole number of requests, at least 1; got {raw!r}")
+        return _json({"requests": [t.to_json() for t in buffer.last(int(raw))]})
+
     @app.get("/metrics", tags=["metrics"], responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
                                                        **auth})
     async def metrics() -> Response:
@@ -250,14 +282,16 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
     return app
 
 
-async def _run(plane: DataPlane, name: str, request: DecodedRequest, *, since_ns: int) -> dict[str, np.ndarray]:
-    """The model's outputs: on the event loop's thread when the data plane says so, else in a worker thread
-    (the loop serves other requests meanwhile). A failure is counted in the model's statistics, as long
-    as it took since ``since_ns``."""
+async def _run(plane: DataPlane, name: str, request: DecodedRequest, *, since_ns: int, origin: float
+               ) -> tuple[dict[str, np.ndarray], list[Span]]:
+    """The model's outputs and the spans of computing them (ms from ``origin``, a ``perf_counter`` time):
+    on the event loop's thread when the data plane says so, else in a worker thread (the loop serves other
+    requests meanwhile). A failure is counted in the model's statistics, as long as it took since
+    ``since_ns``."""
     try:
         if plane.runs_inline(name):
-            return plane.infer(name, request.inputs, request.outputs)
-        return await asyncio.to_thread(plane.infer, name, request.inputs, request.outputs)
+            return plane.infer_traced(name, request.inputs, request.outputs, origin=origin)
+        return await asyncio.to_thread(plane.infer_traced, name, request.inputs, request.outputs, origin=origin)
     except BaseException:
         plane.stats(name).failed(time.perf_counter_ns() - since_ns)
         raise

@@ -3,6 +3,10 @@
 A *backend* runs one model: in this process (``InProcessBackend``: the master loop with in-process
 parts) or through a deployment's master function on a platform (``serving.deploy`` provides one). The
 HTTP layer (``serving.api.app``) only parses, calls :meth:`DataPlane.infer`, and encodes.
+
+Traces: :meth:`DataPlane.infer_traced` also returns the request's spans (:mod:`functions.trace`): a
+backend with a master (``infer_reply``) gives the master's own, placed in the caller's timeline; the data
+plane keeps the last traces of each model (:meth:`DataPlane.traces`) for ``flatpack trace``.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -21,13 +25,15 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from functions.bundle import Bundle
 from functions.errors import FunctionError, Throttled
+from functions.event import Reply
 from functions.executor import InProcessRunner
 from functions.http_errors import ApiError, ModelNotFound, NotReady, UpstreamError
 from functions.inference_protocol import MODEL_VERSION, check_inputs, check_outputs, model_metadata
 from functions.inference_stats import InferenceStats
 from functions.plan import Plan, TensorSpec
+from functions.trace import Span, TraceBuffer
 
-__all__ = ["Backend", "DataPlane", "InProcessBackend", "ModelInfo"]
+__all__ = ["Backend", "DataPlane", "InProcessBackend", "ModelInfo", "TracedBackend"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +65,13 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class TracedBackend(Protocol):
+    """A backend whose inferences run through a master function, which replies with its trace."""
+
+    def infer_reply(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Reply]: ...
 
 
 class InProcessBackend:
@@ -99,9 +112,11 @@ class DataPlane:
     overlap.
     """
 
-    def __init__(self, *, inline_below_ms: float = 50.0) -> None:
+    def __init__(self, *, inline_below_ms: float = 50.0, traces_kept: int = 256) -> None:
         self._models: dict[str, Backend] = {}
         self._stats: dict[str, InferenceStats] = {}
+        self._traces: dict[str, TraceBuffer] = {}
+        self._traces_kept = traces_kept
         self._recent_s: dict[str, float] = {}  # per model: moving average of its inference time
         self._inline_below_s = inline_below_ms / 1e3
         self.registry = CollectorRegistry()
@@ -115,10 +130,12 @@ class DataPlane:
     def add(self, backend: Backend) -> None:
         self._models[backend.info.name] = backend
         self._stats[backend.info.name] = InferenceStats(backend.info.name, MODEL_VERSION)
+        self._traces[backend.info.name] = TraceBuffer(self._traces_kept)
 
     def remove(self, name: str) -> None:
         b = self._models.pop(name, None)
         self._stats.pop(name, None)
+        self._traces.pop(name, None)
         self._recent_s.pop(name, None)
         if b is not None:
             b.close()
@@ -140,6 +157,14 @@ class DataPlane:
         except KeyError:
             raise ModelNotFound.named(name, self.names()) from None
 
+    def traces(self, name: str) -> TraceBuffer:
+        """Model ``name``'s recent request traces; the HTTP layer records into it (its spans include decoding
+        and encoding)."""
+        try:
+            return self._traces[name]
+        except KeyError:
+            raise ModelNotFound.named(name, self.names()) from None
+
     def runs_inline(self, name: str) -> bool:
         """Whether model ``name``'s next inference should run on the caller's thread: an in-process model
         whose recent inferences took less than ``inline_below_ms`` (unknown before its first)."""
@@ -152,7 +177,17 @@ class DataPlane:
 
     def infer(self, name: str, inputs: Mapping[str, np.ndarray], outputs: tuple[str, ...] | None = None
               ) -> dict[str, np.ndarray]:
-        """The outputs of model ``name`` (only ``outputs``, in that order, when given).
+        """The outputs of model ``name`` (only ``outputs``, in that order, when given); see :meth:`infer_traced`."""
+        return self.infer_traced(name, inputs, outputs)[0]
+
+    def infer_traced(self, name: str, inputs: Mapping[str, np.ndarray], outputs: tuple[str, ...] | None = None,
+                     *, origin: float | None = None) -> tuple[dict[str, np.ndarray], list[Span]]:
+        """The outputs of model ``name`` (only ``outputs``, in that order, when given) and the spans of the
+        inference, in ms from ``origin`` (a ``time.perf_counter()`` stamp; default: this call's start).
+
+        Through a master function: ``send`` (inputs stored, the master invoked, until it started), the
+        master's own spans inside ``master``, and ``return`` (its reply and outputs back); in this process:
+        one ``compute`` span.
 
         Raises the endpoint's errors (:mod:`functions.http_errors`) and the functions' own
         (:class:`functions.errors.FunctionError`: a timeout, a throttled or failed function); anything
@@ -164,8 +199,13 @@ class DataPlane:
         if not backend.ready():
             raise NotReady(f"model {name!r} is not ready yet")
         t0 = time.perf_counter()
+        t0_unix = time.time()
+        reply: Reply | None = None
         try:
-            result = backend.infer(inputs)
+            if isinstance(backend, TracedBackend):
+                result, reply = backend.infer_reply(inputs)
+            else:
+                result = backend.infer(inputs)
         except Throttled:
             self._requests.labels(name, "throttled").inc()
             raise
@@ -177,18 +217,36 @@ class DataPlane:
             self._requests.labels(name, "error").inc()
             log.warning("inference of %s failed: %s", name, e)
             raise UpstreamError(f"inference failed: {e}") from e
-        took = time.perf_counter() - t0
+        t_done = time.perf_counter()
+        took = t_done - t0
+        spans = _placed(reply, 1e3 * (t0 - (t0 if origin is None else origin)), 1e3 * took, t0_unix)
         self._latency.labels(name).observe(took)
         recent = self._recent_s.get(name)
         self._recent_s[name] = took if recent is None else 0.8 * recent + 0.2 * took
         self._requests.labels(name, "ok").inc()
         if outputs is not None:
             result = {k: result[k] for k in outputs}
-        return result
+        return result, spans
 
     def close(self) -> None:
         for name in list(self._models):
             self.remove(name)
+
+
+def _placed(reply: Reply | None, at_ms: float, took_ms: float, sent_unix: float) -> list[Span]:
+    """The spans of one inference that started ``at_ms`` into the request, took ``took_ms``, and was sent
+    at ``sent_unix`` (Unix s): the master's, where it replied with them, placed by its start's wall-clock
+    time, kept inside the call where the clocks disagree."""
+    end = at_ms + took_ms
+    total = None if reply is None else reply.timings.get("total_ms")
+    if reply is None or total is None:
+        return [Span("compute" if reply is None else "master", None, None, at_ms, end)]
+    total = min(total, took_ms)
+    started = reply.timings.get("start_unix_ms")
+    offset = (took_ms - total) / 2 if started is None else started - 1e3 * sent_unix
+    start = at_ms + min(max(0.0, offset), took_ms - total)
+    return [Span("send", None, None, at_ms, start), Span("master", None, None, start, start + total),
+            *(s.shifted(start) for s in reply.trace), Span("return", None, None, start + total, end)]
 
 
 class _MeterCollector:

@@ -28,6 +28,7 @@ _COMMANDS: dict[str, str] = {
     "ls": "serving.cli.deploy:ls_cmd",
     "status": "serving.cli.deploy:status_cmd",
     "invoke": "serving.cli.deploy:invoke_cmd",
+    "trace": "serving.cli.trace:trace_cmd",
     "undeploy": "serving.cli.deploy:undeploy_cmd",
     "run": "serving.cli.run:run_cmd",
     "platform": "serving.cli.platform:platform",

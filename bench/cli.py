@@ -33,10 +33,45 @@ _BENCHMARKS: dict[str, str] = {
     "cpushare": "bench.commands.cpushare:cpushare_cmd",
     "lo": "bench.commands.lo:lo_cmd",
     "mopar": "bench.commands.mopar:mopar_cmd",
+    "intake": "bench.commands.intake:intake_cmd",
 }
 
 
-@click.group(cls=LazyGroup, lazy=_BENCHMARKS)
+def _keep_report(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    """Hold ``--report DIR`` in the context, where :func:`bench.commands.output.report` finds it; at the end, say
+    so if the command printed no document to write a page from."""
+    from bench.commands.output import REPORT_KEY, reported
+
+    if value is None:
+        return
+    ctx.meta[REPORT_KEY] = value
+
+    def check() -> None:
+        if not reported(ctx):
+            click.echo(f"--report {value}: `{ctx.command_path}` printed no JSON document, so no page was written; "
+                       "add --json", err=True)
+
+    ctx.call_on_close(check)
+
+
+def _report_option() -> click.Option:
+    return click.Option(["--report"], type=click.Path(file_okay=False, path_type=Path), default=None,
+                        metavar="DIR", expose_value=False, is_eager=True, callback=_keep_report,
+                        help="Also write the result as a docs page, DIR/<benchmark>.md (a table of its rows, the "
+                             "machine, date and git commit), e.g. --report docs/results/.")
+
+
+class _BenchGroup(LazyGroup):
+    """The benchmarks' group: every benchmark it loads also takes ``--report DIR``."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and cmd_name in self.lazy and not any(p.name == "report" for p in command.params):
+            command.params.append(_report_option())
+        return command
+
+
+@click.group(cls=_BenchGroup, lazy=_BENCHMARKS)
 def bench() -> None:
     """Benchmarks: each prints its figure and the ratio to its baseline, measured in one run."""
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 __all__ = [
+    "BadInput",
     "BadRequest",
     "FunctionError",
     "FunctionNotFound",
@@ -59,6 +60,13 @@ class BadRequest(FunctionError, ValueError):
     """The event is malformed or names a stage/part this function does not run."""
 
     type = "BadRequest"
+
+
+class BadInput(FunctionError, ValueError):
+    """The request's data is outside what the model takes (a token id past its embedding table): the
+    client's error, named by the input it is in. Not retried."""
+
+    type = "BadInput"
 
 
 class OutOfMemory(FunctionError, MemoryError):
@@ -124,6 +132,7 @@ _BY_TYPE: dict[str, type[FunctionError]] = {
         FunctionError,
         PartError,
         BadRequest,
+        BadInput,
         OutOfMemory,
         InvokeTimeout,
         InstanceCrashed,

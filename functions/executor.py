@@ -9,18 +9,21 @@ in part order (a fixed order, so results are reproducible), ``none`` takes the s
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
+from functions.errors import BadInput
 from functions.plan import Part, Plan, Region, Stage
 from functions.session import SessionCache
 
 __all__ = [
     "InProcessRunner",
     "PartRunner",
+    "bad_input",
     "execute_plan",
     "join_stage",
     "part_inputs",
@@ -94,16 +97,53 @@ def execute_plan(
     if missing:
         raise ValueError(f"missing model input(s) {missing}; the model takes {[t.name for t in plan.model.inputs]}")
     env: Tensors = {k: np.asarray(v) for k, v in inputs.items()}
+    given = dict(env)
     last_use = _last_uses(plan)
     final = {t.name for t in plan.model.outputs}
     for stage in plan.stages:
-        results = runner.run_stage(stage, [part_inputs(p, env) for p in stage.parts])
-        env.update(join_stage(stage, results))
-        if stage.epilogue is not None:
-            env.update(run_epilogue(stage, env))
+        try:
+            results = runner.run_stage(stage, [part_inputs(p, env) for p in stage.parts])
+            env.update(join_stage(stage, results))
+            if stage.epilogue is not None:
+                env.update(run_epilogue(stage, env))
+        except Exception as e:
+            bad = bad_input(e, given)
+            if bad is not None:
+                raise bad from e
+            raise
         for name in [n for n, last in last_use.items() if last == stage.index and n not in final]:
             env.pop(name, None)
     return {name: env[name] for name in (t.name for t in plan.model.outputs)}
+
+
+# onnxruntime's words for an index out of its axis (Gather, GatherElements, ScatterND, OneHot, ...)
+_OUT_OF_RANGE = re.compile(r"INVALID_ARGUMENT.*(out of (data )?bounds|out of range|must be within)", re.S)
+_RANGE = re.compile(r"range \[\s*(-?\d+)\s*,\s*(-?\d+)\s*\]")
+
+
+def bad_input(error: BaseException, inputs: Mapping[str, np.ndarray]) -> BadInput | None:
+    """The client's error behind ``error``, where it is one: onnxruntime refusing an index out of range that
+    came from the request's integer inputs. It names the inputs that hold values outside the range
+    onnxruntime states (every integer input, where it states none); None for any other failure."""
+    text = str(error)
+    if not _OUT_OF_RANGE.search(text):
+        return None
+    integer = {n: v for n, v in inputs.items() if np.asarray(v).dtype.kind in "iu"}
+    if not integer:
+        return None
+    m = _RANGE.search(text)
+    names = list(integer)
+    detail = ""
+    if m:
+        lo, hi = int(m.group(1)), int(m.group(2))
+        outside = [n for n, v in integer.items() if v.size and (int(v.min()) < lo or int(v.max()) > hi)]
+        if outside:
+            names = outside
+            v = integer[names[0]]
+            detail = f" (values {int(v.min())}..{int(v.max())}; it takes {max(lo, 0)}..{hi})"
+    which = ", ".join(repr(n) for n in names)
+    cause = text.splitlines()[0][:300] if text else type(error).__name__
+    return BadInput(f"input {which} holds an index out of range for the model{detail}; onnxruntime: {cause}")
 
 
 def _last_uses(plan: Plan) -> dict[str, int]:

@@ -9,6 +9,9 @@ error                                                 status  why
 ====================================================  ======  =================================================
 :class:`InvalidInput`                                 400     the request is malformed or not what the model
                                                               takes (the client's mistake, never a 5xx)
+``BadInput``                                          400     the request's data is outside what the model
+                                                              takes (a token id past its embedding table),
+                                                              found where a part runs; names the input
 :class:`Unauthorized`                                 401     missing or wrong bearer token
                                                               (``WWW-Authenticate: Bearer``)
 :class:`ModelNotFound`, :class:`RouteNotFound`        404     no such model / route here
@@ -46,7 +49,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from functions.errors import FunctionError, InitError, InvokeTimeout, OutOfMemory, Throttled
+from functions.errors import BadInput, FunctionError, InitError, InvokeTimeout, OutOfMemory, Throttled
 
 __all__ = [
     "STATUS_TABLE",
@@ -147,6 +150,7 @@ class StatusRule:
 #: first match wins: the specific function errors come before their base class
 STATUS_TABLE: tuple[StatusRule, ...] = (
     StatusRule(InvalidInput, 400, "the request is malformed or not what the model takes"),
+    StatusRule(BadInput, 400, "the request's data is outside what the model takes (an index out of range)"),
     StatusRule(Unauthorized, 401, "missing or wrong bearer token"),
     StatusRule(ModelNotFound, 404, "no such model here"),
     StatusRule(RouteNotFound, 404, "no such route"),

@@ -204,7 +204,7 @@ def export_bundle(
         _write_manifest(tmp, source_sha, lg.source_path)
         if progress:
             progress("verifying the parts against the unsplit model")
-        report = verify_bundle(tmp, seeds=seeds, check_hashes=False)
+        report = verify_bundle(tmp, seeds=seeds, check_hashes=False, tolerance=tolerance)
         if report.max_rel_err > tolerance or not report.ok:
             raise ExportError(
                 f"the parts do not reproduce the model: max relative error {report.max_rel_err:.3g} > {tolerance:g}"

@@ -22,7 +22,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from partitioner.errors import ModelError, SpecError
-from partitioner.normalize import load_model
+from partitioner.normalize import load_model, outer_scope_inputs
 from partitioner.simplify import fold_reshape_round_trips
 
 __all__ = ["HEAVY_OPS", "LayerGraph", "TensorInfo", "Unit"]
@@ -31,9 +31,16 @@ log = logging.getLogger(__name__)
 
 HEAVY_OPS = frozenset(
     {"Conv", "ConvTranspose", "Gemm", "MatMul", "LSTM", "GRU", "RNN", "Einsum", "Attention", "ConvInteger",
-     "MatMulInteger", "QLinearConv", "QLinearMatMul"}
+     "MatMulInteger", "QLinearConv", "QLinearMatMul",
+     # onnxruntime's contrib ops (com.microsoft) that quantisation and its optimiser write
+     "QGemm", "FusedMatMul", "QAttention", "MultiHeadAttention", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+     "FusedConv", "QLinearConvTranspose", "MatMulNBits"}
 )
 _LAYOUT_OPS = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
+# A segment of only these ops (and layout ops) opens the next unit instead of closing the one before: a QDQ
+# model's cuts then fall on the quantised tensor, and each unit keeps DequantizeLinear -> op -> QuantizeLinear
+# whole, the pattern onnxruntime runs as one integer kernel (in a part as in the model).
+_OPENING_OPS = _LAYOUT_OPS | {"DequantizeLinear"}
 # A Gather from a constant table at least this large is an embedding lookup, i.e. a heavy op.
 _EMBEDDING_MIN_ELEMENTS = 1 << 16
 
@@ -84,15 +91,17 @@ class LayerGraph:
         self._init_protos = {t.name: t for t in g.initializer}
         self.tensors: dict[str, TensorInfo] = _tensor_infos(model)
         self.producer: dict[str, int] = {o: i for i, n in enumerate(self.nodes) for o in n.output if o}
+        # what each node reads: its inputs, and the enclosing graph's tensors its subgraphs use (control flow)
+        self.node_reads: tuple[tuple[str, ...], ...] = tuple(
+            tuple(dict.fromkeys([*(x for x in n.input if x), *outer_scope_inputs(n)])) for n in self.nodes)
         self.consumers: dict[str, list[int]] = {}
-        for i, n in enumerate(self.nodes):
-            for x in n.input:
-                if x:
-                    self.consumers.setdefault(x, []).append(i)
+        for i, reads in enumerate(self.node_reads):
+            for x in reads:
+                self.consumers.setdefault(x, []).append(i)
         # per node, the non-constant tensors it reads: a planner walks the graph once per stage it prices,
         # and a protobuf's repeated fields are slow to read in a loop
         self._reads: tuple[tuple[str, ...], ...] = tuple(
-            tuple(x for x in n.input if x and x not in self._init_protos) for n in self.nodes)
+            tuple(x for x in reads if x not in self._init_protos) for reads in self.node_reads)
         self.side: frozenset[int] = self._side_nodes()
         self.units: tuple[Unit, ...] = self._build_units()
 
@@ -182,8 +191,8 @@ class LayerGraph:
         # last position (in `main`) at which each activation is consumed; model outputs live to the end
         last_use: dict[str, int] = {}
         for k, i in enumerate(main):
-            for x in self.nodes[i].input:
-                if x and self._is_activation(x):
+            for x in self._reads[i]:
+                if self._is_activation(x):
                     last_use[x] = k
         for o in self.outputs:
             if self._is_activation(o):
@@ -192,7 +201,7 @@ class LayerGraph:
         live: set[str] = set()
         cut_after: list[str | None] = []
         for k, i in enumerate(main):
-            for x in self.nodes[i].input:
+            for x in self._reads[i]:
                 if x in live and last_use.get(x, -1) <= k:
                     live.discard(x)
             for o in self.nodes[i].output:
@@ -214,10 +223,13 @@ class LayerGraph:
         merged: list[tuple[list[int], str]] = []
         carry: list[int] = []
         for k, (nodes, out) in enumerate(segments):
+            carry_before = bool(carry)
             nodes = carry + nodes
             carry = []
             heavy = any(self.is_heavy(self.nodes[i]) for i in nodes)
-            layout_only = all(self.nodes[i].op_type in _LAYOUT_OPS for i in nodes)
+            # a QuantizeLinear after a carried layout op (QDQ around a Flatten) is carried with it
+            opening = _OPENING_OPS | {"QuantizeLinear"} if carry_before else _OPENING_OPS
+            layout_only = all(self.nodes[i].op_type in opening for i in nodes)
             if not heavy and layout_only and merged and k < len(segments) - 1:
                 carry = nodes
             elif merged and (not heavy or not any(self.is_heavy(self.nodes[i]) for i in merged[-1][0])):
@@ -237,7 +249,7 @@ class LayerGraph:
         act = 0
         for i in nodes:
             n = self.nodes[i]
-            weights.update(x for x in n.input if x and self.is_initializer(x))
+            weights.update(x for x in self.node_reads[i] if self.is_initializer(x))
             flops += self.node_flops(n)
             act += sum(self.tensors[o].nbytes for o in n.output if o in self.tensors)
         in_bytes = self.tensors[inp].nbytes if inp else sum(self.tensors[x].nbytes for x in self.inputs)
@@ -335,12 +347,12 @@ class LayerGraph:
             return 0
         numel = math.prod(out.shape)
         op = n.op_type
-        if op in ("Conv", "ConvTranspose"):
-            w = t[n.input[1]].shape
-            if op == "Conv":
+        if op in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv"):
+            w = t[n.input[3 if op == "QLinearConv" else 1]].shape
+            if op != "ConvTranspose":
                 return 2 * numel * math.prod(w[1:])
             return 2 * math.prod(t[n.input[0]].shape) * math.prod(w[1:])
-        if op in ("MatMul", "Gemm"):
+        if op in ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "QGemm"):
             a = t[n.input[0]].shape
             k = a[-1]
             if op == "Gemm" and _attr(n, "transA", 0):

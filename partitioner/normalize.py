@@ -35,6 +35,7 @@ __all__ = [
     "fixed_dims",
     "load_model",
     "normalize_model",
+    "outer_scope_inputs",
     "parse_dims",
     "parse_input_shapes",
 ]
@@ -42,6 +43,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MIN_OPSET = 11
+# Never folded: (de)quantisation of constant weights stays in the graph, so that onnxruntime fuses it with
+# the op it wraps (DequantizeLinear -> Conv -> QuantizeLinear runs as an integer QLinearConv) in the parts
+# as in the model; control flow reads tensors of the enclosing graph that a lone node does not have.
+_NEVER_FOLD = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "If", "Loop", "Scan"})
 # Folding a node whose output would exceed this many elements is skipped: folding is for shape
 # arithmetic and small constant transforms, not for materialising big tensors.
 _FOLD_MAX_ELEMENTS = 1 << 24
@@ -72,16 +77,28 @@ class ShapeFixes:
 
 
 def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """Parse ``name=1x3x224x224`` strings (the CLI's ``--input-shape``)."""
+    """Parse ``name=1x3x224x224`` strings (the CLI's ``--input-shape``).
+
+    An input may also be named by its position (``0=1x3x224x224``), or not named at all
+    (``1x3x224x224``: the first such spec fixes input 0, the next input 1, ...); both are keyed by the
+    position's digits, which :func:`normalize_model` resolves against the model's inputs (a name wins)."""
     out: dict[str, tuple[int, ...]] = {}
+    unnamed = 0
     for spec in specs:
         name, sep, dims = spec.partition("=")
+        if not sep:
+            name, dims = str(unnamed), spec
+            unnamed += 1
         try:
-            if not sep or not name:
+            if not name.strip():
                 raise ValueError
-            out[name] = tuple(int(d) for d in dims.lower().split("x"))
+            shape = tuple(int(d) for d in dims.lower().split("x"))
         except ValueError:
-            raise ModelError(f"bad --input-shape {spec!r}; write it as NAME=1x3x224x224") from None
+            raise ModelError(f"bad --input-shape {spec!r}; write it as NAME=1x3x224x224 (NAME: the input's "
+                             "name or position)") from None
+        if any(d < 1 for d in shape):
+            raise ModelError(f"bad --input-shape {spec!r}: every dimension is at least 1")
+        out[name.strip()] = shape
     return out
 
 
@@ -161,6 +178,7 @@ def normalize_model(
         )
     if len(model.graph.node) == 0:
         raise ModelError("model graph has no nodes")
+    source = _light_copy(model)
     g = model.graph
     init_names = {t.name for t in g.initializer}
     real_inputs = [i for i in g.input if i.name not in init_names]
@@ -176,9 +194,27 @@ def normalize_model(
         raise ModelError(f"model fails the ONNX checker: {_first_line(e)}") from e
     model = _fold_to_fixpoint(model)
     _require_static_shapes(model)
+    _check_still_valid(model, source)
     _check_dtypes(model)
     _check_ceil_pools(model)
     return model
+
+
+def _check_still_valid(model: onnx.ModelProto, source: onnx.ModelProto) -> None:
+    """The normalised model passes the full ONNX check (shape inference included) if its source did: a
+    rewrite that breaks a valid model is flatpack's bug, and is said to be one rather than blamed on the file."""
+    try:
+        onnx.checker.check_model(_light_copy(model), full_check=True)
+        return
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError) as e:
+        broken = e
+    try:
+        onnx.checker.check_model(source, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError):
+        log.debug("the normalised model fails the full ONNX check, as its source does: %s", _first_line(broken))
+        return
+    raise ModelError(f"flatpack's normalisation made a valid model fail the ONNX checker ({_first_line(broken)}); "
+                     "this is a flatpack bug: please report it with the model") from broken
 
 
 def _check_dtypes(model: onnx.ModelProto) -> None:
@@ -260,28 +296,30 @@ def _fix_input_shapes(g: onnx.GraphProto, shapes: dict[str, Sequence[int]], dims
     """Give every graph input a static shape, in place, or raise one ModelError listing every problem;
     returns each symbolic dimension's name and the size it was given.
 
-    Order of precedence per input: its whole shape from ``shapes``; else each symbolic axis from
-    ``dims`` by name; else a leading axis (whose name, if any, is nowhere else) defaults to 1, the batch
-    of a one-request-at-a-time server.
+    Order of precedence per input: its whole shape from ``shapes`` (by name, or by position when no input
+    has that name); else each symbolic axis from ``dims`` by name, or from the size a whole shape gave the
+    same name in another input; else a leading axis (whose name, if any, is nowhere else) defaults to 1,
+    the batch of a one-request-at-a-time server. Dimensions named ``?`` (or written -1, or unnamed) are
+    anonymous: each is its own dimension, never shared with another axis.
     """
     names = [i.name for i in g.input]
-    named_at = {(i.name, axis): d.dim_param for i in g.input for axis, d in enumerate(i.type.tensor_type.shape.dim)
-                if d.dim_param and not _is_static(d)}
     problems: list[str] = []
-    unknown = sorted(set(shapes) - set(names))
-    if unknown:
-        problems.append(f"--input-shape names unknown input(s) {unknown}; the model's inputs are {names}")
+    shapes = _by_name(shapes, names, problems)
+    named_at = {(i.name, axis): d.dim_param for i in g.input for axis, d in enumerate(i.type.tensor_type.shape.dim)
+                if _symbol(d)}
     symbolic = _symbolic_axes(g)
     unused = sorted(set(dims) - set(symbolic))
     if unused:
         known = ", ".join(sorted(symbolic)) or "none"
         problems.append(f"--dim {', '.join(unused)}: no input has such a dimension (the inputs' symbolic "
                         f"dimensions: {known})")
-    unfixed: dict[str, list[str]] = {}  # symbolic name ("" when unnamed) -> "input axis k" for each use
+    given = dims
+    dims = {**_dims_from_shapes(g, shapes, dims), **dims}
+    unfixed: dict[str, list[str]] = {}  # symbolic name ("" when anonymous) -> "input axis k" for each use
     for inp in g.input:
         tt = inp.type.tensor_type
         if inp.name in shapes:
-            problems += _set_whole_shape(inp, shapes[inp.name], dims)
+            problems += _set_whole_shape(inp, shapes[inp.name], given)
             continue
         if not tt.HasField("shape"):
             problems.append(f"input {inp.name!r} has no shape; give one with --input-shape {inp.name}=...")
@@ -289,7 +327,7 @@ def _fix_input_shapes(g: onnx.GraphProto, shapes: dict[str, Sequence[int]], dims
         for axis, d in enumerate(tt.shape.dim):
             if _is_static(d):
                 continue
-            label = d.dim_param
+            label = _symbol(d)
             if label in dims:
                 _set_dim(d, dims[label])
             elif axis == 0 and symbolic.get(label, {0}) == {0}:
@@ -304,21 +342,73 @@ def _fix_input_shapes(g: onnx.GraphProto, shapes: dict[str, Sequence[int]], dims
     return resolved
 
 
+def _by_name(shapes: Mapping[str, Sequence[int]], names: Sequence[str], problems: list[str]
+             ) -> dict[str, Sequence[int]]:
+    """``--input-shape`` keyed by input name: a key that names no input but is a position is that input."""
+    out: dict[str, Sequence[int]] = {}
+    unknown = []
+    for key, shape in shapes.items():
+        if key in names:
+            name = key
+        elif key.isdigit() and int(key) < len(names):
+            name = names[int(key)]
+        else:
+            unknown.append(key)
+            continue
+        if name in out and list(out[name]) != list(shape):
+            problems.append(f"--input-shape gives input {name!r} twice (by name and by position), as "
+                            f"{'x'.join(map(str, out[name]))} and {'x'.join(map(str, shape))}")
+        out[name] = shape
+    if unknown:
+        problems.append(f"--input-shape names unknown input(s) {sorted(unknown)}; the model's inputs are {list(names)} "
+                        f"(or give them by position, 0 to {len(names) - 1})")
+    return out
+
+
+def _dims_from_shapes(g: onnx.GraphProto, shapes: Mapping[str, Sequence[int]], dims: Mapping[str, int]
+                      ) -> dict[str, int]:
+    """Sizes that whole shapes give symbolic names, for the other inputs that use the same names: a name
+    repeated on several axes of one input with different sizes says nothing (the whole shape wins)."""
+    out: dict[str, int] = {}
+    for inp in g.input:
+        want = shapes.get(inp.name)
+        have = inp.type.tensor_type.shape.dim
+        if want is None or len(want) != len(have):
+            continue
+        sizes: dict[str, set[int]] = {}
+        for d, v in zip(have, want, strict=True):
+            if _symbol(d):
+                sizes.setdefault(_symbol(d), set()).add(int(v))
+        for label, vs in sizes.items():
+            if len(vs) == 1 and label not in dims:
+                out.setdefault(label, next(iter(vs)))
+    return out
+
+
 def _resolved_dims(g: onnx.GraphProto, named_at: Mapping[tuple[str, int], str], problems: list[str]
                    ) -> dict[str, int]:
-    """Symbolic name -> the size its axes were given; a name given two sizes is added to ``problems``."""
-    sizes: dict[str, dict[int, list[str]]] = {}
+    """Symbolic name -> the size its axes were given; a name given two sizes in two inputs is added to
+    ``problems`` (one input that repeats a name with different sizes is the exporter's naming, not a
+    conflict: its whole shape was given, and the name is not recorded)."""
+    per_input: dict[str, dict[str, set[int]]] = {}
     for inp in g.input:
         for axis, d in enumerate(inp.type.tensor_type.shape.dim):
             label = named_at.get((inp.name, axis))
             if label and _is_static(d):
-                sizes.setdefault(label, {}).setdefault(d.dim_value, []).append(inp.name)
-    for label, by_size in sizes.items():
+                per_input.setdefault(label, {}).setdefault(inp.name, set()).add(d.dim_value)
+    resolved: dict[str, int] = {}
+    for label, by_input in per_input.items():
+        by_size: dict[int, list[str]] = {}
+        for name, sizes in by_input.items():
+            if len(sizes) == 1:
+                by_size.setdefault(next(iter(sizes)), []).append(name)
         if len(by_size) > 1:
             given = ", ".join(f"{v} in {', '.join(names)}" for v, names in sorted(by_size.items()))
             problems.append(f"--input-shape gives {label!r} different sizes ({given}); give one size, or --dim "
                             f"{label}=N")
-    return {label: next(iter(by_size)) for label, by_size in sorted(sizes.items())}
+        elif by_size:
+            resolved[label] = next(iter(by_size))
+    return dict(sorted(resolved.items()))
 
 
 def fixed_dims(model: onnx.ModelProto) -> dict[str, int]:
@@ -346,6 +436,17 @@ def _is_static(d: onnx.TensorShapeProto.Dimension) -> bool:
     return d.HasField("dim_value") and d.dim_value > 0
 
 
+#: Names exporters give a dimension that has no name: each such axis is its own dimension.
+_ANONYMOUS = frozenset({"", "?", "-1", "unk", "None"})
+
+
+def _symbol(d: onnx.TensorShapeProto.Dimension) -> str:
+    """A dynamic dimension's shared name; "" for a static or anonymous one (``?``, -1, no name)."""
+    if _is_static(d) or not d.HasField("dim_param") or d.dim_param.strip() in _ANONYMOUS:
+        return ""
+    return d.dim_param
+
+
 def _set_dim(d: onnx.TensorShapeProto.Dimension, value: int) -> None:
     d.Clear()
     d.dim_value = int(value)
@@ -356,8 +457,8 @@ def _symbolic_axes(g: onnx.GraphProto) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
     for inp in g.input:
         for axis, d in enumerate(inp.type.tensor_type.shape.dim):
-            if not _is_static(d) and d.dim_param:
-                out.setdefault(d.dim_param, set()).add(axis)
+            if _symbol(d):
+                out.setdefault(_symbol(d), set()).add(axis)
     return out
 
 
@@ -375,7 +476,7 @@ def _set_whole_shape(inp: onnx.ValueInfoProto, want: Sequence[int], dims: Mappin
     for d, v in zip(have, want, strict=True):
         if _is_static(d) and d.dim_value != v:
             problems.append(f"--input-shape {inp.name}: dim {d.dim_value} is fixed by the model, not {v}")
-        elif d.dim_param in dims and dims[d.dim_param] != v:
+        elif _symbol(d) in dims and dims[_symbol(d)] != v:
             problems.append(f"--input-shape {inp.name} gives {d.dim_param!r} as {v} but --dim {d.dim_param}="
                             f"{dims[d.dim_param]}")
     if not problems:
@@ -406,20 +507,105 @@ def _shape_option(inp: onnx.ValueInfoProto) -> str:
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape inference on a weightless copy (large initializers become typed inputs), so that it is fast
-    and works above protobuf's 2 GB limit; the inferred shapes are copied back into ``model``."""
+    and works above protobuf's 2 GB limit; the inferred shapes are copied back into ``model``.
+
+    ONNX shape inference does not reach past ops it has no schema for (``com.microsoft`` contrib ops, other
+    custom domains) or, in strict mode, ops whose inference it cannot finish: it is retried leniently, and
+    what it still leaves without a static shape is taken from one onnxruntime run of the model on random
+    inputs (onnxruntime runs the model; its shapes are the ones the parts will see)."""
+    _onnx_infer(model)
+    if _needs_runtime_shapes(model):
+        missing = _unshaped(model)
+        if missing:
+            _shapes_from_onnxruntime(model, missing)
+            _onnx_infer(model, keep=set(missing))
+    return model
+
+
+def _needs_runtime_shapes(model: onnx.ModelProto) -> bool:
+    """Whether ONNX shape inference may not reach every tensor: ops of other domains, control flow, or a
+    graph output it left without any shape."""
+    g = model.graph
+    return (any(n.domain not in ("", "ai.onnx") or n.op_type in ("If", "Loop", "Scan") for n in g.node)
+            or any(not o.type.tensor_type.HasField("shape") for o in g.output))
+
+
+def _onnx_infer(model: onnx.ModelProto, keep: set[str] | None = None) -> None:
+    """ONNX shape inference into ``model`` (in place); the value infos named in ``keep`` are kept as they are
+    and inferred from."""
     light = _light_copy(model)
+    kept = [vi for vi in light.graph.value_info if keep and vi.name in keep]
     del light.graph.value_info[:]
+    light.graph.value_info.extend(kept)
     for o in light.graph.output:
-        o.type.tensor_type.ClearField("shape")
+        if not (keep and o.name in keep):
+            o.type.tensor_type.ClearField("shape")
     try:
         inferred = shape_inference.infer_shapes(light, strict_mode=True, data_prop=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError) as e:
-        raise ModelError(f"shape inference failed: {_first_line(e)}") from e
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError) as strict:
+        try:
+            inferred = shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+        except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError) as e:
+            raise ModelError(f"shape inference failed: {_first_line(e)}") from e
+        log.debug("strict shape inference failed (%s); inferred leniently", _first_line(strict))
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
     del model.graph.output[:]
     model.graph.output.extend(inferred.graph.output)
-    return model
+
+
+def _unshaped(model: onnx.ModelProto) -> list[str]:
+    """Tensors of the main graph (node outputs and graph outputs) without a static shape and dtype."""
+    shapes = _static_shapes(model)
+    typed = {vi.name for vi in [*model.graph.value_info, *model.graph.output]
+             if vi.type.tensor_type.elem_type != onnx.TensorProto.UNDEFINED}
+    names = [o for n in model.graph.node for o in n.output if o] + [o.name for o in model.graph.output]
+    return list(dict.fromkeys(x for x in names if x not in shapes or x not in typed and x not in
+                              {t.name for t in model.graph.initializer}))
+
+
+def _shapes_from_onnxruntime(model: onnx.ModelProto, names: Sequence[str]) -> None:
+    """Fill in the shapes and dtypes of ``names`` (in place) from one onnxruntime run on random inputs.
+
+    Only tensor values are filled (a sequence or map output, e.g. scikit-learn's ZipMap, stays as
+    declared). A model whose inputs are not all static yet, or that onnxruntime cannot run, is left as it
+    is: the caller's later checks say what is missing."""
+    import tempfile
+
+    from functions.session import make_session
+    from partitioner.inputs import random_inputs
+    from partitioner.model_file import save_model
+
+    if not all(_is_static(d) for i in model.graph.input for d in i.type.tensor_type.shape.dim):
+        return
+    probe = copy.deepcopy(model)
+    declared = {o.name for o in probe.graph.output}
+    keep = [vi for vi in probe.graph.value_info if vi.name not in names]
+    del probe.graph.value_info[:]
+    probe.graph.value_info.extend(keep)
+    for o in probe.graph.output:
+        if o.name in names:
+            o.type.tensor_type.ClearField("shape")
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(x) for x in names if x not in declared)
+    try:
+        with tempfile.TemporaryDirectory(prefix="flatpack-shapes-") as tmp:
+            path = save_model(probe, Path(tmp) / "probe.onnx")
+            sess = make_session(path)
+            wanted = [o.name for o in sess.get_outputs() if o.name in names]
+            values = sess.run(wanted, random_inputs(probe))
+    except Exception as e:  # noqa: BLE001 - onnxruntime's errors have no common base; the caller reports
+        log.debug("onnxruntime could not give the shapes of %s: %s", list(names)[:5], e)
+        return
+    found: dict[str, onnx.ValueInfoProto] = {}
+    for name, v in zip(wanted, values, strict=True):
+        if isinstance(v, np.ndarray):
+            found[name] = helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+    for o in model.graph.output:
+        if o.name in found:
+            o.type.CopyFrom(found.pop(o.name).type)
+    keep = [vi for vi in model.graph.value_info if vi.name not in found]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend([*keep, *found.values()])
 
 
 def _light_copy(model: onnx.ModelProto, keep_elements: int = 4096) -> onnx.ModelProto:
@@ -502,9 +688,8 @@ def _fold_constants(model: onnx.ModelProto) -> int:
         return consts[name]
 
     for node in g.node:
-        foldable = node.domain in ("", "ai.onnx") and not node.op_type.startswith("Random") and not any(
-            o in graph_outputs for o in node.output
-        )
+        foldable = (node.domain in ("", "ai.onnx") and not node.op_type.startswith("Random")
+                    and node.op_type not in _NEVER_FOLD and not any(o in graph_outputs for o in node.output))
         values: list[np.ndarray] | None = None
         if foldable and node.op_type in ("Shape", "Size") and node.input[0] in shapes:
             shape = shapes[node.input[0]]
@@ -563,10 +748,32 @@ def _fold_constants(model: onnx.ModelProto) -> int:
 
 
 def _drop_unused_initializers(g: onnx.GraphProto) -> None:
-    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    used = {i for n in g.node for i in [*n.input, *outer_scope_inputs(n)]} | {o.name for o in g.output}
     keep = [t for t in g.initializer if t.name in used]
     del g.initializer[:]
     g.initializer.extend(keep)
+
+
+def outer_scope_inputs(node: onnx.NodeProto) -> list[str]:
+    """Tensors of the enclosing graph that ``node``'s subgraphs (If branches, Loop and Scan bodies) read
+    without their being listed among its inputs, in first-use order; empty for a node without subgraphs."""
+    out: dict[str, None] = {}
+    for attr in node.attribute:
+        for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            _collect_outer(sub, set(), out)
+    return list(out)
+
+
+def _collect_outer(g: onnx.GraphProto, bound: set[str], out: dict[str, None]) -> None:
+    local = set(bound) | {i.name for i in g.input} | {t.name for t in g.initializer}
+    for node in g.node:
+        for x in node.input:
+            if x and x not in local:
+                out[x] = None
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                _collect_outer(sub, local, out)
+        local.update(o for o in node.output if o)
 
 
 def _require_static_shapes(model: onnx.ModelProto) -> None:

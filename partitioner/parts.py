@@ -268,7 +268,7 @@ class CutStage:
         ``pre``: the stage's nodes that ``ri`` depends on, where the caller has them."""
         node = self.lg.nodes[ri]
         shp = self.lg.tensors
-        if node.op_type == "MatMul":
+        if node.op_type in ("MatMul", "MatMulInteger"):
             k = shp[node.input[0]].shape[-1]
         elif node.op_type == "Gemm":
             a = shp[node.input[0]].shape
@@ -329,6 +329,11 @@ class CutStage:
         ri = self.reduction_op()
         r = lg.nodes[ri]
         r_out = r.output[0]
+        if any(lg.nodes[c].op_type == "QuantizeLinear" for c in lg.consumers.get(r_out, [])):
+            # onnxruntime runs DequantizeLinear -> op -> QuantizeLinear as one integer kernel that requantises
+            # its exact sum; partial sums requantised after a float add can differ from it by one step
+            raise NotSplittable(f"{r.op_type} {r.name!r} is quantised (QDQ): its partial sums would not "
+                                "requantise exactly; split it spatially or by channel")
         avail = set(self.inputs)
         pre_nodes = lg.closure([r_out], avail)
         k, align = self.reduction_axis(ri, pre_nodes)
@@ -483,7 +488,7 @@ def _contraction_fraction(lg: LayerGraph, node: onnx.NodeProto, bw: Backward) ->
     if box is None or box == _SKIP:
         return 1.0
     shape = lg.tensors[node.input[0]].shape
-    if node.op_type == "MatMul":
+    if node.op_type in ("MatMul", "MatMulInteger"):
         axis = len(shape) - 1
     elif node.op_type == "Gemm":
         axis = 0 if _attr_int(node, "transA") else 1
@@ -595,8 +600,13 @@ def _step(lg: LayerGraph, ni: int, opset: int, override: dict[int, Rule] | None,
     outs = [need.get(o) if o else None for o in node.output]
     if all(b is None for b in outs):
         return None
-    rule = (override or {}).get(ni) or (_side_rule(lg) if ni in lg.side else rule_for(node))
-    bw = rule(_ctx(lg, ni, opset), outs)
+    rule = (override or {}).get(ni)
+    if rule is not None:
+        bw = rule(_ctx(lg, ni, opset), outs)
+    elif ni not in lg.side:
+        bw = rule_for(node)(_ctx(lg, ni, opset), outs)
+    else:
+        bw = _side_step(lg, ni, opset, outs)
     for o, want, got in zip(node.output, outs, bw.outputs, strict=True):
         if want is not None and (got is None or union(got, want) != got):
             raise AssertionError(f"rule for {node.op_type} computed {got} of {o}, less than asked {want}")
@@ -607,6 +617,24 @@ def _step(lg: LayerGraph, ni: int, opset: int, override: dict[int, Rule] | None,
             raise NotSplittable(f"{node.op_type} {node.name!r} would read an empty region of {x!r}")
         need[x] = union(need.get(x), b)
     return bw
+
+
+def _side_step(lg: LayerGraph, ni: int, opset: int, outs: list[Box | None]) -> Backward:
+    """A side node's boxes. One that transforms constants alone (a QDQ model's DequantizeLinear of a
+    weight, with its per-channel scales) follows its op's rule where it has one, so that a part holds the
+    slice of the weight it uses, still quantised (onnxruntime fuses it with the op it feeds); any other is
+    computed whole (:func:`_side_rule`)."""
+    node = lg.nodes[ni]
+    if node.op_type in _WEIGHT_TRANSFORMS and all(lg.is_initializer(x) for x in node.input if x):
+        try:
+            return rule_for(node)(_ctx(lg, ni, opset), outs)
+        except NotSplittable:
+            pass
+    return _side_rule(lg)(_ctx(lg, ni, opset), outs)
+
+
+# Ops on constants whose slice is the op on the constants' slices (cheaper than computing them whole).
+_WEIGHT_TRANSFORMS = frozenset({"DequantizeLinear", "Cast", "Transpose"})
 
 
 def _side_rule(lg: LayerGraph) -> Rule:
@@ -723,7 +751,8 @@ def extract_model(lg: LayerGraph, nodes: Sequence[int], inputs: Sequence[str], o
     """The sub-model of ``nodes`` (unchanged) reading ``inputs`` and producing ``outputs``."""
     input_specs = input_specs or {}
     body = [lg.nodes[i] for i in nodes]
-    used = {x for n in [*front, *body] for x in n.input if x and lg.is_initializer(x)}
+    used = {x for n in front for x in n.input if x and lg.is_initializer(x)}
+    used |= {x for i in nodes for x in lg.node_reads[i] if lg.is_initializer(x)}
     inits = [lg.initializer_proto(x) for x in sorted(used)]
     inits += [numpy_helper.from_array(v, k) for k, v in (extra_inits or {}).items()]
 
@@ -748,12 +777,14 @@ def _attr_int(node: onnx.NodeProto, name: str, default: int = 0) -> int:
 def _bias_of(lg: LayerGraph, r: onnx.NodeProto) -> np.ndarray | None:
     """The bias the reduction op adds itself (Gemm's beta*C, Conv's B), shaped to broadcast on its output."""
     if r.op_type == "Gemm" and len(r.input) > 2 and r.input[2]:
-        c = lg.initializer(r.input[2]) if lg.is_initializer(r.input[2]) else None
+        c = lg.initializer(r.input[2]) if lg.is_initializer(r.input[2]) else None  # a QDQ bias is computed
         if c is None:
             raise NotSplittable(f"Gemm {r.name!r} has a non-constant C")
         beta = next((float(helper.get_attribute_value(a)) for a in r.attribute if a.name == "beta"), 1.0)
         return (beta * c).astype(c.dtype)
     if r.op_type == "Conv" and len(r.input) > 2 and r.input[2]:
+        if not lg.is_initializer(r.input[2]):
+            raise NotSplittable(f"Conv {r.name!r} has a computed bias")
         b = lg.initializer(r.input[2])
         rank = len(lg.tensors[r.output[0]].shape)
         return b.reshape((1, -1) + (1,) * (rank - 2))
@@ -767,13 +798,15 @@ def _reduction_rule(lg: LayerGraph, r: onnx.NodeProto, k: tuple[int, int]) -> Ru
         out_shape = ctx.out_shape()
         out_box = full(out_shape)
         op = r.op_type
-        if op == "MatMul":
+        if op in ("MatMul", "MatMulInteger"):
+            # MatMulInteger: int32 partial sums add exactly; its zero points (per tensor, row or column)
+            # do not run along K, so every part reads them whole
             a_shape, b_shape = ctx.shape(0), ctx.shape(1)
             a_box = full(a_shape)[:-1] + (k,)
             b_box = full(b_shape)[:-2] + (k, (0, b_shape[-1]))
             if not (lg.is_initializer(r.input[0]) or lg.is_initializer(r.input[1])):
-                raise NotSplittable(f"MatMul {r.name!r} has no constant operand to slice")
-            return Backward([a_box, b_box], [out_box])
+                raise NotSplittable(f"{op} {r.name!r} has no constant operand to slice")
+            return Backward([a_box, b_box] + [None] * (len(r.input) - 2), [out_box])
         if op == "Gemm":
             ta, tb = _attr_int(r, "transA"), _attr_int(r, "transB")
             a_shape, b_shape = ctx.shape(0), ctx.shape(1)

@@ -212,8 +212,26 @@ def _windowed(ctx: NodeCtx, box: Box, kernel: Sequence[int], channel_in: tuple[i
 
 
 def _conv(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    return _conv_like(ctx, outs, w=1, bias=2, per_channel=())
+
+
+def _qlinear_conv(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    """QLinearConv (x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B): a Conv whose padding is x's zero
+    point, so a border tile's new pads mean what the model's did; w_scale and w_zp may be per channel."""
+    return _conv_like(ctx, outs, w=3, bias=8, per_channel=(4, 5))
+
+
+def _conv_integer(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    """ConvInteger (x, w, x_zp, w_zp): w_zp may be per output channel; x pads with x's zero point."""
+    return _conv_like(ctx, outs, w=1, bias=-1, per_channel=(3,))
+
+
+def _conv_like(ctx: NodeCtx, outs: list[Box | None], *, w: int, bias: int, per_channel: Sequence[int]
+               ) -> Backward:
+    """A convolution with input 0, weight ``w``, per-output-channel ``bias`` (-1: none) and parameters at
+    ``per_channel`` that are either one value or one per output channel."""
     box = _only_first_output(outs, ctx)
-    w_shape = ctx.shape(1)
+    w_shape = ctx.shape(w)
     cout, cin_g = w_shape[0], w_shape[1]
     group = ctx.int_attr("group", 1)
     cout_g = cout // group
@@ -232,15 +250,33 @@ def _conv(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
     in_box, attrs = _windowed(ctx, computed, kernel, cin)
     attrs["group"] = new_group
     w_box = ((c0, c1), (0, cin_g), *full(w_shape[2:]))
-    ins: list[Box | None] = [in_box, w_box]
-    if len(ctx.node.input) > 2 and ctx.node.input[2]:
-        ins.append(((c0, c1),))
+    ins: list[Box | None] = [None] * len(ctx.node.input)
+    ins[0], ins[w] = in_box, w_box
+    if 0 <= bias < len(ctx.node.input) and ctx.node.input[bias]:
+        ins[bias] = ((c0, c1),)
+    for i in per_channel:
+        ins[i] = _param_box(ctx, i, (c0, c1), cout)
 
     def rewrite(node: onnx.NodeProto, i: list[str], o: list[str], ib: Sequence[Box | None],
                 ob: Sequence[Box | None], emit: EmitConst) -> list[onnx.NodeProto]:
         return [_copy(node, i, o, **attrs)]
 
     return Backward(ins, [computed], rewrite)
+
+
+def _param_box(ctx: NodeCtx, i: int, rng: tuple[int, int], size: int) -> Box | None:
+    """The box of quantisation parameter ``i`` (a scale or zero point) for range ``rng`` of the axis it
+    runs along: None (read whole) when it is one value for the whole tensor."""
+    if i >= len(ctx.node.input) or not ctx.node.input[i]:
+        return None
+    shape = ctx.shape(i)
+    n = math.prod(shape)
+    if n <= 1:
+        return None
+    if len(shape) != 1 or shape[0] != size:
+        raise NotSplittable(f"{ctx.node.op_type} {ctx.node.name!r}: input {i} has shape {shape}, neither one value "
+                            f"nor one per channel ({size})")
+    return (rng,)
 
 
 def _pool(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
@@ -327,16 +363,59 @@ def _transpose(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
 
 
 def _matmul(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    return _matmul_like(ctx, outs, a=0, b=1, a_params=(), b_params=())
+
+
+def _qlinear_matmul(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    """QLinearMatMul (a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp): b's parameters may be per column."""
+    return _matmul_like(ctx, outs, a=0, b=3, a_params=(), b_params=(4, 5))
+
+
+def _matmul_integer(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    """MatMulInteger (A, B, a_zp, b_zp): a_zp may be per row of A, b_zp per column of B."""
+    return _matmul_like(ctx, outs, a=0, b=1, a_params=(2,), b_params=(3,))
+
+
+def _matmul_like(ctx: NodeCtx, outs: list[Box | None], *, a: int, b: int, a_params: Sequence[int],
+                 b_params: Sequence[int]) -> Backward:
     box = _only_first_output(outs, ctx)
-    a_shape, b_shape, o_shape = ctx.shape(0), ctx.shape(1), ctx.out_shape()
+    a_shape, b_shape, o_shape = ctx.shape(a), ctx.shape(b), ctx.out_shape()
     if len(a_shape) < 2 or len(b_shape) < 2:
-        raise NotSplittable(f"MatMul {ctx.node.name!r} with a 1-D operand")
+        raise NotSplittable(f"{ctx.node.op_type} {ctx.node.name!r} with a 1-D operand")
     batch = box[:-2]
     a_batch = _broadcast_box(batch, a_shape[:-2], o_shape[:-2]) if len(a_shape) > 2 else ()
     b_batch = _broadcast_box(batch, b_shape[:-2], o_shape[:-2]) if len(b_shape) > 2 else ()
-    a_box = (*a_batch, box[-2], (0, a_shape[-1]))
-    b_box = (*b_batch, (0, b_shape[-2]), box[-1])
-    return Backward([a_box, b_box], [box])
+    ins: list[Box | None] = [None] * len(ctx.node.input)
+    ins[a] = (*a_batch, box[-2], (0, a_shape[-1]))
+    ins[b] = (*b_batch, (0, b_shape[-2]), box[-1])
+    for i in a_params:
+        ins[i] = _param_box(ctx, i, box[-2], a_shape[-2])
+    for i in b_params:
+        ins[i] = _param_box(ctx, i, box[-1], b_shape[-1])
+    return Backward(ins, [box])
+
+
+def _quantize_linear(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    """QuantizeLinear / DequantizeLinear: element-wise, with a scale and zero point that are one value or
+    one per slice of ``axis`` (blocked quantisation is not split)."""
+    box = _only_first_output(outs, ctx)
+    if ctx.int_attr("block_size", 0):
+        raise NotSplittable(f"{ctx.node.op_type} {ctx.node.name!r} uses blocked quantisation")
+    rank = len(box)
+    axis = ctx.int_attr("axis", 1)
+    axis = axis + rank if axis < 0 else axis
+    ins: list[Box | None] = [box]
+    for i in (1, 2):
+        if i < len(ctx.node.input):
+            ins.append(_param_box(ctx, i, box[axis], ctx.out_shape()[axis]) if rank > axis else None)
+    return Backward(ins, [box])
+
+
+def _dynamic_quantize_linear(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    """DynamicQuantizeLinear: its scale and zero point come from the whole input's range, so every part
+    reads the whole input and quantises all of it (cheap); the engine crops what the part needs."""
+    shape = ctx.shape(0)
+    return Backward([full(shape)], [full(shape), (), ()])
 
 
 def _gemm(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
@@ -647,6 +726,13 @@ RULES.update({
     "Gather": _gather,
     "Expand": _expand,
     "Pad": _pad,
+    "QLinearConv": _qlinear_conv,
+    "ConvInteger": _conv_integer,
+    "QLinearMatMul": _qlinear_matmul,
+    "MatMulInteger": _matmul_integer,
+    "QuantizeLinear": _quantize_linear,
+    "DequantizeLinear": _quantize_linear,
+    "DynamicQuantizeLinear": _dynamic_quantize_linear,
 })
 
 

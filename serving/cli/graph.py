@@ -54,11 +54,12 @@ def _mb(n: int) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the units as JSON.")
 def inspect_cmd(model: str, shapes: ShapeFixes, as_json: bool) -> None:
     """Show the layer graph of MODEL: units, cut tensors, FLOPs, bytes and split families."""
-    from partitioner.options import unit_families
+    from partitioner.options import unit_families, unit_refusals
 
     with _user_errors():
         lg = _load(model, shapes)
         families = {u.index: unit_families(lg, u.index) for u in lg.units}
+        why_not = {u.index: unit_refusals(lg, u.index) if not families[u.index] else {} for u in lg.units}
     if as_json:
         units = [
             {
@@ -67,6 +68,7 @@ def inspect_cmd(model: str, shapes: ShapeFixes, as_json: bool) -> None:
                 "flops": u.flops, "weight_bytes": u.weight_bytes, "input_bytes": u.input_bytes,
                 "output_bytes": u.output_bytes, "activation_bytes": u.activation_bytes,
                 "families": families[u.index],
+                **({"no_split": why_not[u.index]} if why_not[u.index] else {}),
             }
             for u in lg.units
         ]
@@ -80,6 +82,10 @@ def inspect_cmd(model: str, shapes: ShapeFixes, as_json: bool) -> None:
         table.add_row(str(u.index), u.label, str(len(u.nodes)), shape, f"{u.flops / 1e6:.1f}", _mb(u.weight_bytes),
                       _mb(u.output_bytes), ", ".join(families[u.index]) or "-")
     _console.print(table)
+    for u in lg.units:
+        if why_not[u.index]:
+            reasons = "; ".join(f"{f}: {why}" for f, why in why_not[u.index].items())
+            _console.print(f"unit {u.index} ({u.label}) has no split family: {reasons}")
     s = lg.summary()
     _console.print(f"total {s['flops'] / 1e9:.3f} GFLOPs, {_mb(s['weight_bytes'])} MB of weights; "
                    f"inputs {', '.join(lg.inputs)}; outputs {', '.join(lg.outputs)}")

@@ -22,12 +22,15 @@ setup: $(BIN)/flatpack
 demo: setup
 	$(BIN)/flatpack demo --model vgg16 --width-div 2 --input-size 224 --memory 512 --port 8080
 
-# ruff (style, bugs, security), import-linter (DESIGN.md's layers), mypy (every product package), then pytest
+# the docs (mkdocs, strict: a broken link or a page missing from the nav fails), ruff (style, bugs, security),
+# import-linter (DESIGN.md's layers), mypy (every product package), then pytest, which fails when the run
+# leaves files in $HOME or /tmp (--leak-check, tests/hygiene.py)
 test: setup
+	$(BIN)/mkdocs build --strict --quiet --site-dir $(abspath $(BUILD))/site
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 -q --leak-check
 
 clean:
 	rm -rf $(BUILD) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache

@@ -20,14 +20,6 @@ from autoencoder.bundle import (
     write_compressed_bundle,
 )
 from autoencoder.cache import CACHE_FORMAT, AutoencoderCache, CacheEntry, cache_key
-from autoencoder.calibration import (
-    CalibrationSet,
-    calibration_for,
-    image_input,
-    load_calibration,
-    shipped_calibration,
-    synthetic_images,
-)
 from autoencoder.compress import (
     ModelSource,
     PhaseProgress,
@@ -41,6 +33,14 @@ from autoencoder.compress import (
     split_point,
 )
 from autoencoder.config import TrainConfig
+from autoencoder.datasets import (
+    CalibrationSet,
+    calibration_for,
+    image_input,
+    load_calibration,
+    shipped_calibration,
+    synthetic_images,
+)
 from autoencoder.design import AEDesign, design_for
 from autoencoder.edge import EdgeKind, EdgeOption, edge_options
 from autoencoder.errors import CompressionError

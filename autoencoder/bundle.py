@@ -25,9 +25,9 @@ from typing import Any, Literal
 import onnx
 
 from autoencoder.cache import AutoencoderCache
-from autoencoder.calibration import CalibrationSet
 from autoencoder.compress import ModelSource, PhaseProgress, SplitCompression, compress_split, load_model_graph
 from autoencoder.config import TrainConfig
+from autoencoder.datasets import CalibrationSet
 from autoencoder.errors import CompressionError
 from autoencoder.export import code_name
 from autoencoder.fidelity import Fidelity

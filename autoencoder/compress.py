@@ -22,8 +22,8 @@ import onnx
 import onnx.utils
 
 from autoencoder.cache import AutoencoderCache, cache_key
-from autoencoder.calibration import CalibrationSet, calibration_for
 from autoencoder.config import TrainConfig
+from autoencoder.datasets import CalibrationSet, calibration_for
 from autoencoder.design import AEDesign, design_for
 from autoencoder.errors import CompressionError
 from autoencoder.export import decoder_model, encoder_model

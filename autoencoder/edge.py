@@ -15,7 +15,6 @@ from typing import Any, Literal
 import numpy as np
 
 from autoencoder.cache import AutoencoderCache
-from autoencoder.calibration import CalibrationSet, calibration_for
 from autoencoder.compress import (
     ModelSource,
     PhaseProgress,
@@ -26,6 +25,7 @@ from autoencoder.compress import (
     prefix_model,
 )
 from autoencoder.config import TrainConfig
+from autoencoder.datasets import CalibrationSet, calibration_for
 from autoencoder.errors import CompressionError
 from autoencoder.lossless import WIRE_CODECS, LosslessResult, measure_lossless
 from autoencoder.runner import BatchRunner

@@ -24,9 +24,9 @@ from typing import Any
 
 from autoencoder.bundle import write_coded_bundle
 from autoencoder.cache import AutoencoderCache
-from autoencoder.calibration import CalibrationSet, load_calibration, shipped_calibration
 from autoencoder.compress import SplitCompression, cached_split, conv_split_units, load_model_graph
 from autoencoder.config import TrainConfig
+from autoencoder.datasets import CalibrationSet, load_calibration, shipped_calibration
 from autoencoder.edge import edge_options
 from autoencoder.errors import CompressionError
 from autoencoder.fidelity import Fidelity, measure_fidelity

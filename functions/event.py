@@ -5,7 +5,8 @@ An event asks a function to run the whole plan (``kind="infer"``, the master) or
 
     {kind, request_id, deployment, stage, part, attempt, deadline_ms, inputs: [{name, ref | inline}]}
 
-and the reply is ``{outputs: [{name, ref | inline}], timings, peak_rss_mb}`` or ``{error: {type, message}}``.
+and the reply is ``{outputs: [{name, ref | inline}], timings, peak_rss_mb[, trace]}`` or ``{error: {type, message}}``
+(``trace``: the master's spans of the request, :mod:`functions.trace`'s rows).
 ``deadline_ms`` is Unix time in milliseconds by which the caller needs the reply.
 
 Two wire forms carry the same document:
@@ -24,11 +25,12 @@ import json
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from functions.codec import ALIGN, Buffer
 from functions.errors import BadRequest, FunctionError
 from functions.plan import Region
+from functions.trace import Span, spans_from_rows, spans_to_rows
 
 __all__ = [
     "Event",
@@ -118,8 +120,34 @@ class TensorEntry:
             raise BadRequest(f"malformed tensor entry {dict(d)!r:.200}: {e}") from e
 
 
+class _Message:
+    """The wire forms of a document type (:class:`Event`, :class:`Reply`): ``to_doc`` writes its JSON
+    document, putting inline tensors in ``blobs``; ``from_doc`` reads one back."""
+
+    def to_doc(self, blobs: list[Buffer]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_doc(cls, d: Mapping[str, Any], blobs: Sequence[Buffer] = ()) -> Self:
+        raise NotImplementedError
+
+    def encode(self, wire: Wire = "binary") -> bytes:
+        blobs: list[Buffer] = []
+        return encode_message(self.to_doc(blobs), blobs, wire)
+
+    def to_json_doc(self) -> dict[str, Any]:
+        """The JSON-form document (inline tensors as base64): a Lambda event, or what a Lambda handler returns."""
+        blobs: list[Buffer] = []
+        return _inline_blobs(self.to_doc(blobs), blobs)
+
+    @classmethod
+    def decode(cls, data: Buffer) -> Self:
+        doc, blobs = decode_message(data)
+        return cls.from_doc(doc, blobs)
+
+
 @dataclass(frozen=True)
-class Event:
+class Event(_Message):
     kind: EventKind
     request_id: str
     deployment: str
@@ -169,27 +197,14 @@ class Event:
             raise BadRequest("a part event needs 'stage' and 'part'")
         return ev
 
-    def encode(self, wire: Wire = "binary") -> bytes:
-        blobs: list[Buffer] = []
-        return encode_message(self.to_doc(blobs), blobs, wire)
-
-    def to_json_doc(self) -> dict[str, Any]:
-        """The JSON-form document (inline tensors as base64), e.g. for a Lambda event."""
-        blobs: list[Buffer] = []
-        return _inline_blobs(self.to_doc(blobs), blobs)
-
-    @classmethod
-    def decode(cls, data: Buffer) -> Event:
-        doc, blobs = decode_message(data)
-        return cls.from_doc(doc, blobs)
-
 
 @dataclass(frozen=True)
-class Reply:
+class Reply(_Message):
     outputs: tuple[TensorEntry, ...] = ()
     timings: Mapping[str, float] = field(default_factory=dict)
     peak_rss_mb: float = 0.0
     error: Mapping[str, Any] | None = None
+    trace: tuple[Span, ...] = ()
 
     @classmethod
     def failure(cls, err: FunctionError, *, timings: Mapping[str, float] | None = None) -> Reply:
@@ -198,11 +213,14 @@ class Reply:
     def to_doc(self, blobs: list[Buffer]) -> dict[str, Any]:
         if self.error is not None:
             return {"error": dict(self.error), "timings": dict(self.timings), "peak_rss_mb": self.peak_rss_mb}
-        return {
+        doc: dict[str, Any] = {
             "outputs": [e._to_doc(blobs) for e in self.outputs],
             "timings": {k: round(float(v), 4) for k, v in self.timings.items()},
             "peak_rss_mb": round(float(self.peak_rss_mb), 2),
         }
+        if self.trace:
+            doc["trace"] = spans_to_rows(self.trace)
+        return doc
 
     @classmethod
     def from_doc(cls, d: Mapping[str, Any], blobs: Sequence[Buffer] = ()) -> Reply:
@@ -211,26 +229,17 @@ class Reply:
         err = d.get("error")
         if err is not None and not isinstance(err, Mapping):
             err = {"type": "FunctionError", "message": str(err)}
+        try:
+            trace = spans_from_rows(d.get("trace") or ())
+        except ValueError as e:
+            raise BadRequest(f"malformed reply: {e}") from e
         return cls(
             outputs=tuple(TensorEntry._from_doc(e, blobs) for e in d.get("outputs", ())),
             timings={str(k): float(v) for k, v in (d.get("timings") or {}).items()},
             peak_rss_mb=float(d.get("peak_rss_mb") or 0.0),
             error=err,
+            trace=trace,
         )
-
-    def encode(self, wire: Wire = "binary") -> bytes:
-        blobs: list[Buffer] = []
-        return encode_message(self.to_doc(blobs), blobs, wire)
-
-    def to_json_doc(self) -> dict[str, Any]:
-        """The JSON-form document (inline tensors as base64), e.g. what a Lambda handler returns."""
-        blobs: list[Buffer] = []
-        return _inline_blobs(self.to_doc(blobs), blobs)
-
-    @classmethod
-    def decode(cls, data: Buffer) -> Reply:
-        doc, blobs = decode_message(data)
-        return cls.from_doc(doc, blobs)
 
 
 def _pad(n: int) -> int:

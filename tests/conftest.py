@@ -25,17 +25,22 @@ from onnx import TensorProto, helper, numpy_helper
 
 from functions.bundle import MANIFEST_SCHEMA, sha256_file
 from functions.plan import Function, ModelInfo, Part, PartInput, Plan, Split, Stage, TensorSpec, full_region
+from tests.hygiene import isolate, pytest_addoption, pytest_configure, pytest_sessionfinish, pytest_unconfigure  # noqa: F401
 
 #: the checkout the tests run from (the tests live in tests/<package>/)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+#: this run's own tree, where the cache, state and temporary directories point (tests/hygiene.py); the zoo
+#: models the tests build are cached in it once per run, for every test and xdist worker
+TEST_ROOT = isolate()
 
 # Local platforms that tests start indirectly (`flatpack deploy` in a subprocess, benchmark harnesses) give
 # instances whole cores: the tests are about behaviour, and a 128 MB function's emulated 0.07 vCPU would make
 # every cold start take seconds. tests/integration/test_cpu_share.py exercises each CPU-share mechanism.
 os.environ.setdefault("FLATPACK_PLATFORM_CPU_LIMIT", "off")
 # Planning commands that tests run measure nothing before planning (no unit profiling, no plans deployed and
-# timed on the local platform): they plan from the cached profile or one whole-model timing, as before the
-# budget existed. tests/integration/test_stage_times_live.py and tests/serving/test_cli_plan.py measure.
+# timed on the local platform): they plan from the cached profile or one whole-model timing.
+# tests/integration/test_stage_times_live.py and tests/serving/test_cli_plan.py measure.
 os.environ.setdefault("FLATPACK_PROFILE_BUDGET", "0")
 
 # --------------------------------------------------------------------------------------------------------

@@ -194,7 +194,7 @@ _REDUCE_AXES_INPUT_OPSET = 18
 
 def _strip_noop_with_empty_axes(model: onnx.ModelProto) -> None:
     # onnx's 18 -> 17 adapter moves Reduce* axes back to an attribute but keeps noop_with_empty_axes,
-    # which only ReduceSum has before opset 18. Its default (0) is the old behaviour, so drop it then.
+    # which only ReduceSum has before opset 18. Its default (0) means what those ops do at 17, so drop it.
     for node in model.graph.node:
         if not node.op_type.startswith("Reduce") or node.op_type == "ReduceSum":
             continue

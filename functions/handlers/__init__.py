@@ -4,4 +4,4 @@ serve on the master (``routes``) and how an instance starts (``cold_start``); th
 ``python -m functions.local_instance``. The deployers ship these modules in every function package; the
 files in ``templates/`` only point a target at them."""
 
-__all__ = ["aws_lambda", "cold_start", "openfaas", "routes"]
+__all__ = ["aws_lambda", "cold_start", "instance", "openfaas", "routes"]

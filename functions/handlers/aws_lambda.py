@@ -28,9 +28,8 @@ from typing import Any
 
 from functions.errors import FunctionError, PartError
 from functions.event import Reply, now_ms
-from functions.handlers.cold_start import retire, start_runtime
+from functions.handlers.instance import Instance
 from functions.handlers.routes import HttpRequest, HttpResponse, InferenceRoutes
-from functions.inference_stats import InferenceStats
 from functions.runtime import FunctionRuntime
 from functions.settings import api_token
 
@@ -41,26 +40,13 @@ log = logging.getLogger(__name__)
 #: the time kept back from Lambda's deadline to encode and return the reply
 REPLY_MARGIN_MS = 250
 
-_runtime: FunctionRuntime | None = None
-
-#: this instance's inference statistics (Triton's statistics extension), by model, as long as it lives
-_stats: dict[str, InferenceStats] = {}
+#: this process's instance: its runtime and inference statistics, kept across the events it serves
+_instance = Instance()
 
 
 def runtime() -> FunctionRuntime:
     """This execution environment's runtime, built on first use. Raises InitError."""
-    global _runtime
-    if _runtime is None:
-        _runtime = start_runtime()
-    return _runtime
-
-
-def _after_event() -> None:
-    """Replace a runtime that went over its memory (Lambda itself would have killed the environment)."""
-    global _runtime
-    if _runtime is not None and _runtime.over_memory:
-        retire(_runtime)
-        _runtime = None
+    return _instance.runtime()
 
 
 def _deadline_ms(context: Any) -> int | None:
@@ -101,13 +87,13 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     deadline_ms = _deadline_ms(context)
     if _is_http(event):
         try:
-            routes = InferenceRoutes(runtime, token=api_token(), stats=_stats)
+            routes = InferenceRoutes(runtime, token=api_token(), stats=_instance.stats)
             return _http_response(routes.handle(_http_request(event), deadline_ms=deadline_ms))
         except Exception as e:  # noqa: BLE001 - a malformed event still gets an HTTP answer, never an escape
             log.exception("HTTP event failed")
             return _http_response(HttpResponse.error(e))
         finally:
-            _after_event()
+            _instance.after_event()
     try:
         rt = runtime()
         return rt.handle_doc(event, deadline_ms=deadline_ms)
@@ -116,7 +102,7 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
         return Reply.failure(e, timings={"total_ms": 1e3 * (time.perf_counter() - t0)}).to_json_doc()
     except Exception as e:  # noqa: BLE001 - handle_doc answers every error; this is the backstop
         log.exception("function event failed")
-        err = PartError(f"unexpected error: {e!r}", function=_runtime.config.function if _runtime else None)
+        err = PartError(f"unexpected error: {e!r}", function=_instance.function)
         return Reply.failure(err, timings={"total_ms": 1e3 * (time.perf_counter() - t0)}).to_json_doc()
     finally:
-        _after_event()
+        _instance.after_event()

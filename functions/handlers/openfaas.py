@@ -27,10 +27,9 @@ from typing import Any
 
 from functions.errors import FunctionError, PartError
 from functions.event import Reply
-from functions.handlers.cold_start import retire, start_runtime
+from functions.handlers.instance import Instance
 from functions.handlers.routes import HttpRequest, HttpResponse, InferenceRoutes
 from functions.http_errors import RequestTooLarge, RouteNotFound
-from functions.inference_stats import InferenceStats
 from functions.runtime import FunctionRuntime
 from functions.settings import api_token, log_level
 
@@ -40,26 +39,13 @@ log = logging.getLogger(__name__)
 
 _DEFAULT_MAX_BODY = 256 * 2**20
 
-_runtime: FunctionRuntime | None = None
-
-#: this instance's inference statistics (Triton's statistics extension), by model, as long as it lives
-_stats: dict[str, InferenceStats] = {}
+#: this process's instance: its runtime and inference statistics, kept across the events it serves
+_instance = Instance()
 
 
 def runtime() -> FunctionRuntime:
     """This replica's runtime, built on first use. Raises InitError."""
-    global _runtime
-    if _runtime is None:
-        _runtime = start_runtime()
-    return _runtime
-
-
-def _after_event() -> None:
-    """Replace a runtime that went over its memory (Kubernetes would have killed the container)."""
-    global _runtime
-    if _runtime is not None and _runtime.over_memory:
-        retire(_runtime)
-        _runtime = None
+    return _instance.runtime()
 
 
 def handle_message(payload: bytes) -> HttpResponse:
@@ -71,10 +57,10 @@ def handle_message(payload: bytes) -> HttpResponse:
         return HttpResponse(500, {"content-type": "application/json"}, Reply.failure(e).encode("json"))
     except Exception as e:  # noqa: BLE001 - the runtime turns failures into replies; this is the backstop
         log.exception("unexpected failure")
-        err = PartError(f"unexpected error: {e!r}", function=_runtime.config.function if _runtime else None)
+        err = PartError(f"unexpected error: {e!r}", function=_instance.function)
         return HttpResponse(500, {"content-type": "application/json"}, Reply.failure(err).encode("json"))
     finally:
-        _after_event()
+        _instance.after_event()
     return HttpResponse(500 if failed else 200, {"content-type": "application/octet-stream"}, reply)
 
 
@@ -148,9 +134,9 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith("/v2/") or path == "/v2":
             request = HttpRequest(method, path, {k.lower(): v for k, v in self.headers.items()}, body)
             try:
-                self._send(InferenceRoutes(runtime, token=api_token(), stats=_stats).handle(request))
+                self._send(InferenceRoutes(runtime, token=api_token(), stats=_instance.stats).handle(request))
             finally:
-                _after_event()
+                _instance.after_event()
             return
         if method == "POST":
             self._send(handle_message(body))
@@ -191,5 +177,4 @@ def main() -> None:
         pass
     finally:
         server.server_close()
-        if _runtime is not None:
-            _runtime.close()
+        _instance.close()

@@ -1,6 +1,6 @@
 """MOPAR's HyPAD (Algorithm 1): vertical slices by cost, horizontal sub-slices by latency, memory per slice.
 
-1. Simplify (:mod:`partitioner.solvers.simplify`): node and edge elimination on the layers' own resource
+1. Simplify (:mod:`partitioner.solvers.coarsen`): node and edge elimination on the layers' own resource
    profile, to a fixpoint; the cuts no merged node spans are the candidate split points.
 2. Vertical split points by a DP minimising the sum of slice costs. A slice's cost is MOPAR's
    M x (t_p + t_a) x c_m + c_n x t_c, with each term as the platform bills it: the slice's function at
@@ -31,8 +31,8 @@ from functools import lru_cache
 
 from functions.plan import Split
 from partitioner.perfmodel import CutCodec, CutCodecs, PerfModel, PlanEstimate, PlatformFacts, StageChoice
+from partitioner.solvers.coarsen import SIMILARITY, layer_dag, segments, simplify_dag
 from partitioner.solvers.common import SPLITS, Infeasible, SolverResult
-from partitioner.solvers.simplify import SIMILARITY, layer_dag, segments, simplify_dag
 
 __all__ = ["SIMILARITY", "hypad", "simplify", "unsplit_plan"]
 

@@ -27,13 +27,13 @@ which holds every earlier group and placement but not the current step's partiti
 of per-head distributions can still put all its mass on the best joint action, so the optimum stays
 reachable; only exploration differs.
 
-Why these choices (each tried against the alternative on VGG-11, AWS Lambda profile):
+Why these choices (each against the alternative it replaces):
 
 - PPO rather than REINFORCE: the same policy gradient, with a learned baseline (the value network) and
   clipped updates; stable-baselines3 has no plain REINFORCE. ``gamma = 1``: the reward comes at the end.
 - One step per unit, not "length of the next group": a cut decision then sits at the same step
   whatever was decided before it; with lengths, changing one group shifts every later decision and
-  PPO stayed in the first grouping it found.
+  PPO stays in the first grouping it finds.
 - A separate "parallel" head: with the split drawn uniformly from a dozen options, early plans are
   mostly wide splits everywhere, PPO learns first to avoid groups at all, and stays there; a coin for
   "split or not" starts it near the one-function plan instead.
@@ -42,9 +42,8 @@ Why these choices (each tried against the alternative on VGG-11, AWS Lambda prof
 - The agent decides shapes, not sizes (``resize``, the default): every episode plans at the largest
   sizes, and a plan within the SLO is rewarded as its shape at its cheapest sizes
   (``sizing.Incumbent``). With Gillis's agent picking sizes too, the reward of a good shape at random
-  sizes hid it: PPO settled on whatever shape it had first tuned the sizes of (on vgg11 at 1.6 x the
-  fastest latency, 2 seeds of 4 found the cheapest plan in 40,000 steps, its best plans sized alike);
-  planning shapes, 9 of 10 in 18,480.
+  sizes hides it, and PPO settles on whatever shape it first tuned the sizes of; sizing each shape
+  exactly makes the reward a function of the shape alone.
 - Fresh agents: PPO settles within a few hundred episodes, after which it only repeats shapes it has
   seen. Once one has found no new shape for ``patience`` episodes, a fresh agent (another seed) takes
   the rest of the budget; the search stops once three agents in a row settled without a cheaper plan.
@@ -64,6 +63,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -80,6 +80,7 @@ try:
     from gymnasium import spaces
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import Logger, configure
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ImportError("the RL planner needs stable-baselines3 and gymnasium: pip install 'flatpack[rl]'") from e
 
@@ -327,6 +328,15 @@ def _agent_seed(seed: int, agent: int) -> int:
     return seed if agent == 0 else int(np.random.SeedSequence([seed, agent]).generate_state(1)[0] >> 1)
 
 
+def _agent_logger(log_dir: str | Path | None, agent: int) -> Logger:
+    """Agent ``agent``'s training log: a CSV file under ``log_dir``, or one that writes nowhere. Set on every
+    agent, since stable-baselines3's default (``configure_logger``) makes a ``/tmp/SB3-<date>`` directory
+    even when it writes nothing to it."""
+    if log_dir is None:
+        return Logger(folder=None, output_formats=[])
+    return configure(str(Path(log_dir) / f"agent-{agent}"), ["csv"])
+
+
 def default_timesteps(space: SearchSpace) -> int:
     """The training budget ``rl_solver`` takes by default: ``EPISODES_PER_CHOICE`` episodes per unit and split
     level (the decisions that make a plan's shape), an episode being one step plus one per unit."""
@@ -338,7 +348,7 @@ def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
               learning_rate: float = 1e-3, n_steps: int = 512, batch_size: int = 128, n_epochs: int = 4,
               gae_lambda: float = 0.95, ent_coef: float = 0.01, net_arch: tuple[int, ...] = (64, 64),
               torch_threads: int = 1, warm_start: bool = True, resize: bool = True,
-              polish: bool = True) -> SolverResult:
+              polish: bool = True, log_dir: str | Path | None = None) -> SolverResult:
     """The cheapest plan within ``slo_ms`` that a PPO agent finds in ``timesteps`` environment steps.
 
     Parameters
@@ -375,6 +385,9 @@ def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
     polish:
         Lower each function's memory of the best plan off the grid where that is cheaper, as ``slo_dp`` does
         (``dp.shrink_memory``; False: the best plan on the grid).
+    log_dir:
+        Where stable-baselines3 writes each agent's training log (``progress.csv``, one subdirectory per
+        agent); None, the default: nowhere (its default logger would leave a ``/tmp/SB3-*`` directory per agent).
 
     Returns the best feasible plan seen during training. Raises ``Infeasible`` if none was seen, which
     does not prove there is none: ``slo_dp`` is exact on the same space.
@@ -406,6 +419,7 @@ def rl_solver(space: SearchSpace, slo_ms: float, master_memories: list[int], *, 
                 n_epochs=n_epochs, gamma=1.0, gae_lambda=gae_lambda, ent_coef=ent_coef, seed=_agent_seed(seed, agents),
                 device="cpu", policy_kwargs={"net_arch": {"pi": list(net_arch), "vf": list(net_arch)}}, verbose=0,
             )
+            model.set_logger(_agent_logger(log_dir, agents))
             env.new_shape_at = env.episodes  # each agent has its own patience
             monitor = _Monitor(env, timesteps, done, progress, n_steps, patience)
             model.learn(total_timesteps=timesteps - done, callback=monitor)

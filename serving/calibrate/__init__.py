@@ -150,7 +150,7 @@ def calibrate(platform: str | Path = LOCAL, *, output: Path | None = None, sampl
               workdir: Path | None = None) -> CalibrationResult:
     """Measure the platform of profile ``platform`` (name or YAML file) and write the calibrated profile to
     ``output`` (default: this machine's cache, :func:`calibrated_profile_path`; for a cloud, named by its
-    endpoint or region instead of this host).
+    endpoint or region instead of the machine's host name).
 
     The local platform: ``url`` (default: the running one, else one started for the run). AWS Lambda and
     OpenFaaS: ``cloud`` says where (default: as `flatpack deploy` finds them); the probes are rendered in

@@ -153,10 +153,11 @@ class CalibrationSettings:
             "invoke_samples": samples,
             "transfer_samples": max(3, samples // 10),
             "cold_starts": max(2, min(10, samples // 40)),
-            # the CPU share's slow-down prices every plan below one vCPU: 3 repeats (60 samples // 20, what
-            # deploy's first calibration asked for) read x3.06 where 10 read x3.33 (expected x3.46)
+            # the CPU share's slow-down prices every plan below one vCPU, and a few repeats under-read it
+            # (a busy moment in any one of them pulls the ratio down): at least 3, up to 10
             "cpu_samples": max(3, min(10, samples // 6)),
-            # a median of a difference: fewer than 20 requests read 0.12 ms where 40 read 0.43
+            # the dispatch cost is a median of a difference of two timings, each noisy at this scale: it
+            # needs at least 20 requests to settle
             "dispatch_samples": max(3, min(40, max(20, samples // 5))),
             "handling_samples": max(3, min(100, max(30, samples // 2))),
         }

@@ -58,6 +58,7 @@ from platforms import load_profile
 from serving.deploy.aws_iam import LAMBDA_TRUST_POLICY, bundle_prefix, cfn_arn, role_policy, tensor_prefix
 from serving.deploy.render import (
     CloudFunction,
+    clear_rendered,
     cloud_functions,
     copy_bundle,
     copy_runtime,
@@ -290,17 +291,6 @@ def _threads(memory_mb: int) -> int:
     return max(1, round(min(cap, memory_mb / p.mb_per_vcpu)))
 
 
-def _clean(out: Path) -> None:
-    if out.exists() and any(out.iterdir()) and not (out / SERVICE_FILE).is_file():
-        raise FileExistsError(f"{out} exists and is not a rendered flatpack service; give an empty or new -o DIR")
-    for name in _GENERATED:
-        p = out / name
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
-
-
 def render_lambda_service(bundle_dir: str | Path, out: str | Path, *, deployment: str,
                           options: LambdaOptions | None = None, model_name: str | None = None) -> LambdaService:
     """Write the service directory for ``bundle_dir`` (a verified bundle) at ``out``.
@@ -312,7 +302,7 @@ def render_lambda_service(bundle_dir: str | Path, out: str | Path, *, deployment
     bundle = Bundle.load(bundle_dir)
     plan = bundle.plan
     out = Path(out).resolve()
-    _clean(out)
+    clear_rendered(out, marker=SERVICE_FILE, generated=_GENERATED, what="service")
     out.mkdir(parents=True, exist_ok=True)
     model = model_name or deployment
     profile = load_profile("aws-lambda")

@@ -45,6 +45,7 @@ from functions.config import FunctionConfig
 from platforms import load_profile
 from serving.deploy.render import (
     CloudFunction,
+    clear_rendered,
     cloud_functions,
     copy_bundle,
     copy_runtime,
@@ -174,17 +175,6 @@ class OpenFaaSStack:
         return {"memory": f"{f.memory_mb}Mi", "cpu": f"{int(round(cpu * 1000))}m"}
 
 
-def _clean(out: Path) -> None:
-    if out.exists() and any(out.iterdir()) and not (out / STACK_FILE).is_file():
-        raise FileExistsError(f"{out} exists and is not a rendered flatpack stack; give an empty or new -o DIR")
-    for name in _GENERATED:
-        p = out / name
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
-
-
 def render_openfaas_stack(bundle_dir: str | Path, out: str | Path, *, deployment: str,
                           options: OpenFaaSOptions | None = None, model_name: str | None = None) -> OpenFaaSStack:
     """Write the stack for ``bundle_dir`` (a verified bundle) at ``out``."""
@@ -192,7 +182,7 @@ def render_openfaas_stack(bundle_dir: str | Path, out: str | Path, *, deployment
     bundle = Bundle.load(bundle_dir)
     plan = bundle.plan
     out = Path(out).resolve()
-    _clean(out)
+    clear_rendered(out, marker=STACK_FILE, generated=_GENERATED, what="stack")
     out.mkdir(parents=True, exist_ok=True)
     profile = load_profile("openfaas")
     for fn in plan.functions:

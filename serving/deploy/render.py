@@ -28,6 +28,7 @@ __all__ = [
     "CloudFunction",
     "DEPLOYMENT_RE",
     "bundle_files",
+    "clear_rendered",
     "cloud_functions",
     "config_env",
     "copy_bundle",
@@ -183,3 +184,18 @@ def runtime_requirements(backend: str, extra: Iterable[str] = ()) -> str:
         raise ValueError(f"backend {backend!r} has no image requirements here (onnxruntime uses the template's)")
     src = Path(functions.__file__).resolve().parent / "backends" / "mxnet-requirements.txt"
     return src.read_text() + "".join(f"{r}\n" for r in extra)
+
+
+def clear_rendered(out: Path, *, marker: str, generated: Iterable[str], what: str) -> None:
+    """Make ``out`` ready for a fresh render: remove the ``generated`` entries a previous render left there.
+
+    A directory that holds anything but lacks ``marker`` (the file every render writes) is someone else's:
+    it raises FileExistsError naming ``what`` (e.g. "service") rather than delete files it did not write."""
+    if out.exists() and any(out.iterdir()) and not (out / marker).is_file():
+        raise FileExistsError(f"{out} exists and is not a rendered flatpack {what}; give an empty or new -o DIR")
+    for name in generated:
+        p = out / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()

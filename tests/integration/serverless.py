@@ -21,15 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT_ROOT, free_port
+from tests.conftest import PROJECT_ROOT, TEST_ROOT, free_port
 
 __all__ = ["SLS_ENV", "TOOLS", "serverless_cli", "serverless_offline"]
 
 TOOLS = PROJECT_ROOT / "build" / "tools"
 SLS = TOOLS / "node_modules" / ".bin" / "serverless"
-SLS_ENV = {"SLS_TELEMETRY_DISABLED": "1", "SLS_NOTIFICATIONS_MODE": "off", "SLS_DEPRECATION_DISABLE": "*",
-           "SLS_TRACKING_DISABLED": "1", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
+# HOME: the framework caches compiled schemas in ~/.serverless and npm its downloads in ~/.npm; the run's own
+# home keeps them off the user's
+SLS_ENV = {"HOME": str(TEST_ROOT / "home"), "SLS_TELEMETRY_DISABLED": "1", "SLS_NOTIFICATIONS_MODE": "off",
+           "SLS_DEPRECATION_DISABLE": "*", "SLS_TRACKING_DISABLED": "1", "AWS_ACCESS_KEY_ID": "test",
+           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
 
 
 def serverless_cli() -> Path:

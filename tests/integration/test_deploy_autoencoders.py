@@ -50,7 +50,7 @@ billed_overhead_ms: 1.0
 """
 
 #: The model's classifier has random weights and thin margins: a few percent of reconstruction error moves
-#: some top-1 labels (the 4x autoencoder measured 9.3 points here); the budget admits it.
+#: some top-1 labels (by around ten points at 4x); the budget admits that.
 BUDGET = "25%"
 
 

@@ -388,8 +388,10 @@ def test_lambda_and_openfaas_handlers(bundles, reference, monkeypatch: pytest.Mo
     cfg = FunctionConfig(bundle_dir=bundle, deployment="h", function="worker-1", transport="inline")
     for k, v in cfg.to_env().items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(lam, "_runtime", None)
-    monkeypatch.setattr(faas, "_runtime", None)
+    from functions.handlers.instance import Instance
+
+    monkeypatch.setattr(lam, "_instance", Instance())
+    monkeypatch.setattr(faas, "_instance", Instance())
     x = {"x": np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)}
     want = reference(bundle, x)["y"]
     ev = Event("part", "q", "h", now_ms() + 10_000, (TensorEntry("x", data=encode(x["x"])),), stage=0, part=0)

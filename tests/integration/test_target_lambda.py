@@ -422,8 +422,9 @@ def test_handler_answers_an_init_failure_with_a_structured_error(monkeypatch: py
     master does not retry, instead of raising out of the handler; it tries again on the next invocation."""
     import functions.handlers.aws_lambda as h
     from functions.errors import InitError, error_from_json
+    from functions.handlers.instance import Instance
 
-    monkeypatch.setattr(h, "_runtime", None)
+    monkeypatch.setattr(h, "_instance", Instance())
     monkeypatch.delenv("FLATPACK_BUNDLE_DIR", raising=False)
     monkeypatch.setenv("FLATPACK_FUNCTION", "master")
     for _ in range(2):
@@ -431,7 +432,7 @@ def test_handler_answers_an_init_failure_with_a_structured_error(monkeypatch: py
         err = error_from_json(doc["error"])
         assert isinstance(err, InitError) and not err.retryable
         assert "FLATPACK_BUNDLE_DIR" in str(err) and err.function == "master"
-    assert h._runtime is None
+    assert h._instance.loaded is None
 
 
 _PLUGIN_HARNESS = """

@@ -14,9 +14,7 @@ from partitioner.graph import LayerGraph
 from partitioner.perfmodel import CutCodec, CutCodecs, PerfModel, PlatformFacts, StageChoice
 from partitioner.planner import PlanRequest, plan_for, solve
 from partitioner.predictors.aggregate import LayerCost
-from partitioner.solvers.common import Infeasible
-from partitioner.solvers.mopar import hypad, simplify, unsplit_plan
-from partitioner.solvers.simplify import (
+from partitioner.solvers.coarsen import (
     SINK,
     SOURCE,
     Layer,
@@ -27,6 +25,8 @@ from partitioner.solvers.simplify import (
     segments,
     simplify_dag,
 )
+from partitioner.solvers.common import Infeasible
+from partitioner.solvers.mopar import hypad, simplify, unsplit_plan
 from platforms import load_profile
 from tests.onnx_builders import heavy_blocks, residual_block
 

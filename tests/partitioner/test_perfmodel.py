@@ -1,17 +1,20 @@
 """The performance model's calibration: whole-model scaling of profiled units, expected billing, memory.
 
-Real measurements (a profile in a private cache, whole-model timings with a function's session options)
-on a three-conv model; the arithmetic checks are exact.
+Real measurements (a profile in a private cache) on a three-conv model; the whole-model timings run the
+model with a function's session options on a clock that makes each run last a given time, so the checks on
+what the planner does with them are exact on any machine, loaded or not.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from functions.plan import Split
+from partitioner import planner
 from partitioner.graph import LayerGraph
 from partitioner.perfmodel import FUNCTION_RUNTIME_MB, ComputeModel, PerfModel, PlatformFacts, StageChoice
 from partitioner.planner import _calibrate, _record_calibration, compute_model, threads_problem, timing_problem
@@ -33,36 +36,59 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
+class SteppingClock:
+    """What ``partitioner.planner`` times the whole model with, made exact: every ``perf_counter`` call moves
+    on by ``step_ms``, so each timed run of the model lasts exactly that long (the rest is ``time``'s)."""
+
+    def __init__(self, step_ms: float) -> None:
+        self.step_ms = step_ms
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += self.step_ms / 1e3
+        return self.now
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
+def _whole_model_timed_at(monkeypatch: pytest.MonkeyPatch, step_ms: float) -> None:
+    monkeypatch.setattr(planner, "time", SteppingClock(step_ms))
+
+
 def test_profiled_units_add_up_to_the_whole_model(convs: LayerGraph, cache: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each thread count's unit times are scaled to add up to the whole model's timing (here: cached
+    figures 1.5x and 0.8x the profile's sums, and one 10x it, which the scale clips at 3x), keeping the
+    proportions the profile measured between units."""
     monkeypatch.setenv("FLATPACK_CACHE_DIR", str(cache))
-    profile_graph(convs)
-    cm, source = compute_model(convs, "auto")
-    assert source.startswith("measured profile, scaled to the whole model's time"), source
-    for t in (1, 2):
-        whole = _calibrate(convs, t)  # the cached figure the scaling used
-        total = sum(u[t] for u in cm.unit_ms)
-        ratio = whole / sum(u[t] for u in ComputeModel.from_profile(
-            profile_graph(convs), convs).unit_ms)
-        if 0.5 < ratio < 3.0:  # inside the clip, the sum is the whole model's time exactly
-            assert total == pytest.approx(whole, rel=1e-9)
-    # the split between units is the profile's: scaling keeps their proportions
     raw = ComputeModel.from_profile(profile_graph(convs), convs)
-    shares = [u[1] / sum(v[1] for v in cm.unit_ms) for u in cm.unit_ms]
-    raw_shares = [u[1] / sum(v[1] for v in raw.unit_ms) for u in raw.unit_ms]
-    assert shares == pytest.approx(raw_shares, rel=1e-9)
+    raw_sum = {t: sum(u[t] for u in raw.unit_ms) for t in (1, 2)}
+    for whole, want in (({1: 1.5, 2: 0.8}, {1: 1.5, 2: 0.8}), ({1: 10.0, 2: 0.8}, {1: 3.0, 2: 0.8})):
+        with monkeypatch.context() as m:
+            for t, factor in whole.items():  # cache the whole-model figures, timed exactly
+                _whole_model_timed_at(m, factor * raw_sum[t])
+                assert _calibrate(convs, t, fresh=True) == pytest.approx(factor * raw_sum[t], rel=1e-9)
+        cm, source = compute_model(convs, "auto")
+        assert source.startswith("measured profile, scaled to the whole model's time"), source
+        assert f"x{want[1]:.2f} at 1 thread, x{want[2]:.2f} at 2 threads" in source
+        for t in (1, 2):
+            assert sum(u[t] for u in cm.unit_ms) == pytest.approx(want[t] * raw_sum[t], rel=1e-9)
+            shares = [u[t] / sum(v[t] for v in cm.unit_ms) for u in cm.unit_ms]
+            raw_shares = [u[t] / raw_sum[t] for u in raw.unit_ms]
+            assert shares == pytest.approx(raw_shares, rel=1e-9)
 
 
 def test_fresh_calibration_measures_again(convs: LayerGraph, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLATPACK_CACHE_DIR", str(cache))
-    first = _calibrate(convs, 1)
-    files = list((cache / "calibration").glob("*-t1-*.json"))
-    if files:  # not cached when the repeats disagreed (a loaded CI machine): see the test below
-        assert _calibrate(convs, 1) == first  # cached
-        again = _calibrate(convs, 1, fresh=True)
-        assert again > 0
-        if list((cache / "calibration").glob("*-t1-*.json")):
-            assert _calibrate(convs, 1) == again  # replaced the cached figure
+    _whole_model_timed_at(monkeypatch, 7.0)
+    first = _calibrate(convs, 1, fresh=True)
+    assert first == pytest.approx(7.0, rel=1e-9)
+    assert len(list((cache / "calibration").glob("*-t1-*.json"))) == 1
+    _whole_model_timed_at(monkeypatch, 9.0)
+    assert _calibrate(convs, 1) == first  # cached: not measured again
+    assert _calibrate(convs, 1, fresh=True) == pytest.approx(9.0, rel=1e-9)  # fresh: measured again
+    assert _calibrate(convs, 1) == pytest.approx(9.0, rel=1e-9)  # and the cached figure replaced
 
 
 def test_a_timing_taken_on_a_loaded_machine_is_caught_and_never_cached(tmp_path: Path) -> None:

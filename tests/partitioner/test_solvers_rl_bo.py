@@ -305,3 +305,20 @@ def test_bo_stops_once_no_trial_finds_a_cheaper_plan(space: SearchSpace) -> None
     slo = latency_dp(space, max(MEMS)).estimate.latency_ms * 1.0001
     r = bo_solver(space, slo, MEMS, trials=50, patience=3)
     assert "stopped after" in r.notes[0] and "3 in a row found no cheaper plan" in r.notes[0]
+
+
+def test_rl_writes_no_training_log_unless_given_a_directory(space: SearchSpace, tmp_path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """stable-baselines3's default logger makes a ``SB3-<date>`` directory in the temporary directory per
+    agent; the solver's writes nowhere, or a CSV log per agent under ``log_dir`` when asked."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    small = {"timesteps": 64, "n_steps": 32, "batch_size": 16, "n_epochs": 1}
+    rl_solver(space, SLO_MS, MEMS, **small)
+    assert list(tmp.glob("SB3-*")) == []
+    rl_solver(space, SLO_MS, MEMS, log_dir=tmp_path / "log", **small)
+    assert list(tmp.glob("SB3-*")) == []
+    assert (tmp_path / "log" / "agent-0" / "progress.csv").is_file()

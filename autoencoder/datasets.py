@@ -1,5 +1,6 @@
-"""Calibration inputs: what the prefix runs on to give the activations an autoencoder trains on, and the
-held-out inputs its fidelity is measured on.
+"""The data an autoencoder trains and is scored on ("calibration data", as model compression calls it; not
+the platform calibration of :mod:`serving.calibrate`): what the prefix runs on to give the activations an
+autoencoder trains on, and the held-out inputs its fidelity is measured on.
 
 Three sources, in order of preference:
 

@@ -1,4 +1,6 @@
-"""MOPAR's graph simplification (Section 2-C, Algorithm 1 lines 2-6) on the layers' own resource profile.
+"""MOPAR's graph simplification (Section 2-C, Algorithm 1 lines 2-6) on the layers' own resource profile: it
+coarsens the layer graph into the segments HyPAD slices (not to be confused with ``partitioner.simplify``,
+an exact rewrite of the ONNX graph).
 
 The graph: one node per *layer* (a heavy op and the cheap ops that follow it inside the same unit), plus a
 source (the model's inputs) and a sink (its outputs); one edge per tensor a layer reads from another. Side

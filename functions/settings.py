@@ -23,6 +23,7 @@ __all__ = [
     "CACHE_DIR",
     "CPU_SHARE",
     "DEFAULT_REDIS_URL",
+    "INVOKE_TOKEN",
     "LOG_LEVEL",
     "OPENFAAS_FUNCTION_GATEWAY",
     "OPENFAAS_IMAGE",
@@ -33,6 +34,7 @@ __all__ = [
     "cache_dir",
     "configured_redis_url",
     "cpu_share",
+    "invoke_token",
     "log_level",
     "openfaas_function_gateway",
     "openfaas_image",
@@ -50,6 +52,7 @@ S3_BUCKET = "FLATPACK_S3_BUCKET"
 OPENFAAS_IMAGE = "FLATPACK_OPENFAAS_IMAGE"
 OPENFAAS_FUNCTION_GATEWAY = "FLATPACK_OPENFAAS_FUNCTION_GATEWAY"
 CPU_SHARE = "FLATPACK_CPU_SHARE"  # set by the local platform on an instance whose CPU share is dilated
+INVOKE_TOKEN = "FLATPACK_INVOKE_TOKEN"  # noqa: S105 - the variable's name; set by the local platform on instances
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 _LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
@@ -88,6 +91,12 @@ def api_token(env: Mapping[str, str] | None = None) -> str | None:
     """The bearer token an inference endpoint requires, and a client sends (``$FLATPACK_API_TOKEN``);
     None: no authentication."""
     return _get(API_TOKEN, env)
+
+
+def invoke_token(env: Mapping[str, str] | None = None) -> str | None:
+    """The token a local-platform function sends when it invokes other functions there
+    (``$FLATPACK_INVOKE_TOKEN``, set by the platform on its instances; it allows invocations only)."""
+    return _get(INVOKE_TOKEN, env)
 
 
 def configured_redis_url(env: Mapping[str, str] | None = None) -> str | None:

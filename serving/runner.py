@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from functions.bundle import MANIFEST_SCHEMA, sha256_file
 from functions.compare import DEFAULT_TOLERANCE, rel_err
 from functions.errors import FunctionError, TransportError
 from functions.plan import Function, Part, PartInput, Plan, Split, Stage, full_region
@@ -104,6 +105,10 @@ def one_part_bundle(bundle_dir: Path, out: Path) -> Path:
     one = Plan(plan.model, (Function(plan.master, plan.function(plan.master).memory_mb),), (stage,),
                platform=plan.platform, transport=plan.transport, mode="one-part")
     one.save(out / "plan.json")
+    # a manifest as export writes one: the local platform takes in only bundles whose files match theirs
+    files = {rel: sha256_file(out / rel) for rel in ("plan.json", "source.onnx", "parts/whole.onnx")}
+    manifest = {"schema": MANIFEST_SCHEMA, "source": {"file": None, "sha256": files["source.onnx"]}, "files": files}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return out
 
 

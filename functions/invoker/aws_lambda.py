@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from functions.errors import (
@@ -45,12 +46,14 @@ class LambdaInvoker(Invoker):
     region: AWS region of the functions.
     endpoint_url: Lambda endpoint override (the local platform's URL in tests).
     max_connections: connection pool per client (concurrent invocations).
+    headers: sent with every invocation, added after boto3 signs it (the local platform's token).
     """
 
     wire = "json"
 
     def __init__(
-        self, *, region: str = "us-east-1", endpoint_url: str | None = None, max_connections: int = 64
+        self, *, region: str = "us-east-1", endpoint_url: str | None = None, max_connections: int = 64,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         try:
             import boto3
@@ -64,6 +67,7 @@ class LambdaInvoker(Invoker):
         self._region = region
         self._endpoint = endpoint_url
         self._max_connections = max_connections
+        self._headers = dict(headers or {})
         self._session = boto3.session.Session()
         self._clients: dict[int, Any] = {}
         self._lock = threading.Lock()
@@ -84,8 +88,13 @@ class LambdaInvoker(Invoker):
                         max_pool_connections=self._max_connections,
                     ),
                 )
+                if self._headers:
+                    c.meta.events.register("before-send.lambda.*", self._add_headers)
                 self._clients[key] = c
             return c
+
+    def _add_headers(self, request: Any, **_: Any) -> None:
+        request.headers.update(self._headers)
 
     def invoke(self, function: str, payload: bytes, *, timeout_s: float) -> bytes:
         exc = self._exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from urllib.parse import quote
 
 from functions.event import Reply
@@ -17,15 +18,17 @@ class OpenFaaSInvoker(Invoker):
 
     A flatpack function answers an error with HTTP 500 and a reply that carries the structured error;
     such a body is returned for the caller to judge. Other failures map from the HTTP status.
-    ``basic_auth`` is ``user:password`` for a gateway with basic auth.
+    ``basic_auth`` is ``user:password`` for a gateway with basic auth; ``headers`` are sent with every
+    invocation (the local platform's token, when pointed at its OpenFaaS route).
     """
 
     wire = "binary"
 
-    def __init__(self, gateway_url: str, *, basic_auth: str | None = None) -> None:
+    def __init__(self, gateway_url: str, *, basic_auth: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
         self._http = HttpPoster(gateway_url)
         self.base_url = self._http.base_url
-        self._headers = {}
+        self._headers = dict(headers or {})
         if basic_auth:
             self._headers["Authorization"] = "Basic " + base64.b64encode(basic_auth.encode()).decode()
 

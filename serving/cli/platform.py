@@ -111,6 +111,27 @@ def stop(wait_s: float) -> None:
     click.echo(f"stopped the platform at {state['url']} (pid {pid})")
 
 
+@platform.command("token")
+@click.option("--url", default=None, help="Platform URL (default: the one `flatpack platform start` started).")
+@click.option("--file", "as_file", is_flag=True, help="Print the token file's path instead of the token.")
+def token(url: str | None, as_file: bool) -> None:
+    """Print the platform's token, which every route but /healthz requires (in an X-Flatpack-Token or
+    'Authorization: Bearer' header). It is readable only by the user who started the platform."""
+    from urllib.parse import urlsplit
+
+    from functions.invoker.local import platform_home, read_platform_token
+
+    url = url or (_read_state() or {}).get("url")
+    if not url:
+        raise click.ClickException("no local platform is running; start one with `flatpack platform start`")
+    path = platform_home(urlsplit(url).port or 80) / "token"
+    value = read_platform_token(url)
+    if value is None:
+        raise click.ClickException(f"cannot read {path}: the platform at {url} was started by another user, "
+                                   f"with another FLATPACK_STATE_DIR, or is not running")
+    click.echo(str(path) if as_file else value)
+
+
 def _status_not_running(as_json: bool) -> None:
     """What a platform started now would do with CPU (the mechanism found without creating anything): a user
     checks the machine before starting one. JSON: ``running`` false; text: an error naming how to start one."""

@@ -4,8 +4,9 @@
   client (``endpoint_url`` pointed here) and the Lambda invoker work against it unchanged.
 * ``POST /function/{name}`` — the OpenFaaS gateway's shape.
 * ``PUT|DELETE|GET /flatpack/functions[/{name}]`` — register, remove, list functions and their instances.
+* ``PUT /flatpack/bundles`` — take in a bundle (``{"source": dir}``) before functions are registered on it.
 * ``GET /flatpack/meter`` (JSON) and ``GET /metrics`` (Prometheus text) — the billing meter.
-* ``GET /healthz``.
+* ``GET /healthz`` — the only route that needs no token (see :mod:`serving.platform.auth`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request, Response
 
 from platforms import PlatformProfile
+from serving.platform.auth import PlatformCredentials, PlatformHome, TokenMiddleware
 from serving.platform.config import PlatformConfig
 from serving.platform.errors import FunctionFailed, PlatformError
 from serving.platform.service import PlatformService
@@ -40,9 +42,17 @@ def _lambda_platform_error(e: PlatformError) -> Response:
                  {"x-amzn-ErrorType": e.error_type})
 
 
-def create_app(config: PlatformConfig, profile: PlatformProfile | None = None) -> FastAPI:
-    """A new app with its own :class:`PlatformService` on ``app.state.service``."""
-    service = PlatformService(config, profile)
+def _bad_request(message: str) -> Response:
+    return _json({"error": {"type": "InvalidParameterValueException", "message": message}}, 400)
+
+
+def create_app(config: PlatformConfig, profile: PlatformProfile | None = None, *,
+               credentials: PlatformCredentials | None = None, home: PlatformHome | None = None) -> FastAPI:
+    """A new app with its own :class:`PlatformService` on ``app.state.service``, answering only requests
+    that carry ``credentials``' token (a new random one if not given; see :mod:`serving.platform.auth`).
+    ``home``: the platform's state directory (its token file, its bundles)."""
+    credentials = credentials or PlatformCredentials()
+    service = PlatformService(config, profile, credentials=credentials, home=home)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -51,8 +61,15 @@ def create_app(config: PlatformConfig, profile: PlatformProfile | None = None) -
             yield
         finally:
             await service.stop()
+            # here rather than after the server returns: uvicorn re-raises the SIGTERM it caught once it
+            # has shut down, which ends the process before any code after it runs
+            if home is not None:
+                home.remove(credentials)
 
-    app = FastAPI(title="flatpack local platform", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="flatpack local platform", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.add_middleware(TokenMiddleware, credentials=credentials,
+                       token_file=home.token_file if home is not None else None)
     app.state.service = service
     background: set[asyncio.Task[object]] = set()
 
@@ -97,7 +114,19 @@ def create_app(config: PlatformConfig, profile: PlatformProfile | None = None) -
             spec = FunctionSpec.from_json(doc, name=name)
             return _json(await service.register(spec), 201)
         except ValueError as e:  # includes JSONDecodeError
-            return _json({"error": {"type": "InvalidParameterValueException", "message": str(e)}}, 400)
+            return _bad_request(str(e))
+
+    @app.put("/flatpack/bundles")
+    async def stage_bundle(request: Request) -> Response:
+        try:
+            doc = json.loads(await request.body() or b"{}")
+            source = doc.get("source") if isinstance(doc, dict) else None
+            if not isinstance(source, str) or not source:
+                raise ValueError('give the bundle\'s directory as {"source": "/path/to/bundle"}')
+            staged = await service.stage_bundle(source)
+        except ValueError as e:  # includes BundleError and JSONDecodeError
+            return _bad_request(str(e))
+        return _json({"bundle_dir": staged}, 201)
 
     @app.delete("/flatpack/functions/{name}")
     async def remove(name: str) -> Response:

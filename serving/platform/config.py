@@ -29,6 +29,9 @@ class PlatformConfig:
     shm_dir: shared-memory root swept of stale tensors every ``sweep_interval_s``, files older than
         ``shm_max_age_s``.
     python: interpreter that runs instances.
+    state_dir: where the platform keeps its own state directory, ``platforms/<port>/`` (its token file and
+        the bundles its functions run); None: flatpack's (``$FLATPACK_STATE_DIR``). Clients look for the
+        token under flatpack's, so set this only for a platform whose clients are given the token.
     cpu_limit: how an instance gets the CPU its memory buys (see :mod:`serving.platform.cpu`): ``auto``
         (cgroup v2, else v1, else dilation), ``cgroup``, ``cgroup-v2``, ``cgroup-v1``, ``dilation`` or
         ``off`` (whole threads, no limit: the model the planner assumes no longer holds).
@@ -47,6 +50,7 @@ class PlatformConfig:
     shm_max_age_s: float = 900.0
     python: str = sys.executable
     cpu_limit: str = "auto"
+    state_dir: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> PlatformConfig:
@@ -70,7 +74,7 @@ class PlatformConfig:
                     values[f.name] = int(raw)
                 elif isinstance(current, float):
                     values[f.name] = float(raw)
-                elif isinstance(current, Path):
+                elif isinstance(current, Path) or f.name == "state_dir":
                     values[f.name] = Path(raw)
                 else:
                     values[f.name] = raw

@@ -2,8 +2,9 @@
 
 The platform function of plan function ``F`` is ``<deployment>-F``; its environment is the
 :class:`functions.config.FunctionConfig` of ``F`` (transport, stores, invoker pointed back at the
-platform). Removing the deployment stops its instances and purges whatever its requests left in the
-transports (normally nothing).
+platform), and its bundle the platform's own checked copy of the bundle
+(:meth:`~serving.platform.client.PlatformClient.stage_bundle`). Removing the deployment stops its
+instances and purges whatever its requests left in the transports (normally nothing).
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ def deploy_bundle(
         **config,
     )
     d = Deployment(client, bundle_dir, plan, base)
+    # functions run only bundles the platform took in (copied into its state directory, checked there)
+    staged = client.stage_bundle(bundle_dir)
     try:
         for fn in plan.functions:
             mb = (memory_mb or {}).get(fn.name)
@@ -149,7 +152,7 @@ def deploy_bundle(
             cfg = replace(base, function=fn.name)
             env = cfg.to_env()
             # what the platform derives (from the memory size and its profile) unless set here explicitly
-            platform_set = ["FLATPACK_MEMORY_MB", "FLATPACK_INTRA_OP_THREADS"]
+            platform_set = ["FLATPACK_MEMORY_MB", "FLATPACK_INTRA_OP_THREADS", "FLATPACK_BUNDLE_DIR"]
             if "payload_limit_bytes" not in config:
                 platform_set.append("FLATPACK_PAYLOAD_LIMIT_BYTES")
             for var in platform_set:
@@ -158,7 +161,7 @@ def deploy_bundle(
             client.register(FunctionSpec(
                 name=name,
                 memory_mb=mb,
-                bundle_dir=str(bundle_dir),
+                bundle_dir=staged,
                 handler="master" if fn.name == plan.master else "worker",
                 env=env,
                 concurrency=concurrency,

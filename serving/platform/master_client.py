@@ -67,6 +67,11 @@ class MasterClient:
 
     def infer_timed(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         """The outputs and the master's timings of the request (``stage{i}_ms`` per stage, ``total_ms``)."""
+        outputs, reply = self.infer_reply(inputs)
+        return outputs, dict(reply.timings)
+
+    def infer_reply(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Reply]:
+        """The outputs and the master's reply (its timings and its trace, :mod:`functions.trace`)."""
         deadline_ms = now_ms() + int(1000 * self.timeout_s)
         t_end = time.monotonic() + self.timeout_s
         for attempt in range(1 + self.retries):
@@ -75,7 +80,7 @@ class MasterClient:
                 reply = Reply.decode(self._invoke(inputs, deadline_ms))
                 if reply.error is not None:
                     raise error_from_json(reply.error)
-                return self.channel.receive(reply.outputs, delete=True), dict(reply.timings)
+                return self.channel.receive(reply.outputs, delete=True), reply
             except (InstanceCrashed, InvokeError):
                 if last or time.monotonic() >= t_end:
                     raise

@@ -12,10 +12,14 @@ import logging
 import os
 
 from functions import settings
+from functions.bundle import BundleError
 from functions.settings import log_level
-from platforms import PlatformProfile, load_profile
+from platforms import PlatformProfile, load_profile, load_profile_data
+from serving.platform.auth import PlatformCredentials, PlatformHome
+from serving.platform.bundles import BundleStore
 from serving.platform.config import PlatformConfig
 from serving.platform.cpu import CpuLedger, CpuLimiter, make_limiter
+from serving.platform.env_policy import EnvPolicy
 from serving.platform.errors import NoSuchFunction, RequestTooLarge, ResponseTooLarge
 from serving.platform.instance import InstanceReply, instance_argv
 from serving.platform.meter import Meter
@@ -28,12 +32,31 @@ __all__ = ["PlatformService"]
 log = logging.getLogger(__name__)
 
 
+def _declared_env(config: PlatformConfig, profile: PlatformProfile | None) -> list[str]:
+    """The extra variable names the profile's YAML declares under ``function_env`` (none for a profile
+    object handed in, which has no such field)."""
+    if profile is not None:
+        return []
+    names = load_profile_data(config.profile).get("function_env") or []
+    if not isinstance(names, list):
+        raise ValueError(f"profile {config.profile}: function_env must be a list of variable names")
+    return [str(n) for n in names]
+
 
 class PlatformService:
-    """Functions on this machine with Lambda semantics (see :class:`FunctionPool`)."""
+    """Functions on this machine with Lambda semantics (see :class:`FunctionPool`).
 
-    def __init__(self, config: PlatformConfig, profile: PlatformProfile | None = None) -> None:
+    ``credentials``: the platform's tokens (instances get the invoke-only one); ``home``: its own state
+    directory, where the bundles its functions run are kept (None: it takes in no bundles).
+    """
+
+    def __init__(self, config: PlatformConfig, profile: PlatformProfile | None = None, *,
+                 credentials: PlatformCredentials | None = None, home: PlatformHome | None = None) -> None:
         self.config = config
+        self.credentials = credentials or PlatformCredentials()
+        self.home = home
+        self.bundles = BundleStore(home.bundles) if home is not None else None
+        self.env_policy = EnvPolicy(_declared_env(config, profile))
         self.profile = profile or load_profile(config.profile)
         self.meter = Meter(self.profile)
         # CPU as the profile sells it (see serving.platform.cpu): chosen once, shown by `platform status`
@@ -67,26 +90,51 @@ class PlatformService:
 
     # -- functions ----------------------------------------------------------------------------------------
 
-    def _env(self, spec: FunctionSpec) -> dict[str, str]:
+    def _env(self, spec: FunctionSpec, bundle_dir: str | None) -> dict[str, str]:
+        """The instances' environment: the platform's own (less its ``FLATPACK_*`` settings), defaults, the
+        deployer's settings (only what :class:`EnvPolicy` allows), then what only the platform sets."""
+        requested = self.env_policy.check(spec.name, spec.env)
         threads = self.limiter.share(spec.memory_mb).threads
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLATPACK_")}
         env.update({
-            "PYTHONPATH": project_pythonpath(),
-            "OMP_NUM_THREADS": str(threads),
-            "FLATPACK_MEMORY_MB": str(spec.memory_mb),
             "FLATPACK_INTRA_OP_THREADS": str(threads),
             "FLATPACK_PAYLOAD_LIMIT_BYTES": str(self.profile.payload_limit_bytes),
             "FLATPACK_SHM_DIR": str(self.config.shm_dir),
         })
         if self.url:
             env["FLATPACK_INVOKE_URL"] = self.url
-        if spec.bundle_dir:
-            env["FLATPACK_BUNDLE_DIR"] = spec.bundle_dir
         level = log_level(default="")
         if level:  # the instances log as their platform does
             env[settings.LOG_LEVEL] = str(level)
-        env.update(spec.env)  # the deployer's explicit settings win
+        env.update(requested)  # the deployer's explicit settings win over the defaults above
+        env.update({
+            "PYTHONPATH": project_pythonpath(),
+            "OMP_NUM_THREADS": str(threads),
+            "FLATPACK_MEMORY_MB": str(spec.memory_mb),
+            settings.INVOKE_TOKEN: self.credentials.invoke_token,
+        })
+        env.pop("FLATPACK_BUNDLE_DIR", None)
+        if bundle_dir:
+            env["FLATPACK_BUNDLE_DIR"] = bundle_dir
         return env
+
+    def _bundle_dir(self, spec: FunctionSpec) -> str | None:
+        """``spec.bundle_dir`` checked: a bundle in this platform's store whose files match its manifest."""
+        if spec.bundle_dir is None:
+            return None
+        if self.bundles is None:
+            raise ValueError(f"function {spec.name}: this platform has no state directory to keep bundles in; "
+                             f"register it without bundle_dir")
+        try:
+            return str(self.bundles.verify(spec.bundle_dir))
+        except BundleError as e:
+            raise ValueError(f"function {spec.name}: {e}") from e
+
+    async def stage_bundle(self, source: str) -> str:
+        """Take in the bundle at ``source`` (see :meth:`BundleStore.stage`); its directory in the store."""
+        if self.bundles is None:
+            raise ValueError("this platform has no state directory to keep bundles in")
+        return str(await asyncio.to_thread(self.bundles.stage, source))
 
     def _python(self, spec: FunctionSpec) -> str:
         """The interpreter of ``spec``'s instances: the platform's, or its backend's environment."""
@@ -102,10 +150,12 @@ class PlatformService:
     async def register(self, spec: FunctionSpec) -> dict[str, object]:
         """Add or replace a function (a replaced one's instances are stopped)."""
         self.profile.memory.check(spec.memory_mb)
+        bundle_dir = await asyncio.to_thread(self._bundle_dir, spec)
+        env = self._env(spec, bundle_dir)
         pool = FunctionPool(
             spec,
             argv=instance_argv(self._python(spec)),
-            env=self._env(spec),
+            env=env,
             concurrency=spec.concurrency or self.config.default_concurrency or self.profile.max_concurrency,
             timeout_s=spec.timeout_s or self.config.function_timeout_s,
             init_timeout_s=self.config.init_timeout_s,

@@ -25,9 +25,11 @@ def check_name(name: str) -> str:
 class FunctionSpec:
     """A function on the local platform.
 
-    ``env`` is the function's environment (the ``FLATPACK_*`` configuration the deployer renders);
-    the platform adds ``FLATPACK_BUNDLE_DIR`` (from ``bundle_dir``), ``FLATPACK_MEMORY_MB`` and
-    ``FLATPACK_INTRA_OP_THREADS`` (from the memory size through the profile). ``handler`` says which
+    ``env`` is the function's environment (the ``FLATPACK_*`` configuration the deployer renders; the
+    platform takes only the names :mod:`serving.platform.env_policy` allows); the platform adds
+    ``FLATPACK_BUNDLE_DIR`` (from ``bundle_dir``, which must be a bundle the platform took in:
+    :mod:`serving.platform.bundles`), ``FLATPACK_MEMORY_MB`` and ``FLATPACK_INTRA_OP_THREADS`` (from the
+    memory size through the profile). ``handler`` says which
     role the function plays (informational: one runtime serves both). ``concurrency``: most instances
     at once (None: the platform default). ``timeout_s``: limit of one invocation (None: default).
     ``queue_timeout_s``: how long a request that finds all ``concurrency`` instances busy waits for one
@@ -77,6 +79,17 @@ class FunctionSpec:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any], *, name: str | None = None) -> FunctionSpec:
+        """The spec a registration's JSON describes (a function's description from the platform too: what
+        the platform added is ignored). Raises ValueError for a key it does not know (an interpreter or a
+        command cannot be smuggled in under a new name) or a malformed value."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a function spec is a JSON object, got {type(d).__name__}")
+        unknown = sorted(set(d) - _KEYS - _DESCRIBED)
+        if unknown:
+            raise ValueError(f"function spec has unknown field(s) {unknown}; known: {sorted(_KEYS)}")
+        env = d.get("env") or {}
+        if not isinstance(env, Mapping):
+            raise ValueError(f"function spec's env must be an object of strings, got {type(env).__name__}")
         try:
             name = str(name or d["name"])
             return cls(
@@ -84,7 +97,7 @@ class FunctionSpec:
                 memory_mb=int(d["memory_mb"]),
                 bundle_dir=None if d.get("bundle_dir") is None else str(d["bundle_dir"]),
                 handler=_handler(name, str(d.get("handler", "worker"))),
-                env={str(k): str(v) for k, v in (d.get("env") or {}).items()},
+                env={str(k): str(v) for k, v in env.items()},
                 concurrency=None if d.get("concurrency") is None else int(d["concurrency"]),
                 timeout_s=None if d.get("timeout_s") is None else float(d["timeout_s"]),
                 backend=str(d.get("backend") or "onnxruntime"),
@@ -94,6 +107,12 @@ class FunctionSpec:
             raise ValueError(f"function spec is missing {e}") from e
         except (TypeError, AttributeError) as e:
             raise ValueError(f"malformed function spec: {e}") from e
+
+
+_KEYS = frozenset({"name", "memory_mb", "bundle_dir", "handler", "env", "concurrency", "timeout_s", "backend",
+                   "queue_timeout_s"})
+# what the platform adds when it describes a function, ignored when a description is registered back
+_DESCRIBED = frozenset({"instances", "intra_op_threads", "vcpu"})
 
 
 def _handler(function: str, value: object) -> Handler:

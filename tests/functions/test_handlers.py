@@ -15,6 +15,7 @@ from onnx import helper
 
 from functions.config import FunctionConfig
 from functions.event import Event, Reply, TensorEntry, now_ms
+from functions.handlers.instance import Instance
 from functions.inference_protocol import HEADER_LENGTH
 from tests.conftest import _model, single_part_bundle
 
@@ -38,10 +39,10 @@ def lam(relu: Path, monkeypatch: pytest.MonkeyPatch):
     for k, v in cfg.to_env().items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("FLATPACK_API_TOKEN", TOKEN)
-    monkeypatch.setattr(h, "_runtime", None)
+    instance = Instance()
+    monkeypatch.setattr(h, "_instance", instance)
     yield h
-    if h._runtime is not None:
-        h._runtime.close()
+    instance.close()
 
 
 class Context:
@@ -142,7 +143,7 @@ def test_an_instance_that_cannot_start_answers_init_error_on_http_too(lam, monke
     assert error.startswith("InitError: [master] cannot load the bundle's plan from /nonexistent/bundle")
     assert lam.handler(_event("GET", "/v2/health/ready"), Context())["statusCode"] == 503
     assert lam.handler(_event("GET", "/v2/health/live"), Context())["statusCode"] == 200
-    assert lam._runtime is None  # tried again on the next invocation
+    assert lam._instance.loaded is None  # tried again on the next invocation
 
 
 def test_an_instance_over_its_memory_says_so_and_is_replaced(lam, monkeypatch: pytest.MonkeyPatch
@@ -159,10 +160,10 @@ def test_an_instance_over_its_memory_says_so_and_is_replaced(lam, monkeypatch: p
     err = error_from_json(reply.error or {})
     assert isinstance(err, OutOfMemory) and err.function == "h-master"
     assert "ran out of memory: it used" in err.message and "its limit is 16 MB" in err.message
-    assert lam._runtime is None  # retired: the next event starts a fresh one
+    assert lam._instance.loaded is None  # retired: the next event starts a fresh one
     monkeypatch.setenv("FLATPACK_MEMORY_MB", "4096")
     reply = Reply.from_doc(lam.handler(ev.to_json_doc(), Context()))
-    assert reply.error is None and lam._runtime is not None
+    assert reply.error is None and lam._instance.loaded is not None
 
 
 def test_the_master_invokes_workers_at_their_alias(platform, bundles, aws_env) -> None:

@@ -29,7 +29,7 @@ from functions.errors import (
     error_from_json,
 )
 from functions.event import Event, Reply, TensorEntry, now_ms
-from functions.invoker.local import LocalInvoker
+from functions.invoker.local import TOKEN_HEADER, LocalInvoker
 from functions.invoker.openfaas import OpenFaaSInvoker
 
 pytest.importorskip("fastapi", reason="the platform tests need flatpack[server]")
@@ -91,7 +91,7 @@ def test_boto3_lambda_client_against_the_platform(platform: LocalPlatform, bundl
     from functions.invoker.aws_lambda import LambdaInvoker
 
     d = deploy(bundles.tiny)
-    inv = LambdaInvoker(endpoint_url=platform.url)
+    inv = LambdaInvoker(endpoint_url=platform.url, headers={TOKEN_HEADER: platform.token})
     body = inv.invoke(d.names["worker-1"], part_event(d, X).encode(inv.wire), timeout_s=30)
     assert body.startswith(b"{")  # JSON both ways, as a real Lambda handler would take and give
     np.testing.assert_array_equal(outputs(body)["y"], Y)
@@ -101,7 +101,9 @@ def test_boto3_lambda_client_against_the_platform(platform: LocalPlatform, bundl
     import boto3
     from botocore.exceptions import ClientError
 
-    raw = boto3.client("lambda", endpoint_url=platform.url, region_name="us-east-1")
+    from serving.platform.client import authorize_boto3
+
+    raw = authorize_boto3(boto3.client("lambda", endpoint_url=platform.url, region_name="us-east-1"), platform.token)
     with pytest.raises(ClientError) as info:
         raw.invoke(FunctionName="no-such-function", Payload=b"{}")
     assert info.value.response["Error"]["Code"] == "ResourceNotFoundException"
@@ -111,14 +113,15 @@ def test_boto3_lambda_client_against_the_platform(platform: LocalPlatform, bundl
 
 def test_openfaas_shape(platform: LocalPlatform, bundles, deploy) -> None:
     d = deploy(bundles.tiny)
-    inv = OpenFaaSInvoker(platform.url)
+    inv = OpenFaaSInvoker(platform.url, headers={TOKEN_HEADER: platform.token})
     body = inv.invoke(d.names["worker-1"], part_event(d, X).encode(), timeout_s=30)
     np.testing.assert_array_equal(outputs(body)["y"], Y)
     # the part fails on a wrong input: a structured error in the body, HTTP 500
     body = inv.invoke(d.names["worker-1"], part_event(d, {"wrong": X["x"]}).encode(), timeout_s=30)
     assert Reply.decode(body).error["type"] == "PartError"  # type: ignore[index]
     req = urllib.request.Request(f"{platform.url}/function/{d.names['worker-1']}",  # noqa: S310 - loopback
-                                 data=part_event(d, {"wrong": X["x"]}).encode(), method="POST")
+                                 data=part_event(d, {"wrong": X["x"]}).encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {platform.token}"})
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(req, timeout=30)  # noqa: S310 - loopback
     assert info.value.code == 500
@@ -159,7 +162,8 @@ def test_out_of_memory_is_killed_and_reported(platform: LocalPlatform, bundles, 
     assert platform.client.function(worker)["instances"] == []
     # the same through the Lambda shape, as boto3 would see it
     req = urllib.request.Request(f"{platform.url}/2015-03-31/functions/{worker}/invocations",  # noqa: S310
-                                 data=part_event(d, {"x": np.ones(1, np.float32)}).encode(), method="POST")
+                                 data=part_event(d, {"x": np.ones(1, np.float32)}).encode(), method="POST",
+                                 headers={TOKEN_HEADER: platform.token})
     with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - loopback
         assert resp.status == 200 and resp.headers["X-Amz-Function-Error"] == "Unhandled"
         assert json.loads(resp.read())["errorType"] == "Runtime.OutOfMemory"

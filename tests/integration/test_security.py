@@ -1,7 +1,9 @@
 """Security across processes: a Redis password honoured end to end and never shown or logged; no pickle.
 
-(Elsewhere: the bearer token in tests/integration/test_endpoint.py, shm modes and per-deployment directories and Redis
-key names in tests/integration/test_transports.py, the IAM policies in tests/integration/test_target_lambda.py.)
+(Elsewhere: the local platform's token, function environments and bundles in
+tests/integration/test_platform_security.py, the bearer token in tests/integration/test_endpoint.py, shm modes
+and per-deployment directories and Redis key names in tests/integration/test_transports.py, the IAM policies
+in tests/integration/test_target_lambda.py.)
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ def test_redis_password_is_honoured_and_never_shown_or_logged(platform, bundles,
         assert all(rel_err(got[k], want[k]) <= 1e-4 for k in want)
         assert secured_redis.keys() == 0  # every tensor deleted after use
         # what the platform shows about the function: its env, without the password
-        with urllib.request.urlopen(f"{platform.url}/flatpack/functions/{d.master}", timeout=10) as r:  # noqa: S310
+        req = urllib.request.Request(f"{platform.url}/flatpack/functions/{d.master}",  # noqa: S310 - loopback
+                                     headers={"Authorization": f"Bearer {platform.token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:  # noqa: S310
             shown = r.read().decode()
         assert PASSWORD not in shown
         assert ":***@127.0.0.1" in json.loads(shown)["env"]["FLATPACK_REDIS_URL"]

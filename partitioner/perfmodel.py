@@ -25,14 +25,15 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 from functions.plan import Split
 from partitioner.graph import LayerGraph
+from partitioner.live import LiveCorrection
 from partitioner.parts import PartCost, StageCosts
 from partitioner.stage_times import StageTimes, stage_key, with_measured
 from partitioner.tail import (
@@ -92,6 +93,11 @@ class ExGauss:
         return self.mu + self.tau
 
     def _dist(self):
+        return self._frozen
+
+    @cached_property
+    def _frozen(self) -> Any:
+        # scipy builds a frozen distribution's docstrings on construction (milliseconds): once per instance
         sigma = max(self.sigma, 1e-6)
         return stats.exponnorm(max(self.tau, 1e-6) / sigma, loc=self.mu, scale=sigma)
 
@@ -111,6 +117,43 @@ class ExGauss:
         x = np.linspace(lo, hi, 4001)
         cdf = d.cdf(x) ** n
         return float(lo + np.trapezoid(1.0 - cdf, x))
+
+    def sf(self, x: np.ndarray) -> np.ndarray:
+        """The survival function at ``x`` (any shape), in closed form with numpy ufuncs: the solvers evaluate
+        it in their inner loops, where scipy's distribution machinery costs far more than the arithmetic."""
+        sigma = max(self.sigma, 1e-6)
+        z = (np.asarray(x, dtype=float) - self.mu) / sigma
+        inv_k = sigma / max(self.tau, 1e-6)  # lambda * sigma
+        with np.errstate(over="ignore", under="ignore"):
+            tail = np.exp(-z * inv_k + 0.5 * inv_k * inv_k + special.log_ndtr(z - inv_k))
+        return np.clip(special.ndtr(-z) + tail, 0.0, 1.0)
+
+    def hedged_quantile(self, hedge: float, level: float, run_ms: Any) -> np.ndarray:
+        """The ``level`` quantile, less the run, of a part that runs ``run_ms`` (any shape) after this
+        invocation latency, hedged at the ``hedge`` quantile d of invoke + run: the u where ``S(u) S(u - d)``
+        (both invocations still pending, S this survival function, d = Q(hedge) + run) falls to
+        ``1 - level``; at most the plain quantile. Interpolated in a table over the run, built once per
+        (hedge, level) (:meth:`_hedged_table`): the solvers ask for it per worker in their inner loops."""
+        top = self.quantile(level)
+        runs, us = self._hedged_table(hedge, level)
+        return np.minimum(np.interp(np.asarray(run_ms, dtype=float), runs, us, right=top), top)
+
+    @lru_cache(maxsize=256)  # noqa: B019 - instances are frozen and few; one table per (hedge, level)
+    def _hedged_table(self, hedge: float, level: float, points: int = 257) -> tuple[np.ndarray, np.ndarray]:
+        """(runs, u) for :meth:`hedged_quantile`: the root found by bisection, every run at once, on runs from
+        0 to where the second invocation can no longer finish first (its start past the plain quantile)."""
+        top = self.quantile(level)
+        q_h = self.quantile(hedge)
+        span = max(top - float(self._frozen.ppf(1e-9)), 1e-6)
+        runs = np.linspace(0.0, span, points)
+        lo = np.full(points, q_h)
+        hi = np.full(points, top)
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            pending = self.sf(mid) * self.sf(mid - q_h - runs) > 1.0 - level
+            lo = np.where(pending, mid, lo)
+            hi = np.where(pending, hi, mid)
+        return runs, hi
 
     @lru_cache(maxsize=1024)  # noqa: B019
     def quantile_of_max(self, n: int, q: float) -> float:
@@ -523,6 +566,17 @@ class OptionCost:
     master_cpu_ms: float = 0.0  # the master's CPU for this stage at a whole core (its part and its handling)
 
 
+def _corrected(oc: OptionCost, factor: float) -> OptionCost:
+    """``oc`` with its stage latency (mean and percentile by the same shift) and its master's CPU scaled by a
+    live ``factor`` (:mod:`partitioner.live`)."""
+    if factor == 1.0:
+        return oc
+    shift = (factor - 1.0) * oc.latency_ms
+    shape = replace(oc.shape, shift_ms=oc.shape.shift_ms + shift) if oc.shape is not None else None
+    return replace(oc, latency_ms=oc.latency_ms + shift, latency_q_ms=oc.latency_q_ms + shift,
+                   stage_ms=max(0.0, oc.stage_ms + shift), master_cpu_ms=oc.master_cpu_ms * factor, shape=shape)
+
+
 @dataclass(frozen=True)
 class OptionFloors:
     """Lower bounds on the figures :meth:`PerfModel.option` gives the choices of one stage that differ only in
@@ -691,6 +745,14 @@ class PerfModel:
         self.stage_times: StageTimes | None = None
         self._ratios: dict[int, float | None] = {}  # of the stage times, per degree
         self._measured_keys: dict[tuple, list[tuple[int, int]]] | None = None
+        self.live = LiveCorrection()
+
+    def use_live(self, correction: LiveCorrection) -> None:
+        """Price every option with the stages' latency corrected by what live requests measured
+        (:mod:`partitioner.live`): the factor at the plan's master memory on each stage's latency and the
+        master's CPU."""
+        self.live = correction
+        self._options.clear()
 
     def use_platform(self, platform: PlatformFacts) -> None:
         """Price every option on ``platform`` from now on (e.g. a CPU share's slow-down measured for this model
@@ -735,11 +797,11 @@ class PerfModel:
                 self._costs[key] = None
         return self._costs[key]
 
-    @staticmethod
-    def master_free(choice: StageChoice) -> bool:
+    def master_free(self, choice: StageChoice) -> bool:
         """Whether :meth:`option` gives ``choice`` the same figures with every master memory: a stage only
-        workers of their own memory run is priced once, with the master it is first priced with."""
-        return not choice.master_part and bool(choice.worker_mb)
+        workers of their own memory run is priced once, with the master it is first priced with (not under a
+        live correction, which depends on the master's memory)."""
+        return not choice.master_part and bool(choice.worker_mb) and not self.live
 
     def option(self, choice: StageChoice, master_mb: int, *, memo: bool = True) -> OptionCost | None:
         """The model's figures for one stage choice (memoised per choice and master memory; once for every
@@ -758,6 +820,8 @@ class PerfModel:
                 hit = with_measured(hit, rec, self._ratio(choice.split.degree),
                                     model_ms=plain.stage_ms if plain is not None else None,
                                     model_cpu_ms=plain.master_cpu_ms if plain is not None else None)
+            if hit is not None and self.live:
+                hit = _corrected(hit, self.live.at(master_mb))
             if memo or self.master_free(choice):  # a master-free choice keeps the figures it was first priced with
                 self._options[key] = hit
         return hit
@@ -889,10 +953,13 @@ class PerfModel:
             put = get = join = 0.0
         scale = None
         measured: list[tuple[int, int]] = []
+        least_live = min((self.live.at(m) for m in master_mbs), default=1.0)
+        if least_live < 1.0:  # a live correction below one lowers every latency by at most its least factor
+            scale, workers_q = least_live * (1.0 - 1e-9), None
         if self.stage_times is not None and len(self.stage_times):
             ratio = self._ratio(split.degree)
             if ratio is not None and ratio < 1.0:  # with_measured lowers the stage time (and the percentile)
-                scale, workers_q = ratio * (1.0 - 1e-9), None  # and rounds
+                scale, workers_q = ratio * (scale or 1.0) * (1.0 - 1e-9), None  # and rounds
             rows = {w: r for r, w in enumerate(worker_mbs)}
             cols = {m: c for c, m in enumerate(master_mbs)}
             for w, m in self._measured_at(first, last, split, master_part):  # m 0: with every master

@@ -95,21 +95,21 @@ def _worker_quantile(invoke: Any, fixed: float, compute: float, sigma: float, le
                      hedge: float | None) -> float:
     """The ``level`` quantile of one worker's invoke + run time (invoke and compute at the same level: an
     upper bound), cut by hedging at ``hedge`` (see the module docstring)."""
+    return float(_workers_quantiles(invoke, np.asarray([fixed]), np.asarray([compute]), sigma, level, hedge)[0])
+
+
+def _workers_quantiles(invoke: Any, fixed: np.ndarray, compute: np.ndarray, sigma: float, level: float,
+                       hedge: float | None) -> np.ndarray:
+    """:func:`_worker_quantile` of each worker at once.
+
+    Past the hedge point d a part ends at the earlier of its own run and d + a second run: P(T > t) =
+    S(t) S(t - d), S the survival of invoke + run, the run taken at its median (its spread at the level added
+    after). With u = t - run that is the invoke latency's own hedged quantile at this run
+    (``ExGauss.hedged_quantile``)."""
     spread = compute * math.exp(_z(level) * sigma)
-    plain = invoke.quantile(level) + fixed + spread
     if hedge is None or level <= hedge:
-        return plain
-    # past the hedge point d a part ends at the earlier of its own run and d + a second run: P(T > t) =
-    # S(t) S(t - d), S the survival of invoke + run (the run taken at its median here, its spread at the
-    # level added after). The smallest t on a grid from d to the unhedged quantile where that is 1 - level.
-    run = fixed + compute
-    d = invoke.quantile(hedge) + run
-    grid = np.linspace(d, plain, 256)
-    dist = invoke._dist()
-    tail = dist.sf(grid - run) * dist.sf(grid - d - run)
-    below = np.nonzero(tail <= 1.0 - level)[0]
-    hedged = float(grid[below[0]]) + spread - compute if below.size else plain
-    return min(plain, hedged)
+        return invoke.quantile(level) + fixed + spread
+    return invoke.hedged_quantile(hedge, level, fixed + compute) + fixed + spread
 
 
 def workers_quantile(worker_fixed: Sequence[float], worker_compute: Sequence[float], sigma: float, invoke: Any,
@@ -120,8 +120,8 @@ def workers_quantile(worker_fixed: Sequence[float], worker_compute: Sequence[flo
     if hedge is None or level <= hedge:  # _worker_quantile's plain quantile, its level's terms taken once
         at, stretch = invoke.quantile(level), math.exp(_z(level) * sigma)
         return max(at + f + c * stretch for f, c in zip(worker_fixed, worker_compute, strict=True))
-    return max(_worker_quantile(invoke, f, c, sigma, level, hedge)
-               for f, c in zip(worker_fixed, worker_compute, strict=True))
+    return float(np.max(_workers_quantiles(invoke, np.asarray(worker_fixed, dtype=float),
+                                           np.asarray(worker_compute, dtype=float), sigma, level, hedge)))
 
 
 def stage_quantile(shape: StageShape, invoke: Any, q: float, hedge: float | None = None, *,

@@ -132,6 +132,14 @@ class DataPlane:
         self._stats[backend.info.name] = InferenceStats(backend.info.name, MODEL_VERSION)
         self._traces[backend.info.name] = TraceBuffer(self._traces_kept)
 
+    def swap(self, backend: Backend) -> Backend:
+        """Serve ``backend.info.name`` with ``backend`` from the next request on (its statistics and traces go
+        on); returns the backend it replaces, which finishes the requests it has and is the caller's to
+        close. Raises ModelNotFound where no model of that name is served."""
+        old = self.model(backend.info.name)
+        self._models[backend.info.name] = backend  # one dict store: a request sees the old or the new one
+        return old
+
     def remove(self, name: str) -> None:
         b = self._models.pop(name, None)
         self._stats.pop(name, None)

@@ -173,6 +173,18 @@ def calibrated_local(recalibrate: bool) -> str:
               help="local: plan with this machine's calibrated local profile (measured once per machine by "
                    "`flatpack calibrate`, cached); --no-calibrate plans with the published local.yaml.")
 @click.option("--recalibrate", is_flag=True, help="local: measure the platform again before planning.")
+@click.option("--verify", "verify", type=click.IntRange(min=1), default=None, metavar="N",
+              help="local, with --slo: after warm-up, send N probe requests through the endpoint and compare the "
+                   "SLO's statistic with the SLO; a plan that misses is corrected with what was measured, "
+                   "re-planned and swapped in blue/green (default: 40 for the mean, enough for the percentile "
+                   "with --percentile, e.g. 200 for p95).")
+@click.option("--no-verify", is_flag=True, help="Skip the live check of the SLO (each probe request is an invocation: "
+                                                "on a cloud target it costs money).")
+@click.option("--rounds", "max_rounds", type=click.IntRange(1, 10), default=3, show_default=True,
+              help="Most probes of the live check (each after the first follows a re-plan and a swap).")
+@click.option("--keep-on-miss", is_flag=True,
+              help="Keep the deployment running when no plan measured live meets the SLO (default: remove it and "
+                   "exit 2).")
 def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str | None, memory: str,
                max_group: int | None, profile_mode: str, profile_budget: float | None, shapes: ShapeFixes,
                target: str,
@@ -180,7 +192,8 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
                keep_warm: float, hedge: str, dry_run: bool, out_dir: str | None, region: str | None,
                endpoint_url: str | None,
                gateway: str | None, no_vendor: bool, compress: str, max_accuracy_drop: str | None,
-               calibration: Path | None, backend: str, calibrate_platform: bool, recalibrate: bool) -> None:
+               calibration: Path | None, backend: str, calibrate_platform: bool, recalibrate: bool,
+               verify: int | None, no_verify: bool, max_rounds: int, keep_on_miss: bool) -> None:
     """Plan MODEL (a file or zoo name), export verified parts, start its functions and serve an endpoint.
 
     With --target lambda or openfaas: render the service (one function per plan function) and deploy it
@@ -243,7 +256,119 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
         record.options["backend"] = backend
     if request.hedge is not None:
         record.options["hedge_percentile"] = round(request.hedge * 100, 3)
-    _start(record, detach, keep_warm)
+    if request.slo_ms is not None:
+        record.options["slo"] = {"slo_ms": request.slo_ms, "percentile": request.percentile}
+    if request.slo_ms is None or no_verify:
+        _start(record, detach, keep_warm)
+        return
+    _start(record, True, keep_warm)  # the loop probes the endpoint the user will call, served in the background
+    try:
+        met = _keep_promise(record, lg, request, result, pm, source, verify, max_rounds)
+    except BaseException:
+        _remove_local(DeploymentRecord.load(name))
+        raise
+    if not met and not keep_on_miss:
+        _remove_local(DeploymentRecord.load(name))
+        err_console.print(f"removed {name}: no plan measured live meets the SLO (--keep-on-miss keeps it running)")
+        raise click.exceptions.Exit(2)
+    if not detach:
+        _attach(DeploymentRecord.load(name))
+
+
+def _keep_promise(record: DeploymentRecord, lg: Any, request: Any, result: Any, pm: Any, source: str,
+                  verify: int | None, max_rounds: int) -> bool:
+    """The promise loop (:func:`serving.deploy.promise.keep_promise`) on a deployment just started: probe,
+    correct, re-plan, swap. Prints a line per round and the final figures; records them in the deployment's
+    options (``promise``, ``cheapest``). Whether the plan serving now met the SLO live."""
+    from functions.settings import api_token
+    from partitioner.planner import solve, with_sampled_tail
+    from serving.deploy.promise import (
+        EndpointProbe,
+        LocalSwap,
+        default_probe_requests,
+        function_count,
+        is_cheapest,
+        keep_promise,
+    )
+    from serving.deploy.state import DeploymentRecord
+
+    requests = verify or default_probe_requests(request.percentile)
+    stat = f"p{request.percentile * 100:g}" if request.percentile is not None else "mean"
+    console.print(f"verifying the SLO live: {requests} requests through {DeploymentRecord.load(record.name).endpoint} per round, "
+                  f"{stat} against {request.slo_ms:g} ms")
+    r = DeploymentRecord.load(record.name)
+    probe = EndpointProbe(r.endpoint or "", r.name, lg.model, token=api_token())
+    try:
+        with err_console.status("probing the endpoint") as st:
+            swap = LocalSwap(r.name, lg, request, source=source, progress=lambda m: st.update(m))
+            outcome = keep_promise(pm, request, result, probe=probe, swap=swap, requests=requests,
+                                   max_rounds=max_rounds, say=console.print,
+                                   replan=lambda req: with_sampled_tail(pm, solve(lg, req, pm=pm)))
+    finally:
+        probe.close()
+    shown = outcome.shown
+    doc = {"rounds": len(outcome.rounds), "met": outcome.met, "live_ms": round(shown.live.statistic_ms, 3),
+           "predicted_ms": round(shown.predicted_ms, 3), "slo_ms": request.slo_ms, "percentile": request.percentile,
+           "functions": function_count(outcome.result), "master_mb": outcome.result.master_mb,
+           "stopped": outcome.reason, "history": [x.to_json() for x in outcome.rounds],
+           "correction": pm.live.to_json()}
+    r = DeploymentRecord.load(record.name)
+    r.options["promise"] = doc
+    r.options["cheapest"] = is_cheapest(pm, outcome.result)
+    r.save()
+    table = Table(title=f"{r.name}: the SLO checked live ({stat}, {requests} requests a round)")
+    for col in ("round", "functions", "master MB", "predicted ms", f"live {stat} ms", "live / SLO", "met"):
+        table.add_column(col, justify="right")
+    for x in outcome.rounds:
+        table.add_row(str(x.round_no), str(x.functions), str(x.master_mb), f"{x.predicted_ms:.1f}",
+                      f"{x.live.statistic_ms:.1f}", f"{x.live.statistic_ms / request.slo_ms:.2f}",
+                      "[green]yes[/]" if x.met else "[red]no[/]")
+    console.print(table)
+    if outcome.met:
+        console.print(f"[green]SLO met live[/]: {stat} {shown.live.statistic_ms:.1f} ms against {request.slo_ms:g} ms "
+                      f"({function_count(outcome.result)} function(s), master {outcome.result.master_mb} MB; "
+                      f"{outcome.result.estimate.cost_usd * 1000:.6f} USD per 1000 requests)")
+    else:
+        fastest = min(outcome.rounds, key=lambda x: x.live.statistic_ms)
+        err_console.print(f"[red]SLO missed live[/]: the fastest plan measured ({fastest.functions} function(s), "
+                          f"master {fastest.master_mb} MB) answered in {fastest.live.statistic_ms:.1f} ms ({stat}) "
+                          f"against the {request.slo_ms:g} ms SLO")
+    return outcome.met
+
+
+def _attach(record: DeploymentRecord) -> None:
+    """Serve in the foreground: wait on the deployment's serving process; Ctrl-C removes everything."""
+    err_console.print("serving in the foreground; Ctrl-C stops and removes everything")
+    try:
+        while record.alive():
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _remove_local(record)
+        err_console.print(f"deployment {record.name} stopped; functions, shared memory and keys removed")
+
+
+def _remove_local(r: DeploymentRecord) -> None:
+    """Stop a local deployment's serving process and remove what it leaves: its shared memory, its bundle
+    (where flatpack wrote it), its record."""
+    import shutil
+
+    from serving.deploy.local import swap_request_path
+    from serving.deploy.state import state_dir
+
+    if not r.terminate():
+        raise click.ClickException(f"process {r.pid} of {r.name} did not stop; kill it by hand")
+    if r.deployment_id:
+        from serving.platform.config import PlatformConfig
+
+        shutil.rmtree(PlatformConfig.from_env().shm_dir / r.deployment_id, ignore_errors=True)
+    bundles = (state_dir() / "bundles").resolve()
+    for b in {Path(r.bundle), *(state_dir() / "bundles").glob(f"{r.name}@r*")}:
+        if b.resolve().is_relative_to(bundles):
+            shutil.rmtree(b, ignore_errors=True)
+    swap_request_path(r.name).unlink(missing_ok=True)
+    r.delete()
 
 
 def _hedge(spec: str, percentile: float | None, target: str) -> float | None:

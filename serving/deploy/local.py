@@ -8,19 +8,23 @@ everything it started: functions (their processes), shared-memory files and tran
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from functions.bundle import Bundle
+from functions.event import Reply
 from functions.settings import api_token
 from serving.api.app import create_app
 from serving.api.client import infer_http
@@ -36,7 +40,7 @@ if TYPE_CHECKING:  # the platform and the planner are imported where they are us
     from partitioner.solvers.common import SolverResult
     from serving.platform.deploy import Deployment
 
-__all__ = ["PlatformBackend", "prepare", "serve"]
+__all__ = ["PlatformBackend", "prepare", "request_swap", "serve", "swap_request_path"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,8 @@ class PlatformBackend:
         self._client = MasterClient(deployment, platform_url, timeout_s=timeout_s)
         self._meter = meter
         self._ready = False
+        self._inflight = 0
+        self._lock = threading.Lock()
 
     def warm_up(self, inputs: Mapping[str, np.ndarray]) -> float:
         t = time.perf_counter()
@@ -65,7 +71,28 @@ class PlatformBackend:
         return self._ready
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._client.infer(inputs)
+        with self._counted():
+            return self._client.infer(inputs)
+
+    def infer_reply(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Reply]:
+        """The outputs and the master's reply, whose trace the endpoint records."""
+        with self._counted():
+            return self._client.infer_reply(inputs)
+
+    @property
+    def inflight(self) -> int:
+        """Requests this backend is serving now (a plan swapped out is removed once it has none)."""
+        return self._inflight
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        with self._lock:
+            self._inflight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inflight -= 1
 
     def meter(self) -> Mapping[str, Mapping[str, float]]:
         if self._meter is None:
@@ -123,9 +150,13 @@ def prepare(model: Path, request: PlanRequest, name: str, *, shapes: ShapeFixes 
 
 def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep_warm_s: float = 0.0,
           on_ready: Callable[[DeploymentRecord], None] | None = None) -> None:
-    """Host the platform and the endpoint for ``record`` until ``stop`` is set or SIGTERM/SIGINT."""
+    """Host the platform and the endpoint for ``record`` until ``stop`` is set or SIGTERM/SIGINT.
+
+    While it serves, a plan swap requested with :func:`request_swap` (the promise loop's re-plan) is carried
+    out blue/green: the new bundle's functions are deployed beside the old ones and warmed up, the endpoint
+    switches to them between two requests, and the old functions are removed once their last request is
+    answered; no request fails or waits on a half-deployed plan."""
     from serving.platform.config import PlatformConfig
-    from serving.platform.deploy import deploy_bundle
     from serving.platform.server import LocalPlatform
 
     stop = stop or threading.Event()
@@ -133,37 +164,34 @@ def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     record.pid = os.getpid()
-    platform = dep = server = backend = None
+    platform = server = None
+    live: _Live | None = None
     try:
         platform = LocalPlatform(PlatformConfig.from_env(port=0)).start()
-        dep = deploy_bundle(platform.client, record.bundle, transport=record.transport,
-                            deployment=f"{record.name}-{uuid.uuid4().hex[:6]}",
-                            compression=record.options.get("compression", "none"),
-                            backend=record.options.get("backend", "onnxruntime"),
-                            hedge_percentile=record.options.get("hedge_percentile"))
-        backend = PlatformBackend(dep, platform.url, name=record.name, meter=platform.client.meter)
+        live = _Live(platform, record)
         bundle = Bundle.load(record.bundle)
+        first, dep = live.start(record.bundle)
+        plane = DataPlane()
+        plane.add(first)
+        server = AppServer(create_app(plane), record.host, record.port).start()
         from partitioner.inputs import random_inputs
 
-        warm_ms = backend.warm_up(random_inputs(bundle.source, 0)) * 1e3
-        plane = DataPlane()
-        plane.add(backend)
-        server = AppServer(create_app(plane), record.host, record.port).start()
         # one request through the whole path (HTTP, protocol, master), so the first user request is warm
         infer_http(server.url, record.name, random_inputs(bundle.source, 1), token=api_token())
         record.endpoint = server.url
         record.platform_url = platform.url
         record.deployment_id = dep.id
         record.status = "ready"
-        record.options["warm_up_ms"] = round(warm_ms, 1)
+        record.options["warm_up_ms"] = round(live.warm_up_ms, 1)
         record.save()
         if on_ready:
             on_ready(record)
-        pinger = None
         if keep_warm_s > 0:
-            pinger = threading.Thread(target=_keep_warm, args=(backend, bundle, keep_warm_s, stop), daemon=True)
-            pinger.start()
-        stop.wait()
+            threading.Thread(target=_keep_warm, args=(live, bundle, keep_warm_s, stop), daemon=True).start()
+        while not stop.wait(_SWAP_POLL_S):
+            swap = _take_swap_request(record.name)
+            if swap is not None:
+                live.swap(plane, swap)
     except Exception as e:
         record.status = "failed"
         record.error = f"{type(e).__name__}: {e}"
@@ -172,10 +200,8 @@ def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep
     finally:
         if server is not None:
             server.stop()
-        if backend is not None:
-            backend.close()
-        if dep is not None:
-            dep.remove(purge=True)
+        if live is not None:
+            live.close()
         if platform is not None:
             platform.stop()
         if record.status == "ready":
@@ -183,12 +209,139 @@ def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep
             record.save()
 
 
-def _keep_warm(backend: PlatformBackend, bundle: Bundle, every_s: float, stop: threading.Event) -> None:
-    """Gillis's warm-up pings: a request every ``every_s`` so instances are not reaped."""
+#: how often a serving process looks for a plan swap to carry out
+_SWAP_POLL_S = 0.1
+#: how long a swapped-out plan may take to answer the requests it has before it is removed anyway
+_DRAIN_TIMEOUT_S = 120.0
+
+
+def swap_request_path(name: str) -> Path:
+    """Where :func:`request_swap` leaves a swap for deployment ``name``'s serving process (the state directory:
+    only its owner can write there)."""
+    return state_dir() / "deployments" / f"{name}.swap.json"
+
+
+def request_swap(name: str, bundle: Path, *, generation: int, predicted: Mapping[str, Any]) -> None:
+    """Ask deployment ``name``'s serving process to serve ``bundle`` (a verified bundle under the state
+    directory's ``bundles/``) instead of its plan; it records ``generation`` in the deployment's options
+    when done (:func:`serve`), and ``swap_error`` where it could not."""
+    path = swap_request_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"bundle": str(bundle), "generation": generation, "predicted": dict(predicted)}, f)
+    os.replace(tmp, path)
+
+
+def _take_swap_request(name: str) -> dict[str, Any] | None:
+    path = swap_request_path(name)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("ignoring an unreadable swap request %s: %s", path, e)
+        path.unlink(missing_ok=True)
+        return None
+    path.unlink(missing_ok=True)
+    return doc if isinstance(doc, dict) else None
+
+
+class _Live:
+    """The deployment a serving process answers with, and the blue/green swap to another bundle."""
+
+    def __init__(self, platform: Any, record: DeploymentRecord) -> None:
+        self.platform = platform
+        self.record = record
+        self.dep: Deployment | None = None
+        self.backend: PlatformBackend | None = None
+        self.warm_up_ms = 0.0
+
+    def start(self, bundle: str) -> tuple[PlatformBackend, Deployment]:
+        """Deploy ``bundle`` and warm it up (``warm_up_ms``: its first request's time)."""
+        dep, backend, self.warm_up_ms = self._deploy(bundle)
+        self.dep, self.backend = dep, backend
+        return backend, dep
+
+    def _deploy(self, bundle: str) -> tuple[Deployment, PlatformBackend, float]:
+        from partitioner.inputs import random_inputs
+        from serving.platform.deploy import deploy_bundle
+
+        r = self.record
+        dep = deploy_bundle(self.platform.client, bundle, transport=r.transport,
+                            deployment=f"{r.name}-{uuid.uuid4().hex[:6]}",
+                            compression=r.options.get("compression", "none"),
+                            backend=r.options.get("backend", "onnxruntime"),
+                            hedge_percentile=r.options.get("hedge_percentile"))
+        try:
+            backend = PlatformBackend(dep, self.platform.url, name=r.name, meter=self.platform.client.meter)
+            source = Bundle.load(bundle).source
+            t = time.perf_counter()
+            backend.warm_up(random_inputs(source, 0))
+            ms = (time.perf_counter() - t) * 1e3
+            backend.warm_up(random_inputs(source, 1))  # every instance of the plan started and answered once
+        except BaseException:
+            dep.remove(purge=True)
+            raise
+        return dep, backend, ms
+
+    def swap(self, plane: DataPlane, request: Mapping[str, Any]) -> None:
+        """Carry out a swap request (:func:`request_swap`); the record says how it went."""
+        r = self.record
+        generation = int(request.get("generation", 0))
+        bundle = Path(str(request.get("bundle", "")))
+        try:
+            if not bundle.resolve().is_relative_to((state_dir() / "bundles").resolve()):
+                raise ValueError(f"{bundle} is not a bundle of this state directory")
+            dep, backend, _ = self._deploy(str(bundle))
+        except Exception as e:  # noqa: BLE001 - the old plan keeps serving; the requester reads why
+            log.warning("plan swap to %s failed: %s", bundle, e)
+            r.options["swap_error"] = f"{type(e).__name__}: {e}"
+            r.options["generation"] = generation
+            r.save()
+            return
+        old_dep, old_backend, old_bundle = self.dep, self.backend, r.bundle
+        plane.swap(backend)
+        self.dep, self.backend = dep, backend
+        b = Bundle.load(bundle, check_hashes=False)
+        r.bundle = str(bundle)
+        r.deployment_id = dep.id
+        r.predicted = dict(request.get("predicted") or b.plan.predicted)
+        r.functions = [f.to_json() for f in b.plan.functions]
+        r.options["generation"] = generation
+        r.options.pop("swap_error", None)
+        r.save()
+        _retire(old_dep, old_backend)
+        if old_bundle != r.bundle and Path(old_bundle).resolve().is_relative_to((state_dir() / "bundles").resolve()):
+            shutil.rmtree(old_bundle, ignore_errors=True)
+
+    def close(self) -> None:
+        _retire(self.dep, self.backend)
+        self.dep = self.backend = None
+
+
+def _retire(dep: Deployment | None, backend: PlatformBackend | None) -> None:
+    """Remove a deployment once its backend has answered the requests it had (within a deadline)."""
+    if backend is not None:
+        end = time.monotonic() + _DRAIN_TIMEOUT_S
+        while backend.inflight and time.monotonic() < end:
+            time.sleep(0.01)
+        backend.close()
+    if dep is not None:
+        dep.remove(purge=True)
+
+
+def _keep_warm(live: _Live, bundle: Bundle, every_s: float, stop: threading.Event) -> None:
+    """Gillis's warm-up pings: a request every ``every_s`` so instances are not reaped (to the plan served
+    now, whichever that is after a swap)."""
     from partitioner.inputs import random_inputs
 
     x = random_inputs(bundle.source, 1)
     while not stop.wait(every_s):
+        backend = live.backend
+        if backend is None:
+            continue
         try:
             backend.infer(x)
         except Exception as e:  # noqa: BLE001 - a failed ping is logged; the next one tries again

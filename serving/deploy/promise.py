@@ -1,0 +1,316 @@
+"""Keeping a deployment's SLO: probe the endpoint, correct the model, re-plan, swap blue/green.
+
+A plan is a prediction; the promise is what the client sees. After ``flatpack deploy --mode slo`` is warm,
+:func:`keep_promise` sends probe requests through the endpoint the user will call and computes the
+statistic the SLO names (the mean, or the P-th percentile). Where the plan misses (or meets the SLO with so
+much room that a cheaper plan would do), the live figure corrects the performance model at the plan's
+master memory (:mod:`partitioner.live`), the solver plans again against the SLO less a margin the probe's
+own spread justifies, and the new plan is swapped in (:func:`serving.deploy.local.request_swap`: deployed
+beside the old one, switched to when warm, the old one removed). It stops when a plan meets the SLO, when
+the corrected model keeps the plan it has, or after ``max_rounds`` probes; where no plan measured met it,
+the caller says so and removes the deployment.
+
+The loop is written against two small protocols, so the same loop runs wherever the deployer can probe
+and swap (:class:`Probe`, :class:`Swap`); the local target implements both here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from partitioner.graph import LayerGraph
+    from partitioner.perfmodel import PerfModel
+    from partitioner.planner import PlanRequest
+    from partitioner.solvers.common import SolverResult
+
+__all__ = ["EndpointProbe", "LiveFigure", "LocalSwap", "Probe", "PromiseResult", "Round", "Swap",
+           "default_probe_requests", "function_count", "is_cheapest", "keep_promise", "live_figure"]
+
+log = logging.getLogger(__name__)
+
+#: the least room a plan is re-planned with below the SLO: what the machine's speed drifts between the probe
+#: and the user's own requests (on top of the probe's sampling error)
+DRIFT_MARGIN = 0.03
+#: a plan that meets the SLO below this share of it is more expensive than it needs to be (unless it is
+#: already the cheapest plan there is): the loop tries a cheaper one
+ROOM_LIMIT = 0.8
+_Z = 1.645  # one-sided 95 %
+
+
+@dataclass(frozen=True)
+class LiveFigure:
+    """What probe requests measured: the SLO's statistic (``statistic_ms``: the mean, or the percentile),
+    its standard error (``stderr_ms``, bootstrapped), and the usual percentiles."""
+
+    statistic_ms: float
+    stderr_ms: float
+    mean_ms: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    requests: int
+
+    @property
+    def relative_error(self) -> float:
+        return self.stderr_ms / self.statistic_ms if self.statistic_ms > 0 else 0.0
+
+    def to_json(self) -> dict[str, float]:
+        return {k: round(float(v), 3) for k, v in dataclasses.asdict(self).items()}
+
+
+def live_figure(latencies_ms: Sequence[float], percentile: float | None, *, seed: int = 0) -> LiveFigure:
+    """The SLO's statistic over ``latencies_ms`` (``percentile`` a fraction, e.g. 0.95; None: the mean) and
+    its standard error from 200 bootstrap resamples."""
+    x = np.asarray(latencies_ms, dtype=float)
+    if x.size == 0:
+        raise ValueError("no latencies to compute a live figure from")
+
+    def stat(a: np.ndarray) -> np.ndarray:
+        return np.quantile(a, percentile, axis=-1) if percentile is not None else a.mean(axis=-1)
+
+    rng = np.random.default_rng(seed)
+    boot = stat(x[rng.integers(0, x.size, size=(200, x.size))])
+    return LiveFigure(float(stat(x)), float(np.std(boot)), float(x.mean()), float(np.quantile(x, 0.5)),
+                      float(np.quantile(x, 0.95)), float(np.quantile(x, 0.99)), int(x.size))
+
+
+def default_probe_requests(percentile: float | None) -> int:
+    """Probe requests enough for the SLO's statistic: 40 for the mean; for a percentile P, enough that about
+    ten requests lie beyond it (200 for p95), at most 1000."""
+    if percentile is None:
+        return 40
+    return int(min(1000, max(40, math.ceil(10 / (1 - percentile)))))
+
+
+class Probe(Protocol):
+    """Sends ``requests`` requests through the deployment's endpoint; their client-side latencies (ms)."""
+
+    def __call__(self, requests: int) -> list[float]: ...
+
+
+class Swap(Protocol):
+    """Exports ``result`` as a verified bundle and makes it the deployment's plan (blue/green)."""
+
+    def __call__(self, result: SolverResult, round_no: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Round:
+    """One probe of one plan."""
+
+    round_no: int
+    functions: int
+    master_mb: int
+    predicted_ms: float  # the solver's figure for the SLO's statistic, corrected as the loop knew then
+    live: LiveFigure
+    met: bool
+    cost_per_1000_usd: float
+    factor: float  # the live correction at the plan's master memory after this round
+
+    def to_json(self) -> dict[str, Any]:
+        return {"round": self.round_no, "functions": self.functions, "master_mb": self.master_mb,
+                "predicted_ms": round(self.predicted_ms, 3), "live_ms": round(self.live.statistic_ms, 3),
+                "met": self.met, "cost_per_1000_usd": self.cost_per_1000_usd, "factor": round(self.factor, 4),
+                "live": self.live.to_json()}
+
+
+@dataclass
+class PromiseResult:
+    """How the loop ended: the plan serving now (``result``), whether it met the SLO live, every round."""
+
+    result: Any
+    met: bool
+    rounds: list[Round] = field(default_factory=list)
+    reason: str = ""
+    serving: Round | None = None  # the round that measured the plan serving now
+
+    @property
+    def shown(self) -> Round:
+        """The round to report: the serving plan's where it met the SLO, else the fastest measured."""
+        if self.met and self.serving is not None:
+            return self.serving
+        return min(self.rounds, key=lambda r: r.live.statistic_ms)
+
+
+def _checked_ms(pm: PerfModel, result: SolverResult) -> float:
+    """The figure the SLO solver checks against the SLO: the percentile's bound, or the mean."""
+    est = pm.estimate(list(result.choices), result.master_mb)
+    return est.latency_q_ms if pm.q_mode else est.latency_ms
+
+
+def _key(result: SolverResult) -> tuple:
+    return (tuple(result.choices), result.master_mb)
+
+
+def is_cheapest(pm: PerfModel, result: SolverResult) -> bool:
+    """Whether ``result`` is one function at the smallest memory it fits in (no plan can cost less by
+    memory, so a fast live figure is no overspending)."""
+    if len(result.choices) != 1 or result.choices[0].split.degree != 1 or not result.choices[0].master_part:
+        return False
+    need = pm.master_need_mb(list(result.choices), result.master_mb)
+    try:
+        least = pm.platform.round_memory(need)
+    except ValueError:
+        return False
+    return result.master_mb <= least
+
+
+def keep_promise(pm: PerfModel, request: PlanRequest, result: SolverResult, *, probe: Probe, swap: Swap,
+                 replan: Callable[[PlanRequest], SolverResult], requests: int, max_rounds: int = 3,
+                 say: Callable[[str], None] = lambda _m: None) -> PromiseResult:
+    """Probe the deployed ``result`` against ``request.slo_ms`` and correct it until it holds (see the module
+    docstring). ``replan`` plans with ``pm`` as it is (its live correction applied) for the request it is
+    given, raising ``partitioner.solvers.common.Infeasible`` (with the fastest plan) as the planner does.
+    Each round is reported through ``say`` as one line."""
+    from partitioner.live import live_factor
+    from partitioner.solvers.common import Infeasible
+
+    slo = float(request.slo_ms or 0.0)
+    if slo <= 0:
+        raise ValueError("keep_promise needs a request with an SLO")
+    q = request.percentile
+    rounds: list[Round] = []
+    measured: dict[tuple, Round] = {}
+    results: dict[tuple, Any] = {}
+    current = result
+    reason = ""
+    for round_no in range(1, max_rounds + 1):
+        predicted = _checked_ms(pm, current)
+        live = live_figure(probe(requests), q, seed=round_no)
+        # met: the statistic with its sampling error and the drift to come still within the SLO
+        met = live.statistic_ms * (1 + DRIFT_MARGIN / 2) + live.stderr_ms <= slo
+        fixed = pm.request_ms()[1 if pm.q_mode else 0]
+        previous = pm.live.at(current.master_mb)
+        factor = live_factor(live.statistic_ms, predicted, fixed, previous=previous)
+        pm.use_live(pm.live.with_point(current.master_mb, factor))
+        rnd = Round(round_no, function_count(current), current.master_mb,
+                    predicted, live, met, round(current.estimate.cost_usd * 1000, 8), factor)
+        rounds.append(rnd)
+        measured[_key(current)] = rnd
+        results[_key(current)] = current
+        stat = f"p{q * 100:g}" if q is not None else "mean"
+        say(f"round {round_no}: {rnd.functions} function(s), master {current.master_mb} MB: predicted "
+            f"{predicted:.1f} ms, live {stat} {live.statistic_ms:.1f} ms ± {live.stderr_ms:.1f} over "
+            f"{live.requests} requests: {'meets' if met else 'misses'} the {slo:g} ms SLO")
+        roomy = met and live.statistic_ms < ROOM_LIMIT * slo and not is_cheapest(pm, current)
+        if met and not roomy:
+            reason = "met"
+            break
+        if round_no == max_rounds:
+            reason = "rounds"
+            break
+        margin = DRIFT_MARGIN + 2 * live.relative_error
+        target = dataclasses.replace(request, slo_ms=slo * (1 - margin))
+        try:
+            candidate = replan(target)
+            feasible = True
+        except Infeasible as e:
+            if e.fastest is None:
+                reason = "infeasible"
+                break
+            candidate, feasible = e.fastest, False
+        key = _key(candidate)
+        if key in measured:
+            reason = "kept" if key == _key(current) else "measured"
+            break
+        if met and (not feasible or candidate.estimate.cost_usd >= current.estimate.cost_usd):
+            reason = "met"
+            break
+        say(f"  re-planning with the live correction (x{factor:.2f} at {current.master_mb} MB): "
+            f"{'the fastest plan' if not feasible else 'a plan'} predicted at {_checked_ms(pm, candidate):.1f} ms; "
+            "deploying it beside the current one")
+        swap(candidate, round_no + 1)
+        current = candidate
+    met_rounds = [r for r in rounds if r.met]
+    final = measured[_key(current)]
+    if final.met:
+        return PromiseResult(current, True, rounds, reason, final)
+    if met_rounds:  # an earlier plan met it: back to the cheapest of those
+        best = min(met_rounds, key=lambda r: r.cost_per_1000_usd)
+        back = next(results[k] for k, r in measured.items() if r is best)
+        say(f"  back to the plan of round {best.round_no}, which met the SLO live ({best.live.statistic_ms:.1f} ms)")
+        swap(back, len(rounds) + 1)
+        return PromiseResult(back, True, rounds, "back", best)
+    return PromiseResult(current, False, rounds, reason or "missed", final)
+
+
+def function_count(result: SolverResult) -> int:
+    """The functions a plan deploys: the master, and one worker per part it does not run itself
+    (``partitioner.export.build_plan``)."""
+    return 1 + sum(c.split.degree - (1 if c.master_part else 0) for c in result.choices)
+
+
+class EndpointProbe:
+    """A :class:`Probe` of a deployment's HTTP endpoint with random inputs of its model."""
+
+    def __init__(self, endpoint: str, name: str, model: Any, *, token: str | None = None,
+                 warmup: int = 3, timeout_s: float = 120.0) -> None:
+        from serving.api.client import InferClient
+
+        self._client = InferClient(endpoint, name, timeout_s=timeout_s, token=token)
+        self._model = model
+        self._warmup = warmup
+
+    def __call__(self, requests: int) -> list[float]:
+        from partitioner.inputs import random_inputs
+
+        inputs = [random_inputs(self._model, i) for i in range(4)]
+        for i in range(self._warmup):
+            self._client.infer(inputs[i % 4])
+        out = []
+        for i in range(requests):
+            t0 = time.perf_counter()
+            self._client.infer(inputs[i % 4])
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class LocalSwap:
+    """A :class:`Swap` on the local target: exports the plan next to the deployment's bundle and asks its
+    serving process to switch to it (:func:`serving.deploy.local.request_swap`), waiting until it has."""
+
+    def __init__(self, name: str, lg: LayerGraph, request: PlanRequest, *, source: str,
+                 progress: Callable[[str], None] | None = None, timeout_s: float = 600.0) -> None:
+        self.name = name
+        self.lg = lg
+        self.request = request
+        self.source = source
+        self.progress = progress
+        self.timeout_s = timeout_s
+
+    def __call__(self, result: SolverResult, round_no: int) -> None:
+        from autoencoder import export_planned
+        from functions.bundle import Bundle
+        from serving.deploy.local import request_swap
+        from serving.deploy.state import DeploymentRecord, state_dir
+
+        out = state_dir() / "bundles" / f"{self.name}@r{round_no}-{time.time_ns() % 10**6}"  # "@": no name has it
+        export_planned(self.lg, result, self.request, out, source=self.source, progress=self.progress)
+        predicted = dict(Bundle.load(out, check_hashes=False).plan.predicted)
+        before = DeploymentRecord.load(self.name)
+        generation = int(before.options.get("generation", 0)) + 1
+        request_swap(self.name, Path(out), generation=generation, predicted=predicted)
+        end = time.monotonic() + self.timeout_s
+        while time.monotonic() < end:
+            r = DeploymentRecord.load(self.name)
+            if int(r.options.get("generation", 0)) >= generation:
+                if r.options.get("swap_error"):
+                    raise RuntimeError(f"the serving process could not switch plans: {r.options['swap_error']}")
+                return
+            if not r.alive():
+                raise RuntimeError(f"deployment {self.name}'s serving process exited during a plan swap")
+            time.sleep(0.05)
+        raise TimeoutError(f"deployment {self.name} did not switch plans in {self.timeout_s:.0f} s")

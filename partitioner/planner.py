@@ -24,13 +24,20 @@ from partitioner.perfmodel import ComputeModel, CutCodec, CutCodecs, PerfModel, 
 from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult, memory_options
 from platforms import PlatformProfile, load_profile
 
-__all__ = ["MODES", "SOLVERS", "PlanRequest", "codecs_of", "compute_model", "export_solution", "make_perfmodel",
-           "merge_master_stages", "mode_problem", "plan_for", "solve"]
+__all__ = ["LO_MEMORY_TOLERANCE", "MODES", "SOLVERS", "PlanRequest", "codecs_of", "compute_model", "export_solution",
+           "make_perfmodel", "merge_master_stages", "mode_problem", "plan_for", "solve"]
 
 log = logging.getLogger(__name__)
 
 MODES = ("lo", "slo", "mopar")
 SOLVERS = ("exact", "rl", "bo", "bruteforce")
+
+LO_MEMORY_TOLERANCE = 0.02
+"""How much slower (a fraction of its predicted latency) ``lo`` lets its fastest plan become for less
+memory. The performance model is right within a few percent at best, so a plan predicted 1 % faster is
+not known to be faster at all: buying memory for it is buying noise. Where invoke latency dominates (a
+small model on a cloud platform) the fastest plan at the largest size is within this of the same plan at a
+fraction of the memory."""
 
 
 @dataclass(frozen=True)
@@ -378,9 +385,10 @@ def _latency(pm: PerfModel, result: SolverResult) -> float:
 
 def _fastest(pm: PerfModel, request: PlanRequest, mems: list[int]) -> SolverResult:
     """Gillis's latency-optimal plan with every function at the largest size searched, then each function's
-    memory lowered as far as the plan stays as fast: where more memory buys no more speed (above the vCPUs
-    that one function's threads use, or a machine's cores on the local platform), the same latency costs
-    less. Seen: full VGG-16 on the local platform planned at 10240 MB, as fast at 3538 MB (2 vCPUs)."""
+    memory lowered as far as the plan stays as fast, within ``LO_MEMORY_TOLERANCE`` of its latency (and
+    within ``request.slo_ms``, when one is given): where more memory buys no more speed than the model can
+    tell apart (above the vCPUs that one function's threads use, a machine's cores on the local platform,
+    or where invoke latency dwarfs the compute), the same latency costs less."""
     from partitioner.solvers.dp import latency_dp, shrink_memory
 
     top = max(mems)
@@ -389,10 +397,41 @@ def _fastest(pm: PerfModel, request: PlanRequest, mems: list[int]) -> SolverResu
     if len(mems) == 1:
         return result
     sizes = SearchSpace(pm, max_group=request.max_group, worker_memories=mems)
-    choices, master_mb = shrink_memory(sizes, list(result.choices), result.master_mb, _latency(pm, result), mems)
+    bound = _latency(pm, result) * (1.0 + LO_MEMORY_TOLERANCE)
+    if request.slo_ms is not None:
+        bound = max(_latency(pm, result), min(bound, request.slo_ms))
+    choices, master_mb = shrink_memory(sizes, list(result.choices), result.master_mb, bound, mems)
     if master_mb == result.master_mb and tuple(choices) == result.choices:
         return result
     return replace(result, choices=tuple(choices), master_mb=master_mb, estimate=pm.estimate(choices, master_mb))
+
+
+def _shrunk_within(pm: PerfModel, request: PlanRequest, mems: list[int], fastest: SolverResult,
+                   ) -> SolverResult | None:
+    """Where a search found no plan but did not prove there is none: the cheaper of the fastest plan and the
+    whole model in one function, each from the largest size searched with every function's memory lowered
+    while it meets the SLO (``shrink_memory``); None where neither meets it."""
+    from partitioner.solvers.dp import shrink_memory
+
+    assert request.slo_ms is not None
+    sizes = SearchSpace(pm, max_group=request.max_group, worker_memories=mems)
+    whole = (StageChoice(0, len(pm.lg.units) - 1, Split("none", (1,)), True, 0),)
+    found: list[SolverResult] = []
+    for choices, master_mb in ((fastest.choices, fastest.master_mb), (whole, max(mems))):
+        try:
+            est = pm.estimate(list(choices), master_mb)
+        except ValueError:
+            continue
+        if est.warnings or (est.latency_q_ms if pm.q_mode else est.latency_ms) > request.slo_ms + 1e-9:
+            continue
+        chs, mb = shrink_memory(sizes, list(choices), master_mb, request.slo_ms, mems)
+        found.append(replace(fastest, choices=tuple(chs), master_mb=mb, estimate=pm.estimate(chs, mb),
+                             solver=f"{fastest.solver}+shrink"))
+    if not found:
+        return None
+    best = min(found, key=lambda r: r.estimate.cost_usd)
+    return best.noted("the search found no plan within the SLO and did not prove there is none: this is the cheaper "
+                      "of the fastest plan and one function, each function's memory lowered while it meets the SLO")
 
 
 def _cheapest(pm: PerfModel, request: PlanRequest, mems: list[int]) -> SolverResult:
@@ -419,6 +458,9 @@ def _cheapest(pm: PerfModel, request: PlanRequest, mems: list[int]) -> SolverRes
             result = bo_solver(space, request.slo_ms, mems, seed=request.seed)
     except Infeasible as e:
         fastest = _fastest(pm, request, mems)
+        fallback = _shrunk_within(pm, request, mems, fastest) if not e.proven else None
+        if fallback is not None:
+            return _stated(space, fallback)
         if solver in ("rl", "bo") and not e.proven:
             raise Infeasible(f"{e}. {_exact_says(space, request.slo_ms, mems)}", fastest=fastest,
                              proven=False) from e

@@ -15,7 +15,9 @@ from platforms.profile import (
     load_profile_data,
     profile_names,
     resolve_profile_path,
+    threads_for,
+    vcpus_for,
 )
 
 __all__ = ["PROFILE_DIR", "InvokeLatency", "MemoryRange", "PlatformProfile", "TransferCost", "load_profile",
-           "load_profile_data", "profile_names", "resolve_profile_path"]
+           "load_profile_data", "profile_names", "resolve_profile_path", "threads_for", "vcpus_for"]

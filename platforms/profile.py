@@ -18,9 +18,31 @@ from typing import Any
 import yaml
 
 __all__ = ["PROFILE_DIR", "InvokeLatency", "MemoryRange", "PlatformProfile", "TransferCost", "load_profile",
-           "load_profile_data", "profile_names", "resolve_profile_path"]
+           "load_profile_data", "profile_names", "resolve_profile_path", "threads_for", "vcpus_for"]
 
 PROFILE_DIR = Path(__file__).resolve().parent
+
+
+def vcpus_for(memory_mb: float, mb_per_vcpu: float, max_vcpu: float | None, *, cores: int | None = None) -> float:
+    """The vCPUs a function of ``memory_mb`` gets where ``mb_per_vcpu`` of memory buys one: capped by the
+    platform's ``max_vcpu`` and by ``cores``, the cores of the machine it runs on when that is this one
+    (the local platform; None for a cloud function, whose host is not the planning machine). A platform
+    without a cap (``max_vcpu`` None, the local profile) is capped by ``cores``, else by this machine's."""
+    caps = [float(c) for c in (max_vcpu, cores) if c is not None]
+    cap = min(caps) if caps else float(os.cpu_count() or 1)
+    return min(cap, memory_mb / mb_per_vcpu)
+
+
+def threads_for(memory_mb: float, mb_per_vcpu: float, max_vcpu: float | None, *, cores: int | None = None) -> int:
+    """onnxruntime intra-op threads for a function of ``memory_mb``: the ceiling of its vCPUs
+    (:func:`vcpus_for`, same arguments), at least one. A 0.29 vCPU function runs one thread, a 1.45 vCPU one
+    two: Lambda shows a function of more than one vCPU two CPUs, and the performance model times it with
+    all of its share (Amdahl over the vCPUs), which one thread could not use.
+
+    The one formula for every side: the planner (``PlatformProfile.threads``), each deployer's rendered
+    configuration (Lambda, OpenFaaS) and the local platform's instances, so a function runs with the
+    threads it was planned with."""
+    return max(1, math.ceil(vcpus_for(memory_mb, mb_per_vcpu, max_vcpu, cores=cores) - 1e-9))
 
 
 @dataclass(frozen=True)
@@ -114,15 +136,23 @@ class PlatformProfile:
     handling_ms: float | None = None
     jitter_sigma: float = 0.0
 
-    def vcpus(self, memory_mb: float) -> float:
-        """vCPUs a function of ``memory_mb`` gets (capped by the profile, or by this machine's cores)."""
-        cap = self.max_vcpu if self.max_vcpu is not None else float(os.cpu_count() or 1)
-        return min(cap, memory_mb / self.mb_per_vcpu)
+    def vcpus(self, memory_mb: float, *, cores: int | None = None) -> float:
+        """vCPUs a function of ``memory_mb`` gets (:func:`vcpus_for`: capped by the profile's ``max_vcpu``,
+        and by ``cores`` or, where the profile has no cap, this machine's cores)."""
+        return vcpus_for(memory_mb, self.mb_per_vcpu, self.max_vcpu, cores=cores)
 
-    def threads(self, memory_mb: float) -> int:
-        """onnxruntime intra-op threads for that share: ceil(vCPUs) (a 0.29 vCPU function runs one thread,
-        a 1.7 vCPU one two, as Lambda shows it two CPUs), at most this machine's cores."""
-        return max(1, min(os.cpu_count() or 1, math.ceil(self.vcpus(memory_mb) - 1e-9)))
+    def threads(self, memory_mb: float, *, cores: int | None = None) -> int:
+        """onnxruntime intra-op threads for that share (:func:`threads_for`). A cloud function's are not
+        capped by the planning machine's cores: pass ``cores`` only for a function that runs here."""
+        return threads_for(memory_mb, self.mb_per_vcpu, self.max_vcpu, cores=cores)
+
+    @property
+    def one_vcpu_mb(self) -> int:
+        """The offered memory size nearest to one vCPU (``mb_per_vcpu``), where a share stops stretching a
+        thread's time: the reference size for per-memory figures given as one number."""
+        m = self.memory
+        k = round((self.mb_per_vcpu - m.min_mb) / m.step_mb)
+        return int(min(m.max_mb, max(m.min_mb, m.min_mb + k * m.step_mb)))
 
     def billed_ms(self, duration_ms: float) -> float:
         g = self.billing_granularity_ms

@@ -284,13 +284,6 @@ class LambdaService:
         )
 
 
-def _threads(memory_mb: int) -> int:
-    """onnxruntime threads for a Lambda function's vCPU share (the profile says MB per vCPU)."""
-    p = load_profile("aws-lambda")
-    cap = p.max_vcpu or 1.0
-    return max(1, round(min(cap, memory_mb / p.mb_per_vcpu)))
-
-
 def render_lambda_service(bundle_dir: str | Path, out: str | Path, *, deployment: str,
                           options: LambdaOptions | None = None, model_name: str | None = None) -> LambdaService:
     """Write the service directory for ``bundle_dir`` (a verified bundle) at ``out``.
@@ -349,7 +342,7 @@ def render_lambda_service(bundle_dir: str | Path, out: str | Path, *, deployment
         backend=opts.backend,
         model_name=model,
     )
-    threads = {fn.memory_mb: _threads(fn.memory_mb) for fn in plan.functions}
+    threads = {fn.memory_mb: profile.threads(fn.memory_mb) for fn in plan.functions}
     fns = cloud_functions(plan, deployment, base, threads=threads, drop=())
     common = (dir_bytes(out / "functions") + dir_bytes(out / "vendor") + (out / "flatpack_entry.py").stat().st_size
               + (out / "bundle" / "plan.json").stat().st_size + (out / "bundle" / "manifest.json").stat().st_size)

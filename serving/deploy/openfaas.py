@@ -171,7 +171,7 @@ class OpenFaaSStack:
 
     def resources(self, f: CloudFunction) -> dict[str, str]:
         p = load_profile("openfaas")
-        cpu = max(0.1, min(p.max_vcpu or 8.0, f.memory_mb / p.mb_per_vcpu))
+        cpu = max(0.1, p.vcpus(f.memory_mb))
         return {"memory": f"{f.memory_mb}Mi", "cpu": f"{int(round(cpu * 1000))}m"}
 
 
@@ -212,8 +212,7 @@ def render_openfaas_stack(bundle_dir: str | Path, out: str | Path, *, deployment
         invoke_timeout_ms=opts.timeout_s * 1000,
         backend=opts.backend,
     )
-    threads = {fn.memory_mb: max(1, round(min(profile.max_vcpu or 8, fn.memory_mb / profile.mb_per_vcpu)))
-               for fn in plan.functions}
+    threads = {fn.memory_mb: profile.threads(fn.memory_mb) for fn in plan.functions}
     fns = cloud_functions(plan, deployment, base, threads=threads, drop=())
     image = opts.image or f"flatpack-{deployment}:{bundle.manifest.get('source', {}).get('sha256', 'latest')[:12]}"
     stack = OpenFaaSStack(out, deployment, model_name or deployment, opts, fns, image)

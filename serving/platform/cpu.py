@@ -16,8 +16,8 @@ profile's ``max_vcpu``) and runs ``ceil`` of that many onnxruntime threads. Mech
     time. After each request (and after starting) it waits until its wall time is its CPU time divided by
     its share. It models a share on an idle machine. It does not model the burstiness of a real quota.
 ``off``
-    The old behaviour: whole threads (``max(1, round(vCPU))``) and no limit. Plans for the local
-    profile assume a share, so ``off`` is for debugging only.
+    The old behaviour: whole threads (``platforms.threads_for``, the ceiling of the vCPUs) and no limit.
+    Plans for the local profile assume a share, so ``off`` is for debugging only.
 
 The period is short (10 ms): with the kernel's default 100 ms a 29 % quota runs a 15 ms inference as
 bursts of 29 ms on and 71 ms off, and it took 87 ms instead of the 52 ms its share buys. With 10 ms it
@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Literal
 
 from functions.procstat import pid_alive
+from platforms.profile import threads_for, vcpus_for
 
 __all__ = [
     "CPU_LIMITS",
@@ -89,9 +90,8 @@ class CpuShare:
 
     @classmethod
     def for_memory(cls, memory_mb: float, mb_per_vcpu: float, max_vcpu: float | None, cores: int) -> CpuShare:
-        cap = float(cores) if max_vcpu is None else min(float(max_vcpu), float(cores))
-        vcpu = min(cap, memory_mb / mb_per_vcpu)
-        return cls(vcpu, max(1, min(cores, math.ceil(vcpu - 1e-9))))
+        return cls(vcpus_for(memory_mb, mb_per_vcpu, max_vcpu, cores=cores),
+                   threads_for(memory_mb, mb_per_vcpu, max_vcpu, cores=cores))
 
 
 def cpu_quota(vcpu: float) -> tuple[int, int]:
@@ -153,7 +153,7 @@ class CpuLimiter:
 
     def share(self, memory_mb: float) -> CpuShare:
         if self.name == "off":  # the old behaviour: whole threads, at least one
-            threads = max(1, min(self.cores, round(min(self.max_vcpu or self.cores, memory_mb / self.mb_per_vcpu))))
+            threads = threads_for(memory_mb, self.mb_per_vcpu, self.max_vcpu, cores=self.cores)
             return CpuShare(float(threads), threads)
         return CpuShare.for_memory(memory_mb, self.mb_per_vcpu, self.max_vcpu, self.cores)
 

@@ -10,7 +10,7 @@ import pytest
 from functions.plan import Split
 from partitioner.graph import LayerGraph
 from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts
-from partitioner.planner import PlanRequest, solve
+from partitioner.planner import LO_MEMORY_TOLERANCE, PlanRequest, solve
 from partitioner.solvers.bruteforce import bruteforce
 from partitioner.solvers.common import GRID_RATIO, Infeasible, SearchSpace, memory_options
 from partitioner.solvers.dp import latency_dp, slo_dp
@@ -139,14 +139,14 @@ def test_a_search_that_finds_nothing_says_so_and_what_exact_says(lg: LayerGraph,
 
 def test_lo_buys_no_memory_that_buys_no_speed(lg: LayerGraph) -> None:
     """On the local platform a function's CPU stops at this machine's cores: lo's plan is as fast as at the
-    largest size, at the smallest size that is, and cheaper."""
+    largest size (within the model's error), at the smallest size that is, and cheaper."""
     facts = PlatformFacts.from_profile(load_profile("local"))
     facts = dataclasses.replace(facts, cores=2)
     compute = ComputeModel(tuple({1: 20.0, 2: 11.0} for _ in lg.units), tuple(u.flops for u in lg.units))
     pm = PerfModel(lg, facts, compute)
     r = solve(lg, PlanRequest(mode="lo", platform="local"), pm=pm)
     top = solve(lg, PlanRequest(mode="lo", platform="local", memory=facts.memory_max_mb), pm=pm)
-    assert r.estimate.latency_ms <= top.estimate.latency_ms + 1e-9
+    assert r.estimate.latency_ms <= top.estimate.latency_ms * (1 + LO_MEMORY_TOLERANCE) + 1e-9
     assert r.master_mb < facts.memory_max_mb
     assert r.estimate.cost_usd < top.estimate.cost_usd
     # two cores' worth (2 x 1769 MB) is what the fastest plan's master needs, give or take the grid's step
@@ -158,4 +158,5 @@ def test_lo_on_lambda_keeps_the_size_that_is_fastest(lg: LayerGraph) -> None:
                                                tuple(u.flops for u in lg.units)))
     r = solve(lg, PlanRequest(mode="lo"), pm=pm)
     top = solve(lg, PlanRequest(mode="lo", memory=pm.platform.memory_max_mb), pm=pm)
-    assert r.estimate.latency_ms == pytest.approx(top.estimate.latency_ms)
+    assert r.estimate.latency_ms == pytest.approx(top.estimate.latency_ms, rel=LO_MEMORY_TOLERANCE + 1e-9)
+    assert r.master_mb > 5 * pm.platform.mb_per_vcpu  # six threads' speed-up is more than the model's error

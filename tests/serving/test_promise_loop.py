@@ -1,0 +1,106 @@
+"""The promise loop's decisions (serving.deploy.promise.keep_promise) against a machine whose truth the test
+sets: a probe that answers with what the deployed plan takes there, a swap that records what was deployed."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from partitioner.graph import LayerGraph
+from partitioner.live import LiveCorrection, live_factor
+from partitioner.planner import PlanRequest, make_perfmodel, solve
+from serving.deploy.promise import default_probe_requests, keep_promise, live_figure
+from tests.onnx_builders import conv_stack
+
+
+@pytest.fixture(scope="module")
+def lg(tmp_path_factory: pytest.TempPathFactory) -> LayerGraph:
+    path = tmp_path_factory.mktemp("promise") / "convs.onnx"
+    layers = [{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 16}] * 4
+    onnx.save(conv_stack(layers, cin=3, h=32, w=32), str(path))
+    return LayerGraph.load(path)
+
+
+class Machine:
+    """A machine whose stages take ``slower`` times what the uncorrected model says; it records every plan
+    deployed on it."""
+
+    def __init__(self, lg: LayerGraph, request: PlanRequest, slower: float, noise: float = 0.01) -> None:
+        self.truth, _, _ = make_perfmodel(lg, request)
+        self.slower = slower
+        self.noise = noise
+        self.deployed: list = []
+        self.rng = np.random.default_rng(0)
+
+    def latency(self, result) -> float:
+        est = self.truth.estimate(list(result.choices), result.master_mb)
+        fixed = self.truth.request_ms()[0]
+        return fixed + self.slower * (est.latency_ms - fixed)
+
+    def probe(self, requests: int) -> list[float]:
+        ms = self.latency(self.deployed[-1])
+        return list(ms * (1 + self.noise * self.rng.standard_normal(requests)))
+
+    def swap(self, result, round_no: int) -> None:
+        self.deployed.append(result)
+
+
+def _setup(lg: LayerGraph, slo_of_first: float, slower: float) -> tuple:
+    base = PlanRequest(mode="lo", platform="local", transport="shm")
+    pm, _, _ = make_perfmodel(lg, base)
+    fastest = solve(lg, base, pm=pm).estimate.latency_ms
+    request = PlanRequest(mode="slo", slo_ms=fastest * slo_of_first, platform="local", transport="shm")
+    pm, _, _ = make_perfmodel(lg, request)
+    first = solve(lg, request, pm=pm)
+    machine = Machine(lg, request, slower)
+    machine.deployed.append(first)
+    return pm, request, first, machine
+
+
+def test_a_plan_that_misses_live_is_corrected_and_its_replacement_meets(lg: LayerGraph) -> None:
+    pm, request, first, machine = _setup(lg, 2.0, slower=1.4)
+    assert machine.latency(first) > request.slo_ms  # the model's plan misses on this machine
+    out = keep_promise(pm, request, first, probe=machine.probe, swap=machine.swap,
+                       replan=lambda req: solve(lg, req, pm=pm), requests=40)
+    assert out.met and len(out.rounds) >= 2 and not out.rounds[0].met
+    assert machine.deployed[-1] is out.result and machine.latency(out.result) <= request.slo_ms
+    assert out.rounds[0].factor == pytest.approx(1.4, rel=0.05)  # the correction is what the machine did
+
+
+def test_a_plan_that_meets_with_much_room_makes_way_for_a_cheaper_one(lg: LayerGraph) -> None:
+    pm, request, first, machine = _setup(lg, 2.0, slower=0.6)
+    out = keep_promise(pm, request, first, probe=machine.probe, swap=machine.swap,
+                       replan=lambda req: solve(lg, req, pm=pm), requests=40)
+    assert out.met
+    assert out.result.estimate.cost_usd <= first.estimate.cost_usd
+    if out.result is not first:  # a cheaper plan was found and swapped in; it meets the SLO too
+        assert machine.latency(out.result) <= request.slo_ms
+
+
+def test_when_even_the_fastest_plan_misses_the_loop_says_so(lg: LayerGraph) -> None:
+    pm, request, first, machine = _setup(lg, 1.05, slower=3.0)
+    out = keep_promise(pm, request, first, probe=machine.probe, swap=machine.swap,
+                       replan=lambda req: solve(lg, req, pm=pm), requests=40)
+    assert not out.met and all(not r.met for r in out.rounds) and len(out.rounds) <= 3
+
+
+def test_live_factor_and_correction_interpolate_by_memory() -> None:
+    assert live_factor(30.0, 20.0, 10.0) == pytest.approx(2.0)
+    assert live_factor(30.0, 20.0, 10.0, previous=1.5) == pytest.approx(3.0)
+    c = LiveCorrection().with_point(512, 2.0).with_point(2048, 1.0)
+    assert c.at(512) == 2.0 and c.at(2048) == 1.0 and c.at(128) == 2.0 and c.at(4096) == 1.0
+    assert c.at(1024) == pytest.approx(1.5)  # halfway in log-memory
+    assert LiveCorrection.from_json(c.to_json()) == c
+    with pytest.raises(ValueError, match="outside"):
+        c.with_point(512, 100.0)
+
+
+def test_the_live_figure_is_the_slos_statistic() -> None:
+    x = list(range(1, 101))
+    assert live_figure(x, None).statistic_ms == pytest.approx(50.5)
+    assert live_figure(x, 0.95).statistic_ms == pytest.approx(float(np.quantile(x, 0.95)))
+    assert live_figure(x, None).stderr_ms > 0
+    assert default_probe_requests(None) == 40 and default_probe_requests(0.95) == 200
+    with pytest.raises(ValueError, match="no latencies"):
+        live_figure([], None)

@@ -64,8 +64,8 @@ __all__ = [
 
 MB = 2**20
 # A function's process beyond the profiler's bare one (numpy + onnxruntime + a session): flatpack's runtime
-# modules, transport clients and the invoke loop. Measured: a no-op function's peak RSS on the local
-# platform 61.1 MB vs the profiler's base 54.6 MB (onnxruntime 1.31, Python 3.11).
+# modules, transport clients and the invoke loop: a no-op function's peak RSS on the local platform less the
+# profiler's base process.
 FUNCTION_RUNTIME_MB = 6.5
 _FINE_GRANULARITY_MS = 1.0  # at or below this (Lambda now), run-to-run jitter spans several billing steps
 
@@ -279,11 +279,10 @@ class PlatformFacts:
             payload_limit_bytes=profile.payload_limit_bytes,
             invoke=ExGauss(lat.mu_ms, lat.sigma_ms, lat.tau_ms),
             bandwidth_mb_s=profile.bandwidth_mb_s,
-            # per put or get: on this host a shm file written or mapped by a process whose caches the compute
-            # between transfers has just evicted, 0.17-0.33 ms (median 0.28; the master's receive and send
-            # and the caller's put and get, timed inside live requests of bert and vgg11). The same calls
-            # back to back take 0.04-0.06 ms: a probe without compute between its transfers measures that,
-            # not what a request pays. Elsewhere a network store's round trip.
+            # per put or get where calibrate measured none: on one host a shm file written or mapped by a
+            # process whose caches the compute between transfers has just evicted (what a request pays; the
+            # same calls back to back cost a fraction of it, so a probe without compute between its transfers
+            # would understate it); elsewhere a network store's round trip
             transfer_latency_ms=(0.28 if shared_host else 1.0) if transfer_latency_ms is None else transfer_latency_ms,
             cores=cpus if shared_host else None,
             reserve_cores=HOST_RESERVE_CORES if shared_host else 0.0,
@@ -319,11 +318,9 @@ def _share_factors(profile: PlatformProfile) -> tuple[tuple[float, float], ...]:
 
 #: what the local platform's own process, a waiting master and the caller use of the host's cores while a
 #: stage's parts compute. The functions' shares get the rest; beyond it they slow each other down, which on
-#: Lambda they would not: two one-vCPU parts on a 2-core host (a fork at 1769 MB) ran 10-37 % over a model that
-#: gave them both cores. The platform takes about 0.07 of a core while requests run back to back, the caller
-#: 0.2 between its requests (not while a stage computes). `flatpack bench cpushare`'s instances at once, at
-#: 512 MB on a 2-core host: the slowest of 4 (1.16 vCPU) 1.09-1.20x one alone, of 6 (1.74) 1.13-1.25x, of 7
-#: (2.03) 1.20-1.27x: six hold their shares as four do (the slowest of more draws is a little slower)
+#: Lambda they would not. The platform's event loop takes a little of a core while requests run back to back;
+#: the caller's share falls between its requests, not while a stage computes. `flatpack bench cpushare`'s
+#: `together` rows measure instances computing at once against one alone.
 HOST_RESERVE_CORES = 0.2
 
 _REDIS_LOOPBACK_MS = 0.12  # a Redis command's round trip over loopback TCP, beyond a shm file's cost
@@ -714,8 +711,7 @@ class PerfModel:
             # a request's compute evicts them): that figure, not the published one
             platform = measured
         elif platform.cores and transport == "redis":
-            # on one host a Redis command adds a loopback TCP round trip to a shm file's cost: measured in
-            # live requests 0.34-0.51 ms per put or get (median 0.40) against shm's 0.28
+            # on one host a Redis command adds a loopback TCP round trip to a shm file's cost
             platform = replace(platform, transfer_latency_ms=platform.transfer_latency_ms + _REDIS_LOOPBACK_MS)
         self.platform = platform
         self.compute = compute or ComputeModel.from_flops(lg)

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 #: repeats of a stage whose quartiles differ more than this are timed on a busy machine: not saved
 _SPREAD_LIMIT = 1.25
+#: the stage-time cache's format (in its file names): a new one leaves older caches unread
+_FORMAT = "st2"
 
 
 def stage_times_path(lg: Any, pm: Any, transport: str, cpu_limit: str) -> Path:
@@ -44,9 +46,10 @@ def stage_times_path(lg: Any, pm: Any, transport: str, cpu_limit: str) -> Path:
     from partitioner.planner import units_digest
 
     p = pm.platform
-    # st2: records whose model figures stand on unit times scaled to the whole model in a function
+    # the format's version last: records whose model figures stand on unit times scaled to the whole model
+    # timed in a function
     key = (f"{lg.name}-{units_digest(lg)}-{p.name}-{p.mb_per_vcpu:g}mb-c{p.cores}-{cpu_limit}-{transport}"
-           f"-ort{ort.__version__}-st2")
+           f"-ort{ort.__version__}-{_FORMAT}")
     return settings.cache_dir() / "stage-times" / f"{key}.json"
 
 
@@ -200,10 +203,10 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     where the repeats agree (quartiles within 1.25x); a size not cached is timed with the reference again.
 
     The unit profile is scaled to the whole model timed in the planning process, and the CPU share's slow-down
-    is calibrate's MatMul probe's. The same compute in a one-vCPU function ran 3-10 % slower than in the
-    process, and below one vCPU models slow down by their own factor: at 512 MB against 1769 MB vgg16/w2
-    3.6x, the probe 3.43x, where the nominal share says 3.46x (its 136 MB of weights leave the caches in the
-    quota's pauses). The demo's plan predicted 161.6 ms and ran 188.7."""
+    is calibrate's MatMul probe's. The same compute in a function runs a little slower than in the planning
+    process, and below one vCPU a model slows down by its own factor rather than the probe's (its weights
+    leave the caches in the quota's pauses): timing the model itself in a function at the sizes planned
+    takes both into the model."""
     import json
     import tempfile
 

@@ -33,6 +33,7 @@ _BENCHMARKS: dict[str, str] = {
     "cpushare": "bench.commands.cpushare:cpushare_cmd",
     "lo": "bench.commands.lo:lo_cmd",
     "mopar": "bench.commands.mopar:mopar_cmd",
+    "slo": "bench.commands.slo:slo_cmd",
     "intake": "bench.commands.intake:intake_cmd",
 }
 

@@ -23,6 +23,7 @@ from onnx import helper, numpy_helper
 
 from partitioner.errors import ModelError, SpecError
 from partitioner.normalize import load_model, outer_scope_inputs
+from partitioner.packed_projection import unpack_packed_projections
 from partitioner.simplify import fold_reshape_round_trips
 
 __all__ = ["HEAVY_OPS", "LayerGraph", "TensorInfo", "Unit"]
@@ -116,6 +117,8 @@ class LayerGraph:
         (whole shapes by input name, symbolic dimensions by name: see :func:`partitioner.normalize.normalize_model`)."""
         model = load_model(source, input_shapes, dims)
         fold_reshape_round_trips(model, {n: t.shape for n, t in _tensor_infos(model).items()})
+        # before units are built: a heads split needs q, k and v projected by separate MatMuls
+        unpack_packed_projections(model, {n: t.shape for n, t in _tensor_infos(model).items()})
         if isinstance(source, onnx.ModelProto):
             return cls(model, name=source.graph.name or "model")
         path = Path(source)

@@ -137,7 +137,8 @@ class CutStage:
 
     @cached_property
     def _has_conv(self) -> bool:
-        return any(self.lg.nodes[i].op_type in ("Conv", "MaxPool", "AveragePool") for i in self.nodes)
+        return any(self.lg.nodes[i].op_type in ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "Resize")
+                   for i in self.nodes)
 
     def boxes(self, split: Split) -> list[Box]:
         """Output boxes of the parts of a spatial or channel split, in part order (row-major tiles)."""

@@ -10,10 +10,17 @@ Spatial rule for a windowed op along one axis (kernel k, stride s, dilation d, p
 index o reads inputs o*s - pb + j*d for j < k, so outputs [o0, o1) read [o0*s - pb, (o1-1)*s - pb + K)
 with K = (k-1)*d + 1. The part reads the clipped range and pads only what lies outside the tensor,
 which makes every tile exact, for any grid, including uneven tiles and asymmetric pads.
+
+A transposed convolution runs the other way: input i reaches outputs i*s - pb + j*d, so outputs [o0, o1)
+read inputs [floor((o0 + pb - K + 1) / s), floor((o1 - 1 + pb) / s) + 1). Its pads crop the full
+transposed output, so a tile's new begin pad is o0 minus where its first input's reach starts, and its end
+pad (or output padding, where the tile ends past the last input's reach) makes it end at o1. A Resize's
+map from output to source index is read off onnxruntime per axis (``_resize_axis_map``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -691,6 +698,245 @@ def _pad(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
     return _unary(ctx, outs)
 
 
+# -- decoders: ConvTranspose and Resize ----------------------------------------------------------------
+
+
+def _transposed_axis(o0: int, o1: int, in_size: int, k: int, s: int, d: int, pb: int
+                     ) -> tuple[int, int, int, int, int]:
+    """Input range [a, b), new begin/end pads and output padding for outputs [o0, o1) of a transposed
+    convolution along one axis (see module docstring)."""
+    span = (k - 1) * d + 1
+    # floor, not ceil: one more input row at most, which only reaches outputs before o0 (cropped by the
+    # new begin pad); it keeps that pad >= 0 where the stride leaves gaps (span < s)
+    a = max(0, (o0 + pb - span + 1) // s)
+    b = min(in_size, (o1 - 1 + pb) // s + 1)
+    new_pb = o0 - (a * s - pb)
+    natural_end = (b - 1) * s - pb + span
+    if natural_end >= o1:
+        return a, b, new_pb, natural_end - o1, 0
+    # the tile ends past the last input's reach (the model's own output padding, or a stride gap):
+    # output padding fills it, less than the stride as ONNX requires
+    return a, b, new_pb, 0, o1 - natural_end
+
+
+def _conv_transpose(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    """ConvTranspose (X, W [C_in, C_out/group, k...], B): output o along an axis sums inputs i with
+    i*s - pb + j*d = o for a tap j < k. A tile reads the inputs that reach it and gets new pads (which crop
+    the transposed convolution's full output) and output padding so that it computes exactly its box."""
+    box = _only_first_output(outs, ctx)
+    x_shape, w_shape = ctx.shape(0), ctx.shape(1)
+    nd = len(x_shape) - 2
+    if ctx.str_attr("auto_pad", "NOTSET") not in ("NOTSET", "", "VALID") or "output_shape" in ctx.attrs:
+        raise NotSplittable(f"ConvTranspose {ctx.node.name!r} sizes its output with auto_pad SAME or output_shape, "
+                            "whose pads onnxruntime places its own way; export it with explicit pads")
+    group = ctx.int_attr("group", 1)
+    cin_g, cout_g = w_shape[0] // group, w_shape[1]
+    c0, c1 = box[1]
+    if group > 1:
+        g0, g1 = c0 // cout_g, -(-c1 // cout_g)
+        c0, c1 = g0 * cout_g, g1 * cout_g
+        cin = (g0 * cin_g, g1 * cin_g)
+        w_box: Box = (cin, (0, cout_g), *full(w_shape[2:]))
+        new_group = g1 - g0
+    else:
+        cin = (0, x_shape[1])
+        w_box = ((0, w_shape[0]), (c0, c1), *full(w_shape[2:]))
+        new_group = 1
+    kernel = ctx.ints("kernel_shape", w_shape[2:])
+    strides = ctx.ints("strides", [1] * nd)
+    dilations = ctx.ints("dilations", [1] * nd)
+    pads = [0] * (2 * nd) if ctx.str_attr("auto_pad", "NOTSET") == "VALID" else ctx.ints("pads", [0] * (2 * nd))
+    computed = (box[0], (c0, c1), *box[2:])
+    in_box: list[tuple[int, int]] = [box[0], cin]
+    new_pb, new_pe, new_op = [], [], []
+    for i in range(nd):
+        o0, o1 = box[2 + i]
+        a, b, pb, pe, op = _transposed_axis(o0, o1, x_shape[2 + i], kernel[i], strides[i], dilations[i], pads[i])
+        in_box.append((a, b))
+        new_pb.append(pb)
+        new_pe.append(pe)
+        new_op.append(op)
+    attrs: dict[str, object] = {"pads": new_pb + new_pe, "output_padding": new_op, "auto_pad": None,
+                                "group": new_group}
+    ins: list[Box | None] = [tuple(in_box), w_box]
+    if len(ctx.node.input) > 2 and ctx.node.input[2]:
+        ins.append(((c0, c1),))
+
+    def rewrite(node: onnx.NodeProto, i: list[str], o: list[str], ib: Sequence[Box | None],
+                ob: Sequence[Box | None], emit: EmitConst) -> list[onnx.NodeProto]:
+        return [_copy(node, i, o, **attrs)]
+
+    return Backward(ins, [computed], rewrite)
+
+
+# Resize's coordinate transformation modes whose maps the rule reads off onnxruntime (tf_crop_and_resize
+# reads a region of interest and fills outside it: not split).
+_RESIZE_MODES = frozenset({"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric"})
+
+
+@dataclass(frozen=True)
+class _AxisMap:
+    """Where each output index of one resized axis reads: ``lo`` and ``hi`` (equal for nearest), and the
+    weight of ``hi`` (linear: the output is ``x[lo] * (1 - w) + x[hi] * w``)."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+    weight: np.ndarray | None
+
+
+def _resize_settings(ctx: NodeCtx) -> tuple[tuple[str, object], ...]:
+    """The attributes that shape a Resize's map (a cache key); NotSplittable for what is not split."""
+    node = ctx.node
+    mode = ctx.str_attr("mode", "nearest")
+    if mode not in ("nearest", "linear"):
+        raise NotSplittable(f"Resize {node.name!r} in mode {mode!r}: only nearest and linear are split (cubic "
+                            "reads four taps with its own edge handling)")
+    if ctx.int_attr("antialias", 0):
+        raise NotSplittable(f"Resize {node.name!r} antialiases: its filter widens with the scale; not split")
+    default_ctm = "half_pixel" if ctx.opset >= 11 else "asymmetric"
+    ctm = ctx.str_attr("coordinate_transformation_mode", default_ctm)
+    if ctm not in _RESIZE_MODES:
+        raise NotSplittable(f"Resize {node.name!r} with coordinate_transformation_mode {ctm!r}: not split (it "
+                            f"reads a region of interest); split modes are {sorted(_RESIZE_MODES)}")
+    if ctx.str_attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise NotSplittable(f"Resize {node.name!r} keeps the aspect ratio: its scales depend on every axis; not split")
+    keep = tuple(sorted((a.name, helper.get_attribute_value(a)) for a in node.attribute
+                        if a.name in ("mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a",
+                                      "exclude_outside")))
+    return keep
+
+
+def _resize_factors(ctx: NodeCtx) -> tuple[str, list[float | int]]:
+    """("scales" | "sizes", one value per axis of the input)."""
+    rank = len(ctx.shape(0))
+    axes = ctx.ints("axes", list(range(rank)))
+    axes = [a + rank if a < 0 else a for a in axes]
+    if ctx.opset < 11:
+        idx = {"scales": 1}
+    else:
+        idx = {"scales": 2, "sizes": 3}
+    for kind, i in idx.items():
+        if i >= len(ctx.node.input) or not ctx.node.input[i]:
+            continue
+        v = ctx.const_input(i)
+        if v is None:
+            raise NotSplittable(f"Resize {ctx.node.name!r}: its {kind} are computed, not constant")
+        if v.size == 0:
+            continue
+        vals: list[float | int] = [1.0 if kind == "scales" else int(d) for d in ctx.shape(0)]
+        for a, x in zip(axes, v.reshape(-1).tolist(), strict=True):
+            vals[a] = float(x) if kind == "scales" else int(x)
+        return kind, vals
+    raise NotSplittable(f"Resize {ctx.node.name!r} has neither scales nor sizes")
+
+
+@functools.lru_cache(maxsize=256)
+def _resize_axis_map(opset: int, attrs: tuple[tuple[str, object], ...], kind: str, factor: float | int,
+                     in_size: int, out_size: int) -> _AxisMap:
+    """The map of one axis, read off onnxruntime itself: a Resize with the node's attributes, on a tensor
+    whose values are their own indices along that axis ([1, 1, n, 1], so that linear is onnxruntime's
+    bilinear kernel, which is separable). Nearest returns the index it copies; linear the clamped source
+    coordinate, whose floor and fraction are the two neighbours and the weight. Reading the map instead of
+    recomputing it keeps the rounding of ties (nearest_mode) and float32 scales exactly as the model's."""
+    import onnxruntime as ort  # heavy; only for models with a Resize
+
+    mode = dict(attrs).get("mode", b"nearest")
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1, in_size, 1])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    inits = []
+    if kind == "scales":
+        inits.append(helper.make_tensor("f", onnx.TensorProto.FLOAT, [4], [1.0, 1.0, float(factor), 1.0]))
+    else:
+        inits.append(helper.make_tensor("f", onnx.TensorProto.INT64, [4], [1, 1, int(factor), 1]))
+    if opset < 11:
+        ins = ["x", "f"]
+    elif opset < 13:
+        inits.append(helper.make_tensor("roi", onnx.TensorProto.FLOAT, [0], []))
+        if kind == "scales":
+            ins = ["x", "roi", "f"]
+        else:
+            inits.append(helper.make_tensor("no_scales", onnx.TensorProto.FLOAT, [0], []))
+            ins = ["x", "roi", "no_scales", "f"]
+    else:
+        ins = ["x", "", "f"] if kind == "scales" else ["x", "", "", "f"]
+    node = helper.make_node("Resize", ins, ["y"])
+    node.attribute.extend(helper.make_attribute(k, v) for k, v in attrs)
+    graph = helper.make_graph([node], "resize_map", [x], [y], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = min(model.ir_version, 8)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    coord = sess.run(None, {"x": np.arange(in_size, dtype=np.float32).reshape(1, 1, in_size, 1)})[0]
+    coord = coord.reshape(-1).astype(np.float64)
+    if coord.size != out_size:
+        raise NotSplittable(f"Resize's map along an axis of {in_size} gives {coord.size} outputs, not {out_size}")
+    if mode in (b"nearest", "nearest"):
+        idx = np.rint(coord).astype(np.int64)
+        return _AxisMap(idx, idx, None)
+    lo = np.clip(np.floor(coord), 0, in_size - 1).astype(np.int64)
+    hi = np.minimum(lo + 1, in_size - 1)
+    return _AxisMap(lo, hi, coord - lo)
+
+
+def _resize(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    """Resize (nearest or linear, any scale, the coordinate modes in ``_RESIZE_MODES``): per resized axis,
+    a tile reads from the smallest to the largest source index its outputs use, and the part computes it
+    as Gathers of those indices (nearest) or a weighted sum of two Gathers (linear), which onnxruntime's
+    bilinear kernel equals up to float rounding."""
+    box = _only_first_output(outs, ctx)
+    attrs = _resize_settings(ctx)
+    kind, factors = _resize_factors(ctx)
+    in_shape, out_shape = ctx.shape(0), ctx.out_shape()
+    maps: dict[int, _AxisMap] = {}
+    for ax, (n_in, n_out) in enumerate(zip(in_shape, out_shape, strict=True)):
+        if n_in == n_out and factors[ax] in (1, 1.0, n_in) and (kind == "sizes" or factors[ax] == 1.0):
+            continue
+        maps[ax] = _resize_axis_map(ctx.opset, attrs, kind, factors[ax], n_in, n_out)
+    in_box = list(box)
+    for ax, m in maps.items():
+        o0, o1 = box[ax]
+        in_box[ax] = (int(m.lo[o0:o1].min()), int(m.hi[o0:o1].max()) + 1)
+    final_in = tuple(in_box)
+
+    def rewrite(node: onnx.NodeProto, i: list[str], o: list[str], ib: Sequence[Box | None],
+                ob: Sequence[Box | None], emit: EmitConst) -> list[onnx.NodeProto]:
+        nodes: list[onnx.NodeProto] = []
+        cur = i[0]
+        rank = len(box)
+        for k, (ax, m) in enumerate(maps.items()):
+            o0, o1 = box[ax]
+            a = final_in[ax][0]
+            last = k == len(maps) - 1
+            dst = o[0] if last else f"{o[0]}__axis{ax}"
+            lo = emit("lo", m.lo[o0:o1] - a)
+            if m.weight is None:
+                nodes.append(helper.make_node("Gather", [cur, lo], [dst], axis=ax, name=f"{node.name}_{ax}"))
+            else:
+                shape = [1] * rank
+                shape[ax] = o1 - o0
+                w = m.weight[o0:o1].reshape(shape)
+                hi = emit("hi", m.hi[o0:o1] - a)
+                g0, g1, p0, p1 = (f"{dst}__{t}" for t in ("g0", "g1", "p0", "p1"))
+                w0, w1 = emit("w0", (1.0 - w).astype(np.float32)), emit("w1", w.astype(np.float32))
+                if ctx.opset >= 15:
+                    # the model's float type (weights are float32 constants)
+                    nodes += [helper.make_node("CastLike", [w0, cur], [f"{w0}__t"]),
+                              helper.make_node("CastLike", [w1, cur], [f"{w1}__t"])]
+                    w0, w1 = f"{w0}__t", f"{w1}__t"
+                nodes += [
+                    helper.make_node("Gather", [cur, lo], [g0], axis=ax, name=f"{node.name}_{ax}_lo"),
+                    helper.make_node("Gather", [cur, hi], [g1], axis=ax, name=f"{node.name}_{ax}_hi"),
+                    helper.make_node("Mul", [g0, w0], [p0]),
+                    helper.make_node("Mul", [g1, w1], [p1]),
+                    helper.make_node("Add", [p0, p1], [dst], name=f"{node.name}_{ax}_sum"),
+                ]
+            cur = dst
+        if not maps:
+            nodes.append(helper.make_node("Identity", [cur], o[:1], name=node.name))
+        return nodes
+
+    return Backward([final_in] + [_SKIP] * (len(ctx.node.input) - 1), [box], rewrite)
+
+
 RULES: dict[str, Rule] = {}
 for _op in ("Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "LeakyRelu", "Elu",
             "Selu", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Gelu", "Cast", "CastLike", "Identity",
@@ -716,6 +962,8 @@ RULES.update({
     "InstanceNormalization": _instance_norm,
     "LayerNormalization": _layer_norm,
     "Conv": _conv,
+    "ConvTranspose": _conv_transpose,
+    "Resize": _resize,
     "Transpose": _transpose,
     "MatMul": _matmul,
     "Gemm": _gemm,

@@ -20,6 +20,7 @@ from zoo.mobilenetv3 import MOBILENETV3_DEFAULTS, make_mobilenetv3
 from zoo.options import BuildOptions
 from zoo.resnet import RESNET_DEFAULTS, WRN_PATTERN, make_resnet, resnet_layout
 from zoo.torch_model import TorchModel
+from zoo.unet import UNET_DEFAULTS, make_unet
 from zoo.vgg import VGG_CONFIGS, VGG_DEFAULTS, make_vgg
 from zoo.vit import VIT_DEFAULTS, make_vit
 
@@ -38,7 +39,7 @@ class ZooEntry:
     Attributes:
         name: what :func:`zoo.build` takes, e.g. ``"wrn-50-2"``.
         family: ``vgg``, ``resnet``, ``wide-resnet``, ``mobilenet``, ``mobilenetv3``, ``efficientnet``,
-            ``lstm``, ``bert``, ``vit``, ``gcn`` or ``digits``.
+            ``lstm``, ``bert``, ``vit``, ``gcn``, ``digits`` or ``unet``.
         description: one line for people.
         options: the size options this model accepts besides ``width_div``, ``seed``, ``exporter`` and
             ``opset`` (which every model accepts).
@@ -164,6 +165,16 @@ def _fixed_entries() -> dict[str, _Resolved]:
         ),
         make_digits_cnn,
     )
+    out["unet"] = _Resolved(
+        _entry(
+            "unet",
+            "unet",
+            "U-Net, 3 levels; decoder upsamples by ConvTranspose, bilinear and nearest Resize, skip concats",
+            UNET_DEFAULTS,
+            _image_input(UNET_DEFAULTS["input_size"]),
+        ),
+        make_unet,
+    )
     return out
 
 
@@ -195,7 +206,7 @@ def _all_listed_names() -> list[str]:
     names += [f"wrn-{d}-{k}" for d in (34, 50) for k in _LISTED_WRN_K]
     names += ["mobilenet", "mobilenetv3-large", "efficientnet-b0"]
     names += [f"lstm-{n}" for n in _LISTED_LSTM_N]
-    names += ["bert", "vit", "gcn", "digits-cnn"]
+    names += ["bert", "vit", "gcn", "digits-cnn", "unet"]
     return names
 
 

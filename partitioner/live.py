@@ -39,12 +39,21 @@ def live_factor(live_ms: float, predicted_ms: float, fixed_ms: float, *, previou
 
 @dataclass(frozen=True)
 class LiveCorrection:
-    """Live factors on the stages' latency by master memory (MB): ``points`` sorted by memory."""
+    """Live factors on the stages' latency by master memory (MB): ``points`` sorted by memory; and what a
+    request spends outside the platform's invocation of its master (``overhead_ms``: the endpoint's HTTP
+    exchange, decoding and encoding, as the client sees them), which every plan pays once."""
 
     points: tuple[tuple[int, float], ...] = ()
+    overhead_ms: float = 0.0
 
     def __bool__(self) -> bool:
         return bool(self.points)
+
+    def with_overhead(self, overhead_ms: float) -> LiveCorrection:
+        """This correction with the request's overhead outside the master measured at ``overhead_ms``."""
+        if not (math.isfinite(overhead_ms) and overhead_ms >= 0):
+            raise ValueError(f"a request's overhead {overhead_ms!r} ms must be finite and not negative")
+        return LiveCorrection(self.points, float(overhead_ms))
 
     def at(self, master_mb: float) -> float:
         """The factor for a plan whose master has ``master_mb`` (1.0 where nothing was measured)."""
@@ -62,11 +71,15 @@ class LiveCorrection:
             raise ValueError(f"live factor {factor:g} lies outside [{MIN_FACTOR}, {MAX_FACTOR}]")
         kept = {m: f for m, f in self.points if m != master_mb}
         kept[int(master_mb)] = float(factor)
-        return LiveCorrection(tuple(sorted(kept.items())))
+        return LiveCorrection(tuple(sorted(kept.items())), self.overhead_ms)
 
-    def to_json(self) -> dict[str, float]:
-        return {str(m): round(f, 4) for m, f in self.points}
+    def to_json(self) -> dict[str, object]:
+        return {"factors": {str(m): round(f, 4) for m, f in self.points}, "overhead_ms": round(self.overhead_ms, 3)}
 
     @classmethod
-    def from_json(cls, doc: dict[str, float]) -> LiveCorrection:
-        return cls(tuple(sorted((int(m), float(f)) for m, f in doc.items())))
+    def from_json(cls, doc: dict[str, object]) -> LiveCorrection:
+        factors = doc.get("factors")
+        overhead = doc.get("overhead_ms")
+        if not isinstance(factors, dict) or not isinstance(overhead, int | float):
+            raise ValueError(f"not a live correction: {doc!r}")
+        return cls(tuple(sorted((int(m), float(f)) for m, f in factors.items())), float(overhead))

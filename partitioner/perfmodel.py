@@ -1079,6 +1079,7 @@ class PerfModel:
             # on the local platform the caller hands inputs and outputs through the deployment's transport
             # too: a put and a get each way (in the cloud they ride in the HTTP request and response)
             io += 4 * p.transfer_latency_ms
+        io += self.live.overhead_ms  # the endpoint's own share, where a live probe measured it
         return p.invoke.mean + io, p.invoke.quantile(self.q) + io
 
     def plan_quantile(self, choices: Sequence[StageChoice], master_mb: int, q: float | None = None) -> float:

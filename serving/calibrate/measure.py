@@ -127,7 +127,9 @@ class CalibrationSettings:
     sizes: tuple[int, ...] = (4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB, 16 * MIB)
     transports: tuple[str, ...] = TRANSPORTS
     redis_url: str | None = None
-    cpu_share_mb: tuple[int, ...] = (512,)
+    # the sizes below one vCPU a plan may choose, from the smallest function up: the share's real slow-down
+    # is not the nominal one at every size (a quota's period grants a small share in few, long slices)
+    cpu_share_mb: tuple[int, ...] = (128, 256, 512, 1024)
     compute_n: int = 256
     compute_layers: int = 48
     evict_bytes: int = 64 * MIB

@@ -294,9 +294,9 @@ def _keep_promise(record: DeploymentRecord, lg: Any, request: Any, result: Any, 
 
     requests = verify or default_probe_requests(request.percentile)
     stat = f"p{request.percentile * 100:g}" if request.percentile is not None else "mean"
-    console.print(f"verifying the SLO live: {requests} requests through {DeploymentRecord.load(record.name).endpoint} per round, "
-                  f"{stat} against {request.slo_ms:g} ms")
     r = DeploymentRecord.load(record.name)
+    console.print(f"verifying the SLO live: {requests} requests through {r.endpoint} per round, "
+                  f"{stat} against {request.slo_ms:g} ms")
     probe = EndpointProbe(r.endpoint or "", r.name, lg.model, token=api_token())
     try:
         with err_console.status("probing the endpoint") as st:

@@ -33,8 +33,9 @@ if TYPE_CHECKING:
     from partitioner.planner import PlanRequest
     from partitioner.solvers.common import SolverResult
 
-__all__ = ["EndpointProbe", "LiveFigure", "LocalSwap", "Probe", "PromiseResult", "Round", "Swap",
-           "default_probe_requests", "function_count", "is_cheapest", "keep_promise", "live_figure"]
+__all__ = ["EndpointProbe", "LiveFigure", "LocalSwap", "Probe", "Probed", "PromiseResult", "Round", "Swap",
+           "default_probe_requests", "function_count", "is_cheapest", "keep_promise", "live_figure",
+           "replan_with_live"]
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,8 @@ DRIFT_MARGIN = 0.03
 #: a plan that meets the SLO below this share of it is more expensive than it needs to be (unless it is
 #: already the cheapest plan there is): the loop tries a cheaper one
 ROOM_LIMIT = 0.8
-_Z = 1.645  # one-sided 95 %
+#: traces an endpoint keeps per model (serving.api.dataplane): the most a probe can read back
+_TRACES_KEPT = 256
 
 
 @dataclass(frozen=True)
@@ -92,10 +94,20 @@ def default_probe_requests(percentile: float | None) -> int:
     return int(min(1000, max(40, math.ceil(10 / (1 - percentile)))))
 
 
-class Probe(Protocol):
-    """Sends ``requests`` requests through the deployment's endpoint; their client-side latencies (ms)."""
+@dataclass(frozen=True)
+class Probed:
+    """What one probe round saw: each request's latency at the client (ms), and the mean time a request
+    spent outside the platform's invocation of the master (the endpoint's HTTP exchange, decoding and
+    encoding; None where the endpoint's traces do not say)."""
 
-    def __call__(self, requests: int) -> list[float]: ...
+    latencies_ms: list[float]
+    outside_ms: float | None = None
+
+
+class Probe(Protocol):
+    """Sends ``requests`` requests through the deployment's endpoint."""
+
+    def __call__(self, requests: int) -> Probed: ...
 
 
 class Swap(Protocol):
@@ -186,12 +198,15 @@ def keep_promise(pm: PerfModel, request: PlanRequest, result: SolverResult, *, p
     reason = ""
     for round_no in range(1, max_rounds + 1):
         predicted = _checked_ms(pm, current)
-        live = live_figure(probe(requests), q, seed=round_no)
+        probed = probe(requests)
+        live = live_figure(probed.latencies_ms, q, seed=round_no)
         # met: the statistic with its sampling error and the drift to come still within the SLO
         met = live.statistic_ms * (1 + DRIFT_MARGIN / 2) + live.stderr_ms <= slo
+        if probed.outside_ms is not None:  # what every plan pays outside the master: a fixed cost, not a factor
+            pm.use_live(pm.live.with_overhead(probed.outside_ms))
         fixed = pm.request_ms()[1 if pm.q_mode else 0]
         previous = pm.live.at(current.master_mb)
-        factor = live_factor(live.statistic_ms, predicted, fixed, previous=previous)
+        factor = live_factor(live.statistic_ms, _checked_ms(pm, current), fixed, previous=previous)
         pm.use_live(pm.live.with_point(current.master_mb, factor))
         rnd = Round(round_no, function_count(current), current.master_mb,
                     predicted, live, met, round(current.estimate.cost_usd * 1000, 8), factor)
@@ -244,6 +259,28 @@ def keep_promise(pm: PerfModel, request: PlanRequest, result: SolverResult, *, p
     return PromiseResult(current, False, rounds, reason or "missed", final)
 
 
+def replan_with_live(pm: PerfModel, request: PlanRequest, current: SolverResult, live_ms: float, *,
+                     replan: Callable[[PlanRequest], SolverResult], margin: float = DRIFT_MARGIN
+                     ) -> tuple[SolverResult | None, float, bool]:
+    """One correction outside the probe loop (``flatpack deploy --watch``): ``live_ms``, the SLO's statistic
+    measured on ``current``, corrects ``pm`` at its master memory (:func:`partitioner.live.live_factor`), and
+    ``replan`` plans against the SLO less ``margin``. Returns (the plan, the factor, whether it is predicted
+    to meet the SLO); the plan is the fastest there is where none is, None where there is none at all."""
+    from partitioner.live import live_factor
+    from partitioner.solvers.common import Infeasible
+
+    slo = float(request.slo_ms or 0.0)
+    if slo <= 0:
+        raise ValueError("replan_with_live needs a request with an SLO")
+    fixed = pm.request_ms()[1 if pm.q_mode else 0]
+    factor = live_factor(live_ms, _checked_ms(pm, current), fixed, previous=pm.live.at(current.master_mb))
+    pm.use_live(pm.live.with_point(current.master_mb, factor))
+    try:
+        return replan(dataclasses.replace(request, slo_ms=slo * (1 - margin))), factor, True
+    except Infeasible as e:
+        return e.fastest, factor, False
+
+
 def function_count(result: SolverResult) -> int:
     """The functions a plan deploys: the master, and one worker per part it does not run itself
     (``partitioner.export.build_plan``)."""
@@ -258,10 +295,13 @@ class EndpointProbe:
         from serving.api.client import InferClient
 
         self._client = InferClient(endpoint, name, timeout_s=timeout_s, token=token)
+        self._endpoint = endpoint.rstrip("/")
+        self._name = name
+        self._token = token
         self._model = model
         self._warmup = warmup
 
-    def __call__(self, requests: int) -> list[float]:
+    def __call__(self, requests: int) -> Probed:
         from partitioner.inputs import random_inputs
 
         inputs = [random_inputs(self._model, i) for i in range(4)]
@@ -272,7 +312,31 @@ class EndpointProbe:
             t0 = time.perf_counter()
             self._client.infer(inputs[i % 4])
             out.append((time.perf_counter() - t0) * 1e3)
-        return out
+        return Probed(out, self._outside_ms(out))
+
+    def _outside_ms(self, latencies_ms: list[float]) -> float | None:
+        """The mean of each request's client latency less its master's invocation (the endpoint's ``send``
+        to ``return`` spans), over the traces the endpoint kept of the last requests."""
+        import json
+        import urllib.request
+
+        last = min(len(latencies_ms), _TRACES_KEPT)
+        req = urllib.request.Request(f"{self._endpoint}/v2/models/{self._name}/traces?last={last}",  # noqa: S310
+                                     headers={"Authorization": f"Bearer {self._token}"} if self._token else {})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - the deployment's own endpoint
+                traces = json.loads(r.read())["requests"]
+        except (OSError, ValueError, KeyError) as e:
+            log.info("no traces from %s (%s): the endpoint's overhead stays unmeasured", self._endpoint, e)
+            return None
+        invoked = []
+        for t in traces:
+            spans = [s for s in t.get("spans", []) if s.get("name") in ("send", "master", "return")]
+            if spans:
+                invoked.append(max(s["end_ms"] for s in spans) - min(s["start_ms"] for s in spans))
+        if len(invoked) != last or not invoked:
+            return None
+        return max(0.0, float(np.mean(latencies_ms[-last:]) - np.mean(invoked)))
 
     def close(self) -> None:
         self._client.close()

@@ -10,7 +10,7 @@ import pytest
 from partitioner.graph import LayerGraph
 from partitioner.live import LiveCorrection, live_factor
 from partitioner.planner import PlanRequest, make_perfmodel, solve
-from serving.deploy.promise import default_probe_requests, keep_promise, live_figure
+from serving.deploy.promise import Probed, default_probe_requests, keep_promise, live_figure
 from tests.onnx_builders import conv_stack
 
 
@@ -38,9 +38,9 @@ class Machine:
         fixed = self.truth.request_ms()[0]
         return fixed + self.slower * (est.latency_ms - fixed)
 
-    def probe(self, requests: int) -> list[float]:
+    def probe(self, requests: int) -> Probed:
         ms = self.latency(self.deployed[-1])
-        return list(ms * (1 + self.noise * self.rng.standard_normal(requests)))
+        return Probed(list(ms * (1 + self.noise * self.rng.standard_normal(requests))))
 
     def swap(self, result, round_no: int) -> None:
         self.deployed.append(result)

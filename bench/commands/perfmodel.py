@@ -45,11 +45,16 @@ def _print(result: PerfModelResult) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--requests", "n", default=30, show_default=True, help="Timed requests per plan.")
 @click.option("--quick", is_flag=True, help="Fewer models.")
-def perfmodel_cmd(as_json: bool, n: int, quick: bool) -> None:
+@click.option("--memory", "memories", type=click.IntRange(128, 10240), multiple=True, metavar="MB",
+              help="Function memory to run every plan at (repeatable; default 128, 512, 1024, 1769, 2560 and 3538, "
+                   "those within this machine's cores).")
+def perfmodel_cmd(as_json: bool, n: int, quick: bool, memories: tuple[int, ...]) -> None:
     """Predicted vs measured latency and billed cost of plans on the local platform."""
+    from bench.components.perfmodel import MEMORIES
     from serving.console import err_console
 
-    result = run_perfmodel(n=n, quick=quick, say=lambda m: err_console.print(f"[dim]{m}[/]"))
+    result = run_perfmodel(n=n, quick=quick, memories=memories or MEMORIES,
+                           say=lambda m: err_console.print(f"[dim]{m}[/]"))
     doc = result.to_json()
     save_json(Path("bench/results/perfmodel.json"), doc, default=None)
     if as_json:

@@ -67,9 +67,13 @@ CASES: list[tuple[str, BuildKwargs, list[tuple[str, str, str]]]] = [
 ]
 MEMORY_MB = 1769  # one vCPU per function on the local profile
 LOW_MB = 512  # the no-op below one vCPU whose round trips beside MEMORY_MB's show the handling CPU
-# every plan runs with all its functions at each size: one vCPU, and 0.29 vCPU (the local platform's emulated
-# share: cgroup quota or dilation, serving.platform.cpu), where a plan's fan-out and overheads cost 3.5x
-MEMORIES = (MEMORY_MB, 512)
+# every plan runs with all its functions at each size the solvers choose from: below one vCPU (the local
+# platform's emulated share: cgroup quota or dilation, serving.platform.cpu, where a plan's fan-out and
+# overheads are stretched), one vCPU, and fractional and whole vCPUs above it with two threads (up to this
+# machine's cores: sizes past them are left out, as no plan here could run there)
+MEMORIES = (128, 512, 1024, MEMORY_MB, 2560, 3538)
+# the tail check (a p99 plan under steady load, hundreds of requests) at the sizes the demo and Lambda use
+TAIL_MEMORIES = (MEMORY_MB, 512)
 
 
 def fit_invoke_latency(samples_ms: list[float]) -> tuple[float, float, float]:
@@ -268,6 +272,8 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
 
     say = say or (lambda _m: None)
     cases = CASES[:2] if quick else CASES
+    cores = os.cpu_count() or 1
+    memories = [m for m in memories if m <= cores * MEMORY_MB]
     rows: list[PlanCheck] = []
     tails: list[TailCheck] = []
     tails_done = False
@@ -365,7 +371,8 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
                 tails_done = True
                 # the unit times of its last plan: scaled to whole-model runs taken between that plan's requests
                 tails = [_tail_check(local, lg, model, facts, cm, tmp / f"{model}-p99-{mb}", mb,
-                                     requests=max(10 * n, 300), say=say) for mb in memories]
+                                     requests=max(10 * n, 300), say=say)
+                         for mb in TAIL_MEMORIES if mb in memories]
     return PerfModelResult(tuple(rows), tuple(all_samples), tuple(tails))
 
 

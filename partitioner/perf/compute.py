@@ -1,0 +1,179 @@
+"""Unit compute times at the vCPUs a function may have, and the memory a part needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from partitioner.graph import LayerGraph
+from partitioner.parts import PartCost
+from partitioner.perf.platform import MB, cpu_stretch
+from partitioner.tail import (
+    DEFAULT_SIGMA,
+    sigma_from_p95,
+)
+
+__all__ = ["ComputeModel", "FUNCTION_RUNTIME_MB"]
+
+# A function's process beyond the profiler's bare one (numpy + onnxruntime + a session): flatpack's runtime
+# modules, transport clients and the invoke loop: a no-op function's peak RSS on the local platform less the
+# profiler's base process.
+FUNCTION_RUNTIME_MB = 6.5
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    """Unit compute times (ms) at measured thread counts, and memory calibration.
+
+    A part's time is its stage's time at the same vCPU scaled by the part's share of the stage's FLOPs
+    (halo recomputation included). vCPU below 1 stretches time (a CPU share); above the measured thread
+    counts it follows Amdahl's law fitted to the 1- and 2-thread measurements.
+    """
+
+    unit_ms: tuple[Mapping[int, float], ...]
+    unit_flops: tuple[int, ...]
+    base_mb: float = 60.0
+    activation_factor: float = 1.5
+    weight_factor: float = 2.0  # measured: onnxruntime holds a second copy of initializers while it prepacks
+    # per unit, peak memory its profile shows beyond base, weights and activations: buffers onnxruntime
+    # uses while it prepares the session (prepacked convolution weights) and frees again. They do not add
+    # up over units (one is freed before the next is taken), so a part is charged the largest of its units'.
+    unit_transient_mb: tuple[float, ...] = ()
+    overhead_ms: float = 0.05  # per session run
+    stage_overhead_ms: float = 0.15  # the master's slicing, bookkeeping and joining per stage
+    invocation_overhead_ms: float = 0.3  # a worker's decoding and encoding per invocation
+    # the master's CPU per worker invocation it makes (the event, the invoke request, reading the reply):
+    # measured 0.50 ms (its CPU per request 0.45 ms with no worker, 0.95 ms with one; local platform, one
+    # vCPU). Serial in the master: the last of n workers starts (n - 1) of these after the first, which at
+    # 0.29 vCPU is 1.7 ms each
+    dispatch_ms: float = 0.5
+    # per unit, the run-to-run spread of its compute time (lognormal sigma; partitioner.tail), from the
+    # profile's p95 over median; empty: partitioner.tail.DEFAULT_SIGMA for every unit
+    unit_sigma: tuple[float, ...] = ()
+    # stage sums by (kind, first, last[, vcpu]): a planner prices each stage with every split, placement and
+    # memory, and a stage of any length would otherwise be summed again for each part of each
+    _sums: dict[tuple, float] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @classmethod
+    def from_flops(cls, lg: LayerGraph, gflops: float = 20.0, serial_fraction: float = 0.15) -> ComputeModel:
+        """A stand-in when nothing was measured: FLOPs at ``gflops`` per thread, Amdahl beyond one."""
+        times = []
+        for u in lg.units:
+            t1 = u.flops / (gflops * 1e9) * 1e3 + 0.01
+            times.append({1: t1, 2: t1 * (serial_fraction + (1 - serial_fraction) / 2)})
+        return cls(tuple(times), tuple(u.flops for u in lg.units))
+
+    @classmethod
+    def from_profile(cls, profile: Any, lg: LayerGraph) -> ComputeModel:
+        """From a ``partitioner.profile.GraphProfile``: measured unit times, base and activation factor."""
+        units = profile.units
+        wf = cls.weight_factor
+        # a function's process holds more than the profiler's bare one (the runtime's modules, transport
+        # clients, the invoke loop)
+        base = float(profile.base_mb) + FUNCTION_RUNTIME_MB
+        factors = []
+        for u, g in zip(units, lg.units, strict=True):
+            extra = u.peak_rss_mb - profile.base_mb - wf * g.weight_bytes / MB
+            if g.activation_bytes > 0 and extra > 0:
+                factors.append(extra * MB / (g.activation_bytes + g.input_bytes))
+        act = min(max(float(np.median(factors)) if factors else 1.5, 1.0), 4.0)
+        transient = tuple(
+            max(0.0, u.peak_rss_mb - profile.base_mb
+                - (wf * g.weight_bytes + act * (g.activation_bytes + g.input_bytes)) / MB)
+            if u.peak_rss_mb > 0 else 0.0
+            for u, g in zip(units, lg.units, strict=True))
+        return cls(
+            unit_ms=tuple({int(k): float(v) for k, v in u.time_ms.items()} for u in units),
+            unit_flops=tuple(g.flops for g in lg.units),
+            base_mb=base,
+            activation_factor=act,
+            unit_transient_mb=transient,
+            unit_sigma=tuple(_unit_sigma(u) for u in units),
+        )
+
+    def unit_time(self, unit: int, vcpu: float) -> float:
+        t = self.unit_ms[unit]
+        t1 = t.get(1) or min(t.values()) * max(t)
+        if vcpu <= 1.0:
+            return t1 * cpu_stretch(vcpu)
+        if len(t) >= 2:
+            k = max(t)
+            tk = t[k]
+            # Amdahl: t(v) = t1 * (s + (1 - s) / v); s from the k-thread measurement
+            s = min(1.0, max(0.0, (tk / t1 - 1.0 / k) / (1.0 - 1.0 / k)))
+        else:
+            s = 0.15
+        return t1 * (s + (1.0 - s) / vcpu)
+
+    def sigma(self, first: int, last: int) -> float:
+        """The compute spread of units ``first..last``: their sigmas weighted by their one-thread times."""
+        if not self.unit_sigma:
+            return DEFAULT_SIGMA
+        key = ("s", first, last)
+        hit = self._sums.get(key)
+        if hit is None:
+            w = [min(t.values()) if t else 0.0 for t in self.unit_ms[first:last + 1]]
+            total = sum(w)
+            sig = self.unit_sigma[first:last + 1]
+            hit = self._sums[key] = (sum(a * b for a, b in zip(w, sig, strict=True)) / total if total
+                                     else DEFAULT_SIGMA)
+        return hit
+
+    def stage_time(self, first: int, last: int, vcpu: float) -> float:
+        key = ("t", first, last, vcpu)
+        hit = self._sums.get(key)
+        if hit is None:
+            hit = self._sums[key] = sum(self.unit_time(u, vcpu) for u in range(first, last + 1))
+        return hit
+
+    def part_time(self, first: int, last: int, part_flops: int, vcpu: float) -> float:
+        stage_flops = self._stage_flops(first, last)
+        share = part_flops / stage_flops if stage_flops else 1.0
+        return self.stage_time(first, last, vcpu) * share + self.overhead_ms * cpu_stretch(vcpu)
+
+    def part_times(self, first: int, last: int, parts_flops: Sequence[int], vcpu: float) -> list[float]:
+        """:meth:`part_time` of each of several parts of one stage."""
+        stage_flops = self._stage_flops(first, last)
+        stage, overhead = self.stage_time(first, last, vcpu), self.overhead_ms * cpu_stretch(vcpu)
+        return [stage * (f / stage_flops if stage_flops else 1.0) + overhead for f in parts_flops]
+
+    def _stage_flops(self, first: int, last: int) -> float:
+        key = ("f", first, last)
+        stage_flops = self._sums.get(key)
+        if stage_flops is None:
+            stage_flops = self._sums[key] = sum(self.unit_flops[first:last + 1])
+        return stage_flops
+
+    def transient_mb(self, first: int, last: int, weight_share: float = 1.0) -> float:
+        """The largest transient of units ``first..last``, scaled to a part holding ``weight_share`` of
+        their weights (prepacking buffers follow the weights)."""
+        if not self.unit_transient_mb:
+            return 0.0
+        key = ("m", first, last)
+        top = self._sums.get(key)
+        if top is None:
+            top = self._sums[key] = max(self.unit_transient_mb[first:last + 1], default=0.0)
+        return top * min(1.0, weight_share)
+
+    def memory_mb(self, cost: PartCost, first: int | None = None, last: int | None = None,
+                  stage_weight_bytes: int = 0) -> float:
+        """A function's peak memory for one part; with the part's units (``first``, ``last``) it includes
+        their largest transient, scaled by the part's share of ``stage_weight_bytes``."""
+        transient = 0.0
+        if first is not None and last is not None:
+            share = cost.weight_bytes / stage_weight_bytes if stage_weight_bytes else 1.0
+            transient = self.transient_mb(first, last, share)
+        return self.base_mb + transient + (self.weight_factor * cost.weight_bytes
+                                           + self.activation_factor * (cost.activation_bytes + cost.input_bytes)) / MB
+
+
+def _unit_sigma(u: Any) -> float:
+    """A profiled unit's compute spread from its one-thread (else fewest-thread) median and p95."""
+    if not getattr(u, "p95_ms", None):
+        return DEFAULT_SIGMA
+    t = min(u.time_ms)
+    return sigma_from_p95(float(u.time_ms[t]), float(u.p95_ms.get(t, u.time_ms[t])))

@@ -14,7 +14,8 @@ extensions clients call first: ``POST /v2/repository/index``, ``GET /v2/models/{
 ``GET /v2/models/{name}/stats`` and ``GET /v2/models/stats``; and the classification extension. And
 flatpack's own ``GET /v2/models/{name}/traces?last=N``: the last N answered requests' traces (spans per
 stage and part, :mod:`functions.trace`), which ``flatpack trace`` draws; with ``OTEL_EXPORTER_OTLP_ENDPOINT``
-set they go to that OpenTelemetry collector too (:mod:`serving.api.otel`).
+set they go to that OpenTelemetry collector too (:mod:`serving.api.otel`). And ``GET /v2/models/{name}/slo``: the
+deployment's latency SLO and the live figures of its recent requests (:mod:`serving.api.slo`).
 
 Speed (``flatpack bench endpoint``): the guard is plain ASGI (starlette's ``BaseHTTPMiddleware`` costs
 a task and two streams per request), and it serves the infer routes itself, with the same handler the
@@ -198,6 +199,7 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
             payload, out_headers = encode_response(name, decoded, outputs, labels=info.labels)
             t3 = time.perf_counter_ns()
             plane.stats(name).succeeded(t1 - t0, t2 - t1, t3 - t2)
+            plane.observe(name, (t3 - t0) / 1e6)  # the SLO's window: the client's latency less the network's share
             trace = RequestTrace(name, 1e3 * ts_unix, (t3 - ts) / 1e6, (
                 Span("request", None, None, 0.0, (t3 - ts) / 1e6),
                 Span("read_body", None, None, 0.0, (t0 - ts) / 1e6),
@@ -272,6 +274,14 @@ def create_app(plane: DataPlane, *, token: str | None = None, max_body_mb: float
         if not raw.isdigit() or int(raw) < 1:
             raise InvalidInput(f"'last' must be a whole number of requests, at least 1; got {raw!r}")
         return _json({"requests": [t.to_json() for t in buffer.last(int(raw))]})
+
+    @_model_route(app, "GET", "/slo", tags=["metadata"], responses=unknown | auth)
+    async def slo(name: str, request: Request) -> Response:
+        """The model's latency SLO and its live figures over the recent window (flatpack's extension):
+        ``{"name", "slo": null | {"slo_ms", "percentile", "requests", "mean_ms", "p50_ms", "p95_ms", "p99_ms",
+        "statistic_ms", "attainment", "met"}, "window": {"requests", "seconds"}}``, and ``watch`` where
+        ``flatpack deploy --watch`` watches it."""
+        return _json(plane.slo_document(name))
 
     @app.get("/metrics", tags=["metrics"], responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
                                                        **auth})

@@ -7,6 +7,11 @@ HTTP layer (``serving.api.app``) only parses, calls :meth:`DataPlane.infer`, and
 Traces: :meth:`DataPlane.infer_traced` also returns the request's spans (:mod:`functions.trace`): a
 backend with a master (``infer_reply``) gives the master's own, placed in the caller's timeline; the data
 plane keeps the last traces of each model (:meth:`DataPlane.traces`) for ``flatpack trace``.
+
+SLO: the HTTP layer records each answered request's latency (:meth:`DataPlane.observe`) in the model's
+window (:class:`serving.api.slo.LatencyWindow`); with an SLO set (:meth:`DataPlane.set_slo`),
+:meth:`DataPlane.slo` compares the window with it, and ``/metrics`` shows both (``flatpack_slo_ms``,
+``flatpack_live_latency_ms``, ``flatpack_slo_attainment``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from functions.inference_protocol import MODEL_VERSION, check_inputs, check_outp
 from functions.inference_stats import InferenceStats
 from functions.plan import Plan, TensorSpec
 from functions.trace import Span, TraceBuffer
+from serving.api.slo import LatencyWindow, SloSnapshot, SloTarget
 
 __all__ = ["Backend", "DataPlane", "InProcessBackend", "ModelInfo", "TracedBackend"]
 
@@ -110,10 +116,18 @@ class DataPlane:
     model's own requests lose nothing, as it keeps the cores busy (onnxruntime uses them all) either way.
     0: never. A backend that waits on functions elsewhere always runs in a worker thread, so its requests
     overlap.
+
+    ``window_requests`` and ``window_s`` bound each model's latency window (the last that many requests, none
+    older than that many seconds), which the SLO figures are computed over.
     """
 
-    def __init__(self, *, inline_below_ms: float = 50.0, traces_kept: int = 256) -> None:
+    def __init__(self, *, inline_below_ms: float = 50.0, traces_kept: int = 256, window_requests: int = 1000,
+                 window_s: float = 300.0) -> None:
         self._models: dict[str, Backend] = {}
+        self._windows: dict[str, LatencyWindow] = {}
+        self._slos: dict[str, SloTarget] = {}
+        self._extras: dict[str, dict[str, Callable[[], Mapping]]] = {}
+        self._window = (window_requests, window_s)
         self._stats: dict[str, InferenceStats] = {}
         self._traces: dict[str, TraceBuffer] = {}
         self._traces_kept = traces_kept
@@ -126,18 +140,22 @@ class DataPlane:
                                   buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                                   registry=self.registry)
         self.registry.register(_MeterCollector(lambda: self._models))
+        self.registry.register(_SloCollector(self))
 
     def add(self, backend: Backend) -> None:
         self._models[backend.info.name] = backend
         self._stats[backend.info.name] = InferenceStats(backend.info.name, MODEL_VERSION)
         self._traces[backend.info.name] = TraceBuffer(self._traces_kept)
+        self._windows[backend.info.name] = LatencyWindow(*self._window)
 
     def swap(self, backend: Backend) -> Backend:
         """Serve ``backend.info.name`` with ``backend`` from the next request on (its statistics and traces go
         on); returns the backend it replaces, which finishes the requests it has and is the caller's to
-        close. Raises ModelNotFound where no model of that name is served."""
+        close. The latency window starts again: it measures the plan serving now. Raises ModelNotFound where
+        no model of that name is served."""
         old = self.model(backend.info.name)
         self._models[backend.info.name] = backend  # one dict store: a request sees the old or the new one
+        self._windows[backend.info.name].clear()
         return old
 
     def remove(self, name: str) -> None:
@@ -145,6 +163,9 @@ class DataPlane:
         self._stats.pop(name, None)
         self._traces.pop(name, None)
         self._recent_s.pop(name, None)
+        self._windows.pop(name, None)
+        self._slos.pop(name, None)
+        self._extras.pop(name, None)
         if b is not None:
             b.close()
 
@@ -172,6 +193,59 @@ class DataPlane:
             return self._traces[name]
         except KeyError:
             raise ModelNotFound.named(name, self.names()) from None
+
+    def set_slo(self, name: str, target: SloTarget | None) -> None:
+        """Compare model ``name``'s live latency with ``target`` (None: no SLO)."""
+        self.model(name)
+        if target is None:
+            self._slos.pop(name, None)
+        else:
+            self._slos[name] = target
+
+    def observe(self, name: str, latency_ms: float) -> None:
+        """Record an answered request of model ``name`` that took ``latency_ms`` (the caller's measure: the
+        HTTP layer's, from its body read to its response encoded)."""
+        window = self._windows.get(name)
+        if window is not None:
+            window.add(latency_ms)
+
+    def window(self, name: str) -> LatencyWindow:
+        """Model ``name``'s latency window. Raises ModelNotFound."""
+        try:
+            return self._windows[name]
+        except KeyError:
+            raise ModelNotFound.named(name, self.names()) from None
+
+    def slo(self, name: str) -> tuple[SloTarget | None, SloSnapshot | None]:
+        """Model ``name``'s SLO and its window's figures against it (None, None without an SLO; the
+        figures None while no request was answered). Raises ModelNotFound."""
+        window = self.window(name)
+        target = self._slos.get(name)
+        return target, (None if target is None else window.snapshot(target))
+
+    def set_extra(self, name: str, key: str, provider: Callable[[], Mapping]) -> None:
+        """Show ``provider()`` under ``key`` in model ``name``'s SLO document (:meth:`slo_document`): what a
+        component watching the model reports, e.g. ``watch``."""
+        self.model(name)
+        self._extras.setdefault(name, {})[key] = provider
+
+    def slo_document(self, name: str) -> dict:
+        """``{"name", "slo": null | {"slo_ms", "percentile", "requests", "mean_ms", "p50_ms", "p95_ms",
+        "p99_ms", "statistic_ms", "attainment", "met"}, "window": {"requests", "seconds"}, ...extras}``
+        (``requests`` and the figures null before the first request). Raises ModelNotFound."""
+        target, snap = self.slo(name)
+        window = self.window(name)
+        slo: dict | None = None
+        if target is not None:
+            slo = snap.to_json() if snap is not None else {
+                "slo_ms": target.slo_ms, "percentile": target.percentile, "requests": 0, "mean_ms": None,
+                "p50_ms": None, "p95_ms": None, "p99_ms": None, "statistic_ms": None, "attainment": None,
+                "met": None}
+        doc: dict = {"name": name, "slo": slo,
+                     "window": {"requests": window.max_requests, "seconds": window.max_age_s}}
+        for key, provider in self._extras.get(name, {}).items():
+            doc[key] = dict(provider())
+        return doc
 
     def runs_inline(self, name: str) -> bool:
         """Whether model ``name``'s next inference should run on the caller's thread: an in-process model
@@ -255,6 +329,39 @@ def _placed(reply: Reply | None, at_ms: float, took_ms: float, sent_unix: float)
     start = at_ms + min(max(0.0, offset), took_ms - total)
     return [Span("send", None, None, at_ms, start), Span("master", None, None, start, start + total),
             *(s.shifted(start) for s in reply.trace), Span("return", None, None, start + total, end)]
+
+
+class _SloCollector:
+    """Each model's SLO and live latency over its window, as Prometheus gauges."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self._plane = plane
+
+    def collect(self) -> Iterator[Metric]:
+        slo = GaugeMetricFamily("flatpack_slo_ms", "The deployment's latency SLO (ms) on its statistic",
+                                labels=["model", "statistic"])
+        latency = GaugeMetricFamily("flatpack_live_latency_ms", "Live latency over the recent window (ms)",
+                                    labels=["model", "quantile"])
+        attainment = GaugeMetricFamily("flatpack_slo_attainment",
+                                       "Share of the recent window's requests answered within the SLO",
+                                       labels=["model"])
+        requests = GaugeMetricFamily("flatpack_live_window_requests", "Requests in the recent latency window",
+                                     labels=["model"])
+        for model in self._plane.names():
+            try:
+                target, snap = self._plane.slo(model)
+            except ModelNotFound:  # removed since names() was read
+                continue
+            if target is not None:
+                slo.add_metric([model, target.statistic], target.slo_ms)
+            window = self._plane.window(model).latencies()
+            requests.add_metric([model], float(len(window)))
+            if window:
+                for q, v in zip(("0.5", "0.95", "0.99"), np.quantile(window, [0.5, 0.95, 0.99]), strict=True):
+                    latency.add_metric([model, q], float(v))
+            if snap is not None:
+                attainment.add_metric([model], snap.attainment)
+        yield from (slo, latency, attainment, requests)
 
 
 class _MeterCollector:

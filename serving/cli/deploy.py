@@ -185,6 +185,9 @@ def calibrated_local(recalibrate: bool) -> str:
 @click.option("--keep-on-miss", is_flag=True,
               help="Keep the deployment running when no plan measured live meets the SLO (default: remove it and "
                    "exit 2).")
+@click.option("--watch", is_flag=True,
+              help="local, with --slo: keep watching the SLO on the endpoint's recent requests, and re-plan "
+                   "(blue/green) when it stays missed for several checks; FLATPACK_WATCH_* tune it (docs/slo.md).")
 def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str | None, memory: str,
                max_group: int | None, profile_mode: str, profile_budget: float | None, shapes: ShapeFixes,
                target: str,
@@ -193,7 +196,7 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
                endpoint_url: str | None,
                gateway: str | None, no_vendor: bool, compress: str, max_accuracy_drop: str | None,
                calibration: Path | None, backend: str, calibrate_platform: bool, recalibrate: bool,
-               verify: int | None, no_verify: bool, max_rounds: int, keep_on_miss: bool) -> None:
+               verify: int | None, no_verify: bool, max_rounds: int, keep_on_miss: bool, watch: bool) -> None:
     """Plan MODEL (a file or zoo name), export verified parts, start its functions and serve an endpoint.
 
     With --target lambda or openfaas: render the service (one function per plan function) and deploy it
@@ -218,19 +221,23 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     if backend != "onnxruntime":  # parts written in the form that backend imports
         request = dataclasses.replace(request, extra={**request.extra, "backend": backend})
     request = dataclasses.replace(request, hedge=_hedge(hedge, request.percentile, target))
+    if watch and (target != "local" or request.slo_ms is None or autoencoders is not None):
+        raise click.UsageError("--watch keeps an SLO on the local target: give --slo, --target local, and no "
+                               "--compress ae")
     path = resolve_model(model)
     name = name or _name_for(str(path))
     if target == "local" or not dry_run:
         _check_name(name)
     try:
         with err_console.status("planning") as st:
-            bundle, result, source, pm = prepare(path, request, name, shapes=shapes, progress=lambda m: st.update(m),
-                                                 autoencoders=autoencoders)
+            bundle, planned = prepare(path, request, name, shapes=shapes, progress=lambda m: st.update(m),
+                                      autoencoders=autoencoders)
     except Infeasible as e:
         _refuse_infeasible(path, request, e, shapes)
     except ValueError as e:  # CompressionError included
         raise click.ClickException(str(e)) from e
-    lg = pm.lg
+    lg, result, source, pm = planned.lg, planned.result, planned.source, planned.pm
+    request = planned.request
     print_solution(lg, result, request, source, pm)
     fidelity = _fidelity(bundle)
     if fidelity is not None:
@@ -258,6 +265,11 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
         record.options["hedge_percentile"] = round(request.hedge * 100, 3)
     if request.slo_ms is not None:
         record.options["slo"] = {"slo_ms": request.slo_ms, "percentile": request.percentile}
+    if watch:
+        from serving.deploy.watch import plan_request_options
+
+        record.options["watch"] = {"state": "watching" if no_verify else "waiting", "replans": 0}
+        record.options["plan"] = plan_request_options(request, str(path), shapes)
     if request.slo_ms is None or no_verify:
         _start(record, detach, keep_warm)
         return
@@ -271,6 +283,12 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
         _remove_local(DeploymentRecord.load(name))
         err_console.print(f"removed {name}: no plan measured live meets the SLO (--keep-on-miss keeps it running)")
         raise click.exceptions.Exit(2)
+    if watch:  # the live check is done: the serving process's watch starts looking
+        r = DeploymentRecord.load(name)
+        r.options["watch"] = {**r.options.get("watch", {}), "state": "watching"}
+        r.save()
+        console.print("watching the SLO: the endpoint re-plans when its recent requests keep missing it "
+                      f"(`flatpack status {name}`)")
     if not detach:
         _attach(DeploymentRecord.load(name))
 
@@ -537,13 +555,17 @@ def status_cmd(name: str, as_json: bool) -> None:
                      if r.deployment_id and k.startswith(f"{r.deployment_id}-")}
         except Exception as e:  # noqa: BLE001 - status still shows what it can
             meter = {"error": str(e)}
+    live = _live_slo(r)
+    slo_doc, watch_doc = live.get("slo"), _watch_doc(r, live)
     doc = {"name": r.name, "status": r.status if r.running() else "stopped", "endpoint": r.endpoint,
            "pid": r.pid, "bundle": r.bundle, "transport": r.transport, "predicted": r.predicted,
-           "functions": r.functions, "meter": meter, "error": r.error}
+           "functions": r.functions, "meter": meter, "error": r.error, "slo": slo_doc,
+           "watch": watch_doc}
     if as_json:
         click.echo(json.dumps(doc, indent=1, default=str))
         return
     console.print(f"[bold]{r.name}[/]: {doc['status']} at {r.endpoint or '-'} (pid {r.pid}), transport {r.transport}")
+    _print_slo(slo_doc, live.get("window"), watch_doc, live.get("error"))
     table = Table()
     for col in ("function", "memory MB", "invocations", "cold starts", "errors", "billed GB-s"):
         table.add_column(col)
@@ -552,6 +574,73 @@ def status_cmd(name: str, as_json: bool) -> None:
         table.add_row(f["name"], str(f["memory_mb"]), str(m.get("invocations", "-")), str(m.get("cold_starts", "-")),
                       str(m.get("errors", "-")), f"{m.get('billed_gb_s', 0):.4f}" if m else "-")
     console.print(table)
+
+
+def _live_slo(r: DeploymentRecord) -> dict[str, Any]:
+    """The endpoint's SLO document (``GET /v2/models/{name}/slo``); where it cannot be read, the SLO the record
+    holds and an ``error``."""
+    from serving.api.slo import SloTarget
+
+    target = SloTarget.from_options(r.options.get("slo"))
+    fallback: dict[str, Any] = {"slo": None if target is None else {"slo_ms": target.slo_ms,
+                                                                      "percentile": target.percentile}}
+    if not (r.target == "local" and r.alive() and r.endpoint):
+        return fallback
+    import http.client
+    from urllib.parse import urlsplit
+
+    from functions.settings import api_token
+
+    token = api_token()
+    url = urlsplit(r.endpoint)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80, timeout=10.0)
+    try:
+        conn.request("GET", f"{url.path.rstrip('/')}/v2/models/{r.name}/slo",
+                     headers={"authorization": f"Bearer {token}"} if token else {})
+        res = conn.getresponse()
+        body = res.read()
+        if res.status != 200:
+            raise ValueError(f"HTTP {res.status}: {body[:200]!r}")
+        doc = json.loads(body)
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        return {**fallback, "error": f"the endpoint's live figures could not be read: {e}"}
+    finally:
+        conn.close()
+    return doc if isinstance(doc, dict) else fallback
+
+
+def _watch_doc(r: DeploymentRecord, live: dict[str, Any]) -> dict[str, Any] | None:
+    """The SLO watch: what the record says it decided, and the serving process's live view of it."""
+    recorded = r.options.get("watch")
+    if not recorded:
+        return None
+    return {"replans": int(recorded.get("replans", 0)), "state": recorded.get("state"),
+            "last": recorded.get("last"), **({"live": live["watch"]} if isinstance(live.get("watch"), dict) else {})}
+
+
+def _print_slo(slo: dict[str, Any] | None, window: dict[str, Any] | None, watch: dict[str, Any] | None,
+               error: str | None) -> None:
+    if slo is None:
+        return
+    q = slo.get("percentile")
+    stat = "mean" if q is None else f"p{q * 100:g}"
+    line = f"SLO: {stat} within {slo['slo_ms']:g} ms"
+    if slo.get("requests"):
+        met = "[green]kept[/]" if slo.get("met") else "[red]missed[/]"
+        line += (f"; live over the last {slo['requests']} requests: p50 {slo['p50_ms']:.1f} ms, p95 "
+                 f"{slo['p95_ms']:.1f} ms, p99 {slo['p99_ms']:.1f} ms, {stat} {slo['statistic_ms']:.1f} ms; "
+                 f"{slo['attainment']:.1%} within the SLO: {met}")
+        if window:
+            line += f" (window: {window['requests']} requests, {window['seconds']:g} s)"
+    elif error:
+        line += f" ({error})"
+    else:
+        line += "; no requests answered in the window yet"
+    console.print(line)
+    if watch is not None:
+        last = watch.get("last") or {}
+        console.print(f"watch: {watch.get('state')}, {watch['replans']} re-plan(s)"
+                      + (f"; last: {last.get('reason')} -> {last.get('outcome')}" if last else ""))
 
 
 @click.command("invoke")

@@ -269,6 +269,7 @@ def plan_cmd(model: str, mode: str, slo: str | None, percentile: float | None, s
     from autoencoder import CompressionError, export_planned, with_autoencoders
     from partitioner.errors import ModelError
     from partitioner.graph import LayerGraph
+    from partitioner.pipeline import plan_model
     from partitioner.planner import make_perfmodel, plan_for
     from partitioner.solvers.common import Infeasible
     from serving.calibrate.stages import solve_on_target
@@ -280,22 +281,20 @@ def plan_cmd(model: str, mode: str, slo: str | None, percentile: float | None, s
     request = request_from(mode, slo, percentile, solver, platform, memory, max_group, transport, profile_mode,
                            profile_budget, autoencoders)
     path = resolve_model(model)
+    t0 = time.perf_counter()
     try:
-        with err_console.status(f"loading {path.name}"):
-            lg = LayerGraph.load(path, shapes.inputs, shapes.dims)
-        with err_console.status("preparing the performance model") as st:
-            pm, _, source = make_perfmodel(lg, request, progress=st.update, unit_progress=unit_progress(st))
-        t0 = time.perf_counter()
-        with err_console.status(f"solving ({request.mode}{', ' + request.solver if request.solver else ''})") as st:
-            request, ae_note = with_autoencoders(lg, request, autoencoders, progress=st.update)
-            result, refined = solve_on_target(lg, request, pm, progress=st.update)
-        source = measured_source(source, refined)
-        result = result.noted(ae_note)
+        with err_console.status(f"planning {path.name}") as st:
+            planned = plan_model(path, request, shapes=shapes, on_target=solve_on_target, codecs=with_autoencoders,
+                                 codec_options=autoencoders, progress=st.update, unit_progress=unit_progress(st))
+    except Infeasible as e:
+        # what the fastest plan is priced with: the same model, loaded again (cached), as planning left it
+        lg = LayerGraph.load(path, shapes.inputs, shapes.dims)
+        pm, _, source = make_perfmodel(lg, request)
+        report_infeasible(lg, e, request, source, as_json, pm)
     except (ModelError, ValueError, CompressionError) as e:
-        if isinstance(e, Infeasible):
-            report_infeasible(lg, e, request, source, as_json, pm)
         raise click.ClickException(str(e)) from e
     elapsed = time.perf_counter() - t0
+    lg, request, pm, result, source = planned.lg, planned.request, planned.pm, planned.result, planned.source
     if as_json:
         data = _solution_json(lg, result, request, source, pm)
         data["wall_seconds"] = elapsed

@@ -35,9 +35,8 @@ from serving.deploy.state import DeploymentRecord, state_dir
 if TYPE_CHECKING:  # the platform and the planner are imported where they are used
     from autoencoder import AutoencoderOptions
     from partitioner.normalize import ShapeFixes
-    from partitioner.perfmodel import PerfModel
+    from partitioner.pipeline import PlannedModel
     from partitioner.planner import PlanRequest
-    from partitioner.solvers.common import SolverResult
     from serving.platform.deploy import Deployment
 
 __all__ = ["PlatformBackend", "prepare", "request_swap", "serve", "swap_request_path"]
@@ -107,45 +106,33 @@ class PlatformBackend:
 
 def prepare(model: Path, request: PlanRequest, name: str, *, shapes: ShapeFixes | None = None,
             progress: Callable[[str], None] | None = None, autoencoders: AutoencoderOptions | None = None
-            ) -> tuple[Path, SolverResult, str, PerfModel]:
-    """Plan ``model`` as ``request`` says and export a verified bundle for deployment ``name``.
+            ) -> tuple[Path, PlannedModel]:
+    """Plan ``model`` as ``request`` says (:func:`partitioner.pipeline.plan_model`, its stages timed on the local
+    platform where it plans for it: :func:`serving.calibrate.stages.solve_on_target`) and export a verified
+    bundle for deployment ``name``.
 
     ``shapes`` fixes the model's dynamic input dimensions; the bundle's plan and source model keep the
-    fixed shapes, so the functions and the endpoint (which read them from there) agree. Units not
-    profiled yet are profiled within the request's budget; planning for the local platform, the plans'
-    stages are timed there within it too (:func:`serving.calibrate.stages.solve_on_target`).
+    fixed shapes, so the functions and the endpoint (which read them from there) agree.
     With ``autoencoders`` (``--compress ae``), mopar may place MOPAR's split-point autoencoders, and the
     bundle has them baked into its parts (its plan's ``predicted.fidelity`` says what they cost); the
     result's notes say where they went, or why there are none.
-    Returns (bundle path, solver result, where the times came from, the performance model it priced; its
-    ``lg`` is the model's layer graph).
+    Returns the bundle's path and the planned model (its ``pm`` is what a re-plan continues from).
 
     Raises:
         autoencoder.CompressionError: autoencoders that cannot be trained or baked in (a ValueError).
     """
     from autoencoder import export_planned, with_autoencoders
-    from partitioner.graph import LayerGraph
-    from partitioner.normalize import ShapeFixes
-    from partitioner.planner import make_perfmodel
+    from partitioner.pipeline import plan_model
     from serving.calibrate.stages import solve_on_target
 
     say = progress or (lambda _m: None)
-    say(f"loading {model.name}")
-    shapes = shapes or ShapeFixes()
-    lg = LayerGraph.load(model, shapes.inputs, shapes.dims)
-    say("profiling (cached per model)")
-    pm, _, source = make_perfmodel(
-        lg, request, progress=say, unit_progress=lambda done, total, _k: say(f"profiling units: {done}/{total}"))
-    say(f"planning ({request.mode})")
-    request, note = with_autoencoders(lg, request, autoencoders, progress=say)
-    result, refined = solve_on_target(lg, request, pm, progress=say)
-    result = result.noted(note)
-    if refined is not None and (refined.rounds or any(refined.timed)):
-        source = f"{source}; {refined.summary()}"
+    planned = plan_model(model, request, shapes=shapes, on_target=solve_on_target, codecs=with_autoencoders,
+                         codec_options=autoencoders, progress=say,
+                         unit_progress=lambda done, total, _k: say(f"profiling units: {done}/{total}"))
     out = state_dir() / "bundles" / name
     say("exporting and verifying the parts")
-    export_planned(lg, result, request, out, source=source, progress=say)
-    return out, result, source, pm
+    export_planned(planned.lg, planned.result, planned.request, out, source=planned.source, progress=say)
+    return out, planned
 
 
 def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep_warm_s: float = 0.0,
@@ -155,7 +142,13 @@ def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep
     While it serves, a plan swap requested with :func:`request_swap` (the promise loop's re-plan) is carried
     out blue/green: the new bundle's functions are deployed beside the old ones and warmed up, the endpoint
     switches to them between two requests, and the old functions are removed once their last request is
-    answered; no request fails or waits on a half-deployed plan."""
+    answered; no request fails or waits on a half-deployed plan.
+
+    With an SLO (``record.options["slo"]``) the endpoint compares its recent requests' latency with it
+    (``GET /v2/models/{name}/slo``, ``/metrics``); with ``options["watch"]`` (``flatpack deploy --watch``) a
+    :class:`serving.deploy.watch.Watcher` re-plans when that stays missed."""
+    from serving.api.slo import SloTarget
+    from serving.deploy.watch import WatchSettings
     from serving.platform.config import PlatformConfig
     from serving.platform.server import LocalPlatform
 
@@ -171,8 +164,10 @@ def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep
         live = _Live(platform, record)
         bundle = Bundle.load(record.bundle)
         first, dep = live.start(record.bundle)
-        plane = DataPlane()
+        watch = WatchSettings.from_env()
+        plane = DataPlane(window_requests=watch.window_requests, window_s=watch.window_s)
         plane.add(first)
+        plane.set_slo(record.name, SloTarget.from_options(record.options.get("slo")))
         server = AppServer(create_app(plane), record.host, record.port).start()
         from partitioner.inputs import random_inputs
 
@@ -188,6 +183,8 @@ def serve(record: DeploymentRecord, *, stop: threading.Event | None = None, keep
             on_ready(record)
         if keep_warm_s > 0:
             threading.Thread(target=_keep_warm, args=(live, bundle, keep_warm_s, stop), daemon=True).start()
+        if record.options.get("watch") and SloTarget.from_options(record.options.get("slo")) is not None:
+            _start_watch(record, plane, watch, stop)
         while not stop.wait(_SWAP_POLL_S):
             swap = _take_swap_request(record.name)
             if swap is not None:
@@ -288,7 +285,13 @@ class _Live:
 
     def swap(self, plane: DataPlane, request: Mapping[str, Any]) -> None:
         """Carry out a swap request (:func:`request_swap`); the record says how it went."""
+        with _RECORD_LOCK:
+            self._swap(plane, request)
+
+    def _swap(self, plane: DataPlane, request: Mapping[str, Any]) -> None:
         r = self.record
+        with contextlib.suppress(LookupError, ValueError):  # what the CLI recorded since (the live check's figures)
+            r.options = dict(DeploymentRecord.load(r.name).options)
         generation = int(request.get("generation", 0))
         bundle = Path(str(request.get("bundle", "")))
         try:
@@ -319,6 +322,34 @@ class _Live:
     def close(self) -> None:
         _retire(self.dep, self.backend)
         self.dep = self.backend = None
+
+
+def _start_watch(record: DeploymentRecord, plane: DataPlane, settings: Any, stop: threading.Event) -> None:
+    """The SLO watch (``flatpack deploy --watch``) in a thread: armed once deploy's live check is done
+    (``options["watch"]["state"] == "watching"``), each decision recorded in ``options["watch"]``."""
+    from serving.deploy.watch import LocalReplanner, Watcher
+
+    def armed() -> bool:
+        return DeploymentRecord.load(record.name).options.get("watch", {}).get("state") == "watching"
+
+    def recorded(entry: dict[str, Any]) -> None:
+        with _RECORD_LOCK:
+            r = DeploymentRecord.load(record.name)
+            doc = dict(r.options.get("watch") or {})
+            doc["replans"] = int(doc.get("replans", 0)) + 1
+            doc["last"] = entry
+            doc["history"] = [*doc.get("history", [])[-9:], entry]
+            r.options["watch"] = doc
+            r.save()
+            record.options = dict(r.options)
+
+    watcher = Watcher(plane, record.name, LocalReplanner(record), settings, armed=armed, on_decision=recorded)
+    plane.set_extra(record.name, "watch", watcher.status)
+    threading.Thread(target=watcher.run, args=(stop,), name="slo-watch", daemon=True).start()
+
+
+#: the serving process's writes of its record (the swap's and the watch's): one at a time, each from the file
+_RECORD_LOCK = threading.RLock()
 
 
 def _retire(dep: Deployment | None, backend: PlatformBackend | None) -> None:

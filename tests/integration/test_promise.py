@@ -182,7 +182,8 @@ def test_when_no_plan_measured_live_meets_the_slo_deploy_exits_2_and_leaves_noth
     slo_ms = max(predicted * 1.3, predicted + 0.05)
     assert slo_ms < 1.0, f"the impossibly fast profile predicts {predicted} ms"
     res = flatpack("deploy", str(model), "--mode", "slo", "--slo", f"{slo_ms:.3f}ms", "--platform", str(profile),
-                   "--profile-budget", "0", "--transport", "inline", "--verify", "10", "--detach", "--port", "0", "--name", "miss", env=env)
+                   "--profile-budget", "0", "--transport", "inline", "--verify", "10", "--detach", "--port", "0",
+                   "--name", "miss", env=env)
     assert res.returncode == 2, res.stderr + res.stdout
     assert "SLO missed live" in res.stderr and "removed miss" in res.stderr
     assert DeploymentRecord.all() == []

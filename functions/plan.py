@@ -42,9 +42,9 @@ __all__ = [
 SCHEMA = "flatpack.plan/1"
 
 Region = tuple[tuple[int, int], ...]
-Family = Literal["none", "spatial", "channel", "reduction", "heads"]
+Family = Literal["none", "spatial", "channel", "reduction", "heads", "embedding"]
 JoinKind = Literal["none", "place", "sum"]
-FAMILIES: tuple[Family, ...] = ("none", "spatial", "channel", "reduction", "heads")
+FAMILIES: tuple[Family, ...] = ("none", "spatial", "channel", "reduction", "heads", "embedding")
 JOIN_KINDS: tuple[JoinKind, ...] = ("none", "place", "sum")
 
 

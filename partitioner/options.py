@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functions.plan import Family, Split, split_family
+from partitioner.embedding import is_row_lookup
 from partitioner.errors import NotSplittable
 from partitioner.graph import LayerGraph
 from partitioner.parts import CutStage
@@ -33,6 +34,11 @@ def group_families(lg: LayerGraph, first: int, last: int) -> list[Family]:
         family = split_family(cs.family_of_reduction())
         cs.check(Split(family, (2,)))
         out.append(family)
+    except NotSplittable:
+        pass
+    try:
+        cs.check(Split("embedding", (2,)))
+        out.append("embedding")
     except NotSplittable:
         pass
     return out
@@ -69,4 +75,10 @@ def unit_refusals(lg: LayerGraph, index: int) -> dict[str, str]:
         ok.add(family)
     except NotSplittable as e:
         out.setdefault("reduction", str(e))
+    if any(is_row_lookup(lg, i) for i in cs.nodes):  # said only of units that look rows up
+        try:
+            cs.check(Split("embedding", (2,)))
+            ok.add("embedding")
+        except NotSplittable as e:
+            out.setdefault("embedding", str(e))
     return {f: why for f, why in out.items() if f not in ok}

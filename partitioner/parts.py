@@ -6,6 +6,12 @@ then rebuilds the nodes forwards on exactly those boxes, slicing weights and cro
 computed more than its consumer reads. For reduction and heads splits each part computes a partial sum
 of the stage's last heavy op over one range of its reduction axis (Megatron's row-parallel GEMM); the
 ops after it form the stage's *epilogue*, run by the master on the summed tensor.
+
+For embedding splits (:mod:`partitioner.embedding`) each part holds one contiguous range of the rows of
+every embedding table the stage looks up and gets every index: an index outside its rows looks up
+nothing (zeros), so the parts' outputs add up to the whole lookup (Megatron's vocabulary-parallel
+embedding). The sum join carries through the linear ops after the lookups (an EmbeddingBag's sum or
+mean over the bag, stacking the tables' outputs); the rest is the epilogue.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from functions.plan import Family, PartInput, Split, TensorSpec
+from partitioner.embedding import EmbeddingFacts, embedding_costs, embedding_part, find_embedding, row_shards
 from partitioner.errors import NotSplittable
 from partitioner.graph import LayerGraph
 from partitioner.regions import Box, even_ranges, full, is_full, shape_of, union
@@ -113,6 +120,7 @@ class CutStage:
         self.inputs = tuple(lg.external_inputs(self.nodes))
         self._opset = next((i.version for i in lg.model.opset_import if i.domain in ("", "ai.onnx")), 17)
         self._reduction_cache: _ReductionFacts | NotSplittable | None = None
+        self._embedding_cache: EmbeddingFacts | NotSplittable | None = None
 
     # -- layout -------------------------------------------------------------------------------
 
@@ -189,6 +197,8 @@ class CutStage:
         """Per-part work and bytes of ``split`` (from the region sketches; nothing is built)."""
         if _is_whole(split):
             return [self.whole_cost()]
+        if split.family == "embedding":
+            return [PartCost(*c) for c in embedding_costs(self.lg, self.embedding(), split.degree)]
         out = []
         for spec in self.part_specs(split):
             sk = _sketch(self.lg, spec.nodes, spec.targets, self._opset, spec.override)
@@ -209,6 +219,18 @@ class CutStage:
             activation_bytes=sum(lg.tensors[o].nbytes for i in nodes for o in lg.nodes[i].output if o),
         )
 
+    def embedding(self) -> EmbeddingFacts:
+        """The stage's embedding lookups and what an embedding split joins (kept; NotSplittable if it has
+        none, or they do not join into one tensor: see :func:`partitioner.embedding.find_embedding`)."""
+        if self._embedding_cache is None:
+            try:
+                self._embedding_cache = find_embedding(self.lg, self.nodes, self.inputs, self.outputs)
+            except NotSplittable as e:
+                self._embedding_cache = e
+        if isinstance(self._embedding_cache, NotSplittable):
+            raise NotSplittable(str(self._embedding_cache))
+        return self._embedding_cache
+
     def part_specs(self, split: Split) -> list[PartSpec]:
         """What each part of a split computes, before any sketch: raises NotSplittable where the stage's
         layout rules ``split`` out (several outputs, no such axis, a reduction family that is not the
@@ -218,11 +240,15 @@ class CutStage:
             return [PartSpec(self.nodes, {out: box}, frozenset()) for box in self.boxes(split)]
         if split.family in ("reduction", "heads"):
             return self._reduction_setup(split).specs
+        if split.family == "embedding":
+            raise NotSplittable("an embedding split's parts are not boxes of the stage's tensors; see costs()")
         raise NotSplittable(f"unknown family {split.family!r}")
 
     def cut(self, split: Split, *, dry_run: bool = False) -> StageCut:
         if _is_whole(split):
             return self._whole(split) if not dry_run else _DRY
+        if split.family == "embedding":
+            return self._embedding(split, dry_run)
         reduction = self._reduction_setup(split) if split.family in ("reduction", "heads") else None
         specs = reduction.specs if reduction is not None else self.part_specs(split)
         sketches = []
@@ -242,6 +268,30 @@ class CutStage:
     def _spec(self, name: str, shape: tuple[int, ...] | None = None) -> TensorSpec:
         t = self.lg.tensors[name]
         return TensorSpec(name, t.dtype.name, shape if shape is not None else t.shape)
+
+    def _embedding(self, split: Split, dry_run: bool) -> StageCut:
+        lg = self.lg
+        facts = self.embedding()
+        shards = row_shards(lg, facts, split.degree)  # NotSplittable where a table has fewer rows
+        if dry_run:
+            return _DRY
+        j = facts.joined
+        needs_epilogue = bool(facts.epilogue_nodes) or j not in self.outputs or len(self.outputs) != 1
+        partial = j + "__partial" if needs_epilogue else j
+        parts = []
+        for shard in shards:
+            ep = embedding_part(lg, facts, shard, partial, self._opset)
+            parts.append(PartModel(ep.model, ep.inputs, ep.output, full(lg.tensors[j].shape), ep.flops))
+        joined = TensorSpec(partial, lg.tensors[j].dtype.name, lg.tensors[j].shape)
+        epilogue = None
+        if needs_epilogue:
+            front = [helper.make_node("Identity", [partial], [j], name=j + "_sum")]
+            epi_inputs = [partial] + [x for x in lg.external_inputs(facts.epilogue_nodes) if x != j]
+            epilogue = extract_model(lg, facts.epilogue_nodes, epi_inputs, self.outputs, front=front,
+                                     input_specs={partial: joined})
+        outs = tuple(self._spec(o) for o in self.outputs)
+        return StageCut(self.first, self.last, Split("embedding", (split.degree,)), self.inputs, outs,
+                        tuple(parts), "sum", joined, epilogue)
 
     def _whole(self, split: Split) -> StageCut:
         model = extract_model(self.lg, self.nodes, self.inputs, self.outputs)
@@ -411,8 +461,8 @@ class StageCosts:
         """Per-part work and bytes of ``split`` on units ``first..last``; NotSplittable if it is not
         admissible there."""
         cs = self.cutter(first, last)
-        if _is_whole(split):
-            return [cs.whole_cost()]
+        if _is_whole(split) or split.family == "embedding":
+            return cs.costs(split)
         out = []
         for spec in cs.part_specs(split):
             key = (last, tuple(spec.targets.items()), spec.override_key)

@@ -25,7 +25,8 @@ def parse_split(family: str, arg: str | None) -> Split:
             raise SpecError("split 'none' takes no argument")
         return Split("none", (1,))
     if family not in FAMILIES:  # "none" returned above
-        raise SpecError(f"unknown split family {family!r}; use none, spatial=GHxGW, channel=N, reduction=N, heads=N")
+        raise SpecError(f"unknown split family {family!r}; use none, spatial=GHxGW, channel=N, reduction=N, heads=N, "
+                        f"embedding=N")
     if not arg:
         raise SpecError(f"split {family!r} needs a degree, e.g. {family}=2" + ("x2" if family == "spatial" else ""))
     try:

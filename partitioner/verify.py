@@ -39,6 +39,7 @@ SPATIAL_GRIDS_2D = ((1, 2), (2, 1), (2, 2), (3, 2), (3, 3), (4, 4), (8, 8))
 SPATIAL_GRIDS_1D = ((2, 1), (3, 1), (4, 1))
 CHANNEL_DEGREES = (2, 3, 4, 8)
 REDUCTION_DEGREES = (2, 3, 4)
+EMBEDDING_DEGREES = (2, 3, 4)
 
 
 @dataclass
@@ -124,6 +125,11 @@ def _options_for(lg: LayerGraph, first: int, last: int, full_sweep: bool) -> lis
     grids = SPATIAL_GRIDS_2D if len(spatial) == 2 else SPATIAL_GRIDS_1D if spatial else ()
     out += [Split("spatial", g) for g in (grids if full_sweep else grids[2:3] or grids[:1])]
     out += [Split("channel", (d,)) for d in (CHANNEL_DEGREES if full_sweep else (2,))]
+    try:
+        cs.embedding()
+        out += [Split("embedding", (d,)) for d in (EMBEDDING_DEGREES if full_sweep else (2,))]
+    except NotSplittable:
+        pass
     try:
         family = split_family(cs.family_of_reduction())
         k, align = cs.reduction_axis(cs.reduction_op())

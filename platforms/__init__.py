@@ -6,7 +6,10 @@ meter, the deployers) read them, so they live apart from both and import nothing
 """
 
 from platforms.profile import (
+    CPU_MODELS,
     PROFILE_DIR,
+    CpuModel,
+    CpuModelName,
     InvokeLatency,
     MemoryRange,
     PlatformProfile,
@@ -19,5 +22,6 @@ from platforms.profile import (
     vcpus_for,
 )
 
-__all__ = ["PROFILE_DIR", "InvokeLatency", "MemoryRange", "PlatformProfile", "TransferCost", "load_profile",
-           "load_profile_data", "profile_names", "resolve_profile_path", "threads_for", "vcpus_for"]
+__all__ = ["CPU_MODELS", "PROFILE_DIR", "CpuModel", "CpuModelName", "InvokeLatency", "MemoryRange", "PlatformProfile",
+           "TransferCost", "load_profile", "load_profile_data", "profile_names", "resolve_profile_path", "threads_for",
+           "vcpus_for"]

@@ -1,7 +1,8 @@
 """Platform profiles: the facts about a serverless platform that plans and the local platform need.
 
-Profiles are data (``platforms/<name>.yaml``, beside this module), not code: memory options, CPU per MB,
-prices, billing granularity, payload limits, the invoke-latency distribution, bandwidth, concurrency.
+Profiles are data (``platforms/<name>.yaml``, beside this module), not code: memory options, how CPU is
+sold (``cpu``: :class:`CpuModel`, CPU that follows memory at ``mb_per_vcpu`` or is set per function), prices,
+billing granularity, payload limits, the invoke-latency distribution, bandwidth, concurrency.
 Each YAML also has a ``sources`` mapping saying where each number came from. Load one with
 :func:`load_profile` by name or path.
 """
@@ -13,12 +14,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-__all__ = ["PROFILE_DIR", "InvokeLatency", "MemoryRange", "PlatformProfile", "TransferCost", "load_profile",
-           "load_profile_data", "profile_names", "resolve_profile_path", "threads_for", "vcpus_for"]
+__all__ = ["CPU_MODELS", "PROFILE_DIR", "CpuModel", "CpuModelName", "InvokeLatency", "MemoryRange", "PlatformProfile",
+           "TransferCost", "load_profile", "load_profile_data", "profile_names", "resolve_profile_path", "threads_for",
+           "vcpus_for"]
 
 PROFILE_DIR = Path(__file__).resolve().parent
 
@@ -43,6 +45,94 @@ def threads_for(memory_mb: float, mb_per_vcpu: float, max_vcpu: float | None, *,
     configuration (Lambda, OpenFaaS) and the local platform's instances, so a function runs with the
     threads it was planned with."""
     return max(1, math.ceil(vcpus_for(memory_mb, mb_per_vcpu, max_vcpu, cores=cores) - 1e-9))
+
+
+CpuModelName = Literal["follows_memory", "per_function"]
+CPU_MODELS: tuple[CpuModelName, ...] = ("follows_memory", "per_function")
+
+
+@dataclass(frozen=True)
+class CpuModel:
+    """How a platform sells CPU (the profile's ``cpu`` mapping).
+
+    ``follows_memory`` (AWS Lambda): a function's CPU is its memory over the profile's ``mb_per_vcpu``,
+    capped by ``max_vcpu``; nothing about CPU is set per function. ``per_function`` (OpenFaaS, Kubernetes):
+    a function's CPU request and limit are its own setting, apart from its memory limit: ``default_vcpu``
+    where a function sets none, within ``min_vcpu``..``max_vcpu`` (None: no cap but the machine's).
+    ``price_per_vcpu_s``: USD per vCPU-second held, where the platform prices CPU apart from memory
+    (0: it does not; billing is then memory x time alone).
+    """
+
+    model: CpuModelName = "follows_memory"
+    default_vcpu: float | None = None
+    min_vcpu: float | None = None
+    max_vcpu: float | None = None
+    price_per_vcpu_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.model not in CPU_MODELS:
+            raise ValueError(f"cpu.model {self.model!r} is not one of {', '.join(CPU_MODELS)}")
+        for name in ("default_vcpu", "min_vcpu", "max_vcpu"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"cpu.{name} must be positive, got {v}")
+        if self.price_per_vcpu_s < 0:
+            raise ValueError(f"cpu.price_per_vcpu_s must be >= 0, got {self.price_per_vcpu_s}")
+        if self.model == "follows_memory":
+            if self.default_vcpu is not None or self.min_vcpu is not None:
+                raise ValueError("cpu.default_vcpu and cpu.min_vcpu belong to a per_function CPU model; a "
+                                 "follows_memory platform's CPU is its memory over mb_per_vcpu")
+            return
+        if self.default_vcpu is None:
+            raise ValueError("a per_function CPU model needs cpu.default_vcpu (the CPU of a function that sets none)")
+        lo = self.min_vcpu if self.min_vcpu is not None else 0.0
+        hi = self.max_vcpu if self.max_vcpu is not None else math.inf
+        if not lo <= hi:
+            raise ValueError(f"cpu.min_vcpu {lo} exceeds cpu.max_vcpu {hi}")
+        if not lo <= self.default_vcpu <= hi:
+            raise ValueError(f"cpu.default_vcpu {self.default_vcpu} is outside cpu.min_vcpu..cpu.max_vcpu ({lo}..{hi})")
+
+    @property
+    def per_function(self) -> bool:
+        return self.model == "per_function"
+
+    def check(self, vcpu: float) -> float:
+        """``vcpu`` if a function may have it; ValueError naming the range otherwise (and for a
+        follows_memory platform, where a function's CPU is not its own setting)."""
+        if not self.per_function:
+            raise ValueError(f"this platform's CPU follows memory: a function sets its memory, not its vCPU "
+                             f"(got vcpu {vcpu})")
+        lo = self.min_vcpu if self.min_vcpu is not None else 0.0
+        hi = self.max_vcpu if self.max_vcpu is not None else math.inf
+        if not (vcpu > 0 and lo <= vcpu <= hi):
+            raise ValueError(f"vcpu {vcpu} is not offered: choose {lo:g}..{hi:g} vCPU")
+        return float(vcpu)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> CpuModel:
+        """The ``cpu`` mapping of a profile (absent: ``follows_memory``, the profile's ``mb_per_vcpu``)."""
+        if d is None:
+            return cls()
+        if not isinstance(d, Mapping):
+            raise ValueError(f"cpu must be a mapping (model: follows_memory | per_function, ...), got {d!r}")
+        known = {"model", "default_vcpu", "min_vcpu", "max_vcpu", "price_per_vcpu_s"}
+        unknown = sorted(set(map(str, d)) - known)
+        if unknown:
+            raise ValueError(f"cpu has unknown field(s) {unknown}; known: {sorted(known)}")
+        if "model" not in d:
+            raise ValueError(f"cpu.model is missing; choose one of {', '.join(CPU_MODELS)}")
+
+        def num(name: str) -> float | None:
+            v = d.get(name)
+            if v is None:
+                return None
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ValueError(f"cpu.{name} must be a number, got {v!r}")
+            return float(v)
+
+        return cls(model=_model_name(d["model"]), default_vcpu=num("default_vcpu"),
+                   min_vcpu=num("min_vcpu"), max_vcpu=num("max_vcpu"),
+                   price_per_vcpu_s=num("price_per_vcpu_s") or 0.0)
 
 
 @dataclass(frozen=True)
@@ -92,7 +182,10 @@ class PlatformProfile:
     """One platform's facts.
 
     ``mb_per_vcpu``: memory that buys one vCPU (CPU is proportional to memory); ``max_vcpu`` caps it
-    (None: this machine's cores). Prices in USD. ``billing_granularity_ms``: durations are rounded up to
+    (None: this machine's cores). ``cpu``: how the platform sells CPU (:class:`CpuModel`): where it is
+    ``per_function``, a function's CPU is its own setting, not ``mb_per_vcpu``'s share
+    (:meth:`function_vcpu`), and ``mb_per_vcpu`` stays the reference for figures given per memory size.
+    Prices in USD. ``billing_granularity_ms``: durations are rounded up to
     a multiple of it. ``payload_limit_bytes``: synchronous invoke request/response limit.
 
     Optional, written by ``flatpack calibrate`` (absent from a profile that was not measured):
@@ -135,6 +228,22 @@ class PlatformProfile:
     dispatch_ms: Mapping[int, float] = field(default_factory=dict)
     handling_ms: float | None = None
     jitter_sigma: float = 0.0
+    cpu: CpuModel = field(default_factory=CpuModel)
+
+    def function_vcpu(self, memory_mb: float, vcpu: float | None = None, *, cores: int | None = None) -> float:
+        """The vCPUs a function gets under the profile's CPU model: where CPU follows memory,
+        :meth:`vcpus` of ``memory_mb`` (``vcpu`` must be None); where it is per function, ``vcpu`` checked
+        against the profile's range, else its default, capped by ``cores`` where given."""
+        if not self.cpu.per_function:
+            if vcpu is not None:
+                self.cpu.check(vcpu)  # raises: CPU is not a function's own setting here
+            return self.vcpus(memory_mb, cores=cores)
+        v = self.cpu.check(vcpu) if vcpu is not None else float(self.cpu.default_vcpu or 1.0)
+        return min(v, float(cores)) if cores is not None else v
+
+    def function_threads(self, memory_mb: float, vcpu: float | None = None, *, cores: int | None = None) -> int:
+        """onnxruntime intra-op threads for :meth:`function_vcpu` (its ceiling, at least one)."""
+        return max(1, math.ceil(self.function_vcpu(memory_mb, vcpu, cores=cores) - 1e-9))
 
     def vcpus(self, memory_mb: float, *, cores: int | None = None) -> float:
         """vCPUs a function of ``memory_mb`` gets (:func:`vcpus_for`: capped by the profile's ``max_vcpu``,
@@ -162,8 +271,21 @@ class PlatformProfile:
         """GB-seconds billed for one invocation: memory in GB x duration rounded up to the granularity."""
         return memory_mb / 1024 * self.billed_ms(duration_ms) / 1000
 
-    def cost(self, memory_mb: float, duration_ms: float, requests: int = 1) -> float:
-        return self.billed_gb_s(memory_mb, duration_ms) * self.price_per_gb_s + requests * self.price_per_request
+    def billed_vcpu_s(self, vcpu: float, duration_ms: float) -> float:
+        """vCPU-seconds billed for one invocation where the profile prices CPU (0 where it does not)."""
+        if not self.cpu.price_per_vcpu_s:
+            return 0.0
+        return vcpu * self.billed_ms(duration_ms) / 1000
+
+    def cost(self, memory_mb: float, duration_ms: float, requests: int = 1, *, vcpu: float | None = None) -> float:
+        """USD for ``requests`` invocations of ``duration_ms``: memory held x time, plus CPU held x time
+        where the profile prices CPU (``vcpu``: the function's, else what the profile's model gives it)."""
+        usd = self.billed_gb_s(memory_mb, duration_ms) * self.price_per_gb_s + requests * self.price_per_request
+        if self.cpu.price_per_vcpu_s:
+            v = self.function_vcpu(memory_mb, vcpu) if vcpu is not None or self.cpu.per_function else \
+                self.vcpus(memory_mb)
+            usd += self.billed_vcpu_s(v, duration_ms) * self.cpu.price_per_vcpu_s
+        return usd
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, origin: str = "profile") -> PlatformProfile:
@@ -194,6 +316,7 @@ class PlatformProfile:
                 dispatch_ms=_per_memory(d.get("dispatch_ms"), float(d["mb_per_vcpu"])),
                 handling_ms=None if d.get("handling_ms") is None else float(d["handling_ms"]),
                 jitter_sigma=float(d.get("jitter_sigma") or 0.0),
+                cpu=_cpu_model(d.get("cpu")),
             )
         except KeyError as e:
             raise ValueError(f"{origin}: missing field {e}") from e
@@ -229,6 +352,20 @@ def load_profile_data(name_or_path: str | Path) -> dict[str, Any]:
 def load_profile(name_or_path: str | Path) -> PlatformProfile:
     """A profile by name (``aws-lambda``, ``openfaas``, ``local``) or from a YAML file path."""
     return PlatformProfile.from_dict(load_profile_data(name_or_path), origin=str(resolve_profile_path(name_or_path)))
+
+
+def _model_name(value: object) -> CpuModelName:
+    for name in CPU_MODELS:
+        if value == name:
+            return name
+    raise ValueError(f"cpu.model {value!r} is not one of {', '.join(CPU_MODELS)}")
+
+
+def _cpu_model(value: Any) -> CpuModel:
+    try:
+        return CpuModel.from_dict(value)
+    except ValueError as e:
+        raise ValueError(f"field cpu: {e}") from e
 
 
 def _per_memory(value: Any, mb_per_vcpu: float) -> dict[int, float]:

@@ -3,8 +3,9 @@
 Every model is written by hand in torch, given seeded weights on CPU and exported to ONNX; nothing is
 downloaded. Families: VGG-11/13/16/19, ResNet-18/34/50, wide ResNets (``wrn-34-K``, ``wrn-50-K``), a
 dilated MobileNetV2, MobileNetV3-Large, EfficientNet-B0, stacked LSTMs (``lstm-N``), a BERT encoder and a
-ViT (eager or SDPA attention, static or dynamic axes), a GCN with a baked-in graph, and a small CNN trained
-on scikit-learn's digits (``digits-cnn``).
+ViT (eager or SDPA attention, static or dynamic axes), a GCN with a baked-in graph, a small CNN trained
+on scikit-learn's digits (``digits-cnn``), a U-Net, and a DLRM recommender whose embedding tables are most
+of its bytes (``dlrm``).
 
 Example::
 

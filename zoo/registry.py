@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from zoo.bert import BERT_DEFAULTS, make_bert
 from zoo.digits import DIGITS_DEFAULTS, make_digits_cnn
+from zoo.dlrm import DLRM_DEFAULTS, make_dlrm
 from zoo.efficientnet import EFFICIENTNET_DEFAULTS, make_efficientnet
 from zoo.errors import ZooError
 from zoo.gcn import GCN_DEFAULTS, make_gcn
@@ -39,7 +40,7 @@ class ZooEntry:
     Attributes:
         name: what :func:`zoo.build` takes, e.g. ``"wrn-50-2"``.
         family: ``vgg``, ``resnet``, ``wide-resnet``, ``mobilenet``, ``mobilenetv3``, ``efficientnet``,
-            ``lstm``, ``bert``, ``vit``, ``gcn``, ``digits`` or ``unet``.
+            ``lstm``, ``bert``, ``vit``, ``gcn``, ``digits``, ``unet`` or ``dlrm``.
         description: one line for people.
         options: the size options this model accepts besides ``width_div``, ``seed``, ``exporter`` and
             ``opset`` (which every model accepts).
@@ -175,6 +176,18 @@ def _fixed_entries() -> dict[str, _Resolved]:
         ),
         make_unet,
     )
+    t, bag = DLRM_DEFAULTS["layers"], DLRM_DEFAULTS["seq_len"]
+    out["dlrm"] = _Resolved(
+        _entry(
+            "dlrm",
+            "dlrm",
+            "DLRM recommender: embedding tables (2 GB, external data) looked up in bags, bottom/top MLPs, "
+            "pairwise interaction",
+            DLRM_DEFAULTS,
+            f"dense f32[1,13], sparse_0..sparse_{t - 1} i64[1,{bag}]",
+        ),
+        make_dlrm,
+    )
     return out
 
 
@@ -206,7 +219,7 @@ def _all_listed_names() -> list[str]:
     names += [f"wrn-{d}-{k}" for d in (34, 50) for k in _LISTED_WRN_K]
     names += ["mobilenet", "mobilenetv3-large", "efficientnet-b0"]
     names += [f"lstm-{n}" for n in _LISTED_LSTM_N]
-    names += ["bert", "vit", "gcn", "digits-cnn", "unet"]
+    names += ["bert", "vit", "gcn", "digits-cnn", "unet", "dlrm"]
     return names
 
 

@@ -41,7 +41,11 @@ def platform() -> None:
 @platform.command("start")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8808, show_default=True)
-@click.option("--profile", default="local", show_default=True, help="Platform profile (name or YAML path).")
+@click.option("--profile", default=None, help="Platform profile (name or YAML path); default: local.")
+@click.option("--platform", "platform_name", default=None,
+              help="The platform to emulate, by its profile's name (aws-lambda, openfaas, local): its CPU model "
+                   "(CPU that follows memory, or per function), memory sizes, limits and prices. Same as "
+                   "--profile NAME.")
 @click.option("--idle-timeout-s", type=float, default=300.0, show_default=True,
               help="Reap instances idle this long (the next request is a cold start).")
 @click.option("--cpu-limit", type=click.Choice(["auto", "cgroup", "cgroup-v2", "cgroup-v1", "dilation", "off"]),
@@ -50,9 +54,23 @@ def platform() -> None:
                    "profile): cgroups where they can be written (auto: v2, else v1), else dilation; off = "
                    "whole cores (plans will not match).")
 @click.option("--wait-s", type=float, default=30.0, show_default=True, help="How long to wait for it to answer.")
-def start(host: str, port: int, profile: str, idle_timeout_s: float, cpu_limit: str, wait_s: float) -> None:
-    """Start the platform in the background; prints its URL."""
+def start(host: str, port: int, profile: str | None, platform_name: str | None, idle_timeout_s: float,
+          cpu_limit: str, wait_s: float) -> None:
+    """Start the platform in the background; prints its URL.
+
+    CPU follows the profile's CPU model: on Lambda's (the local profile, ``--platform aws-lambda``) an
+    instance gets the share its memory buys; on a per_function one (``--platform openfaas``) it gets its
+    function's own vCPU (the registration's ``vcpu``, else the profile's default) and its memory limit apart."""
+    from platforms import load_profile
     from serving.platform.client import PlatformClient, PlatformUnavailable
+
+    if profile is not None and platform_name is not None and profile != platform_name:
+        raise click.UsageError(f"--profile {profile} and --platform {platform_name} disagree; give one of them")
+    profile = profile or platform_name or "local"
+    try:
+        load_profile(profile)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--platform" if platform_name else "--profile") from e
 
     state = _read_state()
     if state and pid_alive(int(state["pid"])):
@@ -140,10 +158,12 @@ def _status_not_running(as_json: bool) -> None:
     from serving.platform.cpu import detect
 
     config = PlatformConfig.from_env(port=0)
-    cpu = {"cores": os.cpu_count() or 1, "mb_per_vcpu": load_profile(config.profile).mb_per_vcpu}
+    profile = load_profile(config.profile)
+    cpu = {"cores": os.cpu_count() or 1, "mb_per_vcpu": profile.mb_per_vcpu, "cpu_model": profile.cpu.model}
     mechanism = detect(config.cpu_limit)
     if as_json:
-        click.echo(json.dumps({"running": False, "url": None, "cpu_limit": mechanism, "cpu": cpu}))
+        click.echo(json.dumps({"running": False, "url": None, "cpu_limit": mechanism,
+                               "cpu_model": profile.cpu.model, "cpu": cpu}))
         return
     raise click.ClickException(f"no local platform is running; start one with `flatpack platform start` (it would "
                                f"limit CPU with {mechanism}: {cpu['mb_per_vcpu']:.0f} MB per vCPU, "
@@ -169,11 +189,14 @@ def status(url: str | None, as_json: bool) -> None:
         raise click.ClickException(f"{e}; start one with `flatpack platform start`") from e
     if as_json:
         click.echo(json.dumps({"running": True, "url": url, "cpu_limit": health.get("cpu_limit"),
+                               "cpu_model": (health.get("cpu") or {}).get("cpu_model", "follows_memory"),
                                "cpu": health.get("cpu"), "health": health, "functions": functions, "meter": meter}))
         return
     console.print(f"local platform at {url} (profile {health.get('profile')}), {len(functions)} function(s)")
     cpu = health.get("cpu") or {}
-    console.print(f"CPU: {health.get('cpu_limit')} ({cpu.get('mb_per_vcpu', '?')} MB per vCPU, {cpu.get('cores', '?')} "
+    sells = (f"{cpu.get('mb_per_vcpu', '?')} MB per vCPU" if cpu.get("cpu_model", "follows_memory") == "follows_memory"
+             else "CPU per function")
+    console.print(f"CPU: {health.get('cpu_limit')} ({sells}, {cpu.get('cores', '?')} "
                   f"cores; {cpu.get('oversubscribed_invocations', 0)} of {cpu.get('invocations', 0)} invocations "
                   f"started while busy shares exceeded the cores)")
     t = Table()
@@ -184,7 +207,7 @@ def status(url: str | None, as_json: bool) -> None:
     for f in functions:
         u = usage.get(f["name"], {})
         inst = f.get("instances", [])
-        t.add_row(f["name"], str(f["memory_mb"]), f"{f.get('vcpu', 0):.2f}", str(f.get("intra_op_threads", "")),
+        t.add_row(f["name"], str(f["memory_mb"]), f"{f.get('share_vcpu', 0):.2f}", str(f.get("intra_op_threads", "")),
                   str(len(inst)),
                   str(sum(1 for i in inst if i.get("busy"))), str(u.get("invocations", 0)),
                   str(u.get("cold_starts", 0)), str(u.get("errors", 0)), f"{u.get('billed_gb_s', 0.0):.4g}")

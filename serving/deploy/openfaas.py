@@ -16,7 +16,12 @@ image that is already built through ``/system/functions`` (basic auth from the g
 and removes exactly the functions it created.
 
 Memory: each function's limit is its plan memory, its request the same (the plan sized it to its
-need); CPU from the profile's MB per vCPU. For the ``shm`` transport every function carries the
+need). CPU: OpenFaaS sells it per function (the profile's ``cpu: {model: per_function}``), apart from
+memory: each function's CPU limit and request are its vCPU (``OpenFaaSOptions.vcpu`` per plan function,
+else a ``vcpu`` the plan gives it, else the profile's ``default_vcpu``), checked against the profile's
+range and written as millicores; its onnxruntime threads are the ceiling of that vCPU.
+
+For the ``shm`` transport every function carries the
 deployment's label, and the Profile asks Kubernetes to schedule them on one node
 (``preferredDuringSchedulingIgnoredDuringExecution``); a patch per function mounts one tmpfs directory of
 the node (``/dev/shm/flatpack-<deployment>``, a hostPath) in each, so slices pass tensors through shared
@@ -28,13 +33,14 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import os
 import shutil
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -42,7 +48,7 @@ from urllib.parse import quote, urlsplit
 import templates
 from functions.bundle import Bundle
 from functions.config import FunctionConfig
-from platforms import load_profile
+from platforms import PlatformProfile, load_profile
 from serving.deploy.render import (
     CloudFunction,
     clear_rendered,
@@ -61,7 +67,9 @@ __all__ = [
     "OpenFaaSOptions",
     "OpenFaaSStack",
     "function_deployment",
+    "function_vcpus",
     "gateway_credentials",
+    "millicores",
     "render_openfaas_stack",
 ]
 
@@ -95,6 +103,9 @@ class OpenFaaSOptions:
     timeout_s: read/write/exec timeouts of the watchdog and the master's per-invoke timeout.
     backend: what runs the parts: ``onnxruntime`` (default) or ``mxnet`` (the image installs MXNet 1.9 +
         numpy 1.23.5 + onnx on Python 3.11, the newest numpy 1.23 has wheels for).
+    vcpu: per plan function name, its CPU (request and limit, vCPUs); a function not named gets the
+        plan's ``vcpu`` for it, else the profile's ``default_vcpu``. Each is checked against the profile's
+        ``min_vcpu``..``max_vcpu``.
     """
 
     gateway: str = "http://127.0.0.1:8080"
@@ -106,6 +117,7 @@ class OpenFaaSOptions:
     namespace: str | None = None
     timeout_s: int = 300
     backend: str = "onnxruntime"
+    vcpu: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.backend not in ("onnxruntime", "mxnet"):
@@ -169,10 +181,42 @@ class OpenFaaSStack:
         return {**f.env, "read_timeout": t, "write_timeout": t, "exec_timeout": t, "max_inflight": "1",
                 "FLATPACK_MODEL_NAME": self.model}
 
+    def vcpu(self, f: CloudFunction) -> float:
+        """``f``'s CPU as rendered (see :func:`function_vcpus`; a stack rendered before CPU was per function
+        has none recorded: the profile's default)."""
+        recorded = (self.extra.get("vcpu") or {}).get(f.plan_name)
+        return float(recorded) if recorded is not None else load_profile("openfaas").function_vcpu(f.memory_mb)
+
     def resources(self, f: CloudFunction) -> dict[str, str]:
-        p = load_profile("openfaas")
-        cpu = max(0.1, p.vcpus(f.memory_mb))
-        return {"memory": f"{f.memory_mb}Mi", "cpu": f"{int(round(cpu * 1000))}m"}
+        """Its limits (and requests): the plan's memory and the function's own CPU, in millicores."""
+        return {"memory": f"{f.memory_mb}Mi", "cpu": millicores(self.vcpu(f))}
+
+
+def millicores(vcpu: float) -> str:
+    """``vcpu`` as a Kubernetes CPU quantity in millicores (``0.25`` -> ``250m``), at least ``1m``."""
+    return f"{max(1, round(vcpu * 1000))}m"
+
+
+def function_vcpus(plan: Any, profile: PlatformProfile, overrides: Mapping[str, float] | None = None
+                   ) -> dict[str, float]:
+    """Per plan function, the vCPUs it is rendered with under ``profile``'s CPU model: where CPU is per
+    function, ``overrides`` by function name, else the plan function's own ``vcpu`` (where the plan has
+    one), else the profile's ``default_vcpu``; where CPU follows memory, the share its memory buys.
+    ValueError naming the function for a vCPU outside the profile's range, or one named in
+    ``overrides`` that the plan does not have."""
+    overrides = dict(overrides or {})
+    names = {fn.name for fn in plan.functions}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ValueError(f"vcpu given for {unknown}, which the plan does not have; its functions: {sorted(names)}")
+    out: dict[str, float] = {}
+    for fn in plan.functions:
+        want = overrides.get(fn.name, getattr(fn, "vcpu", None))
+        try:
+            out[fn.name] = profile.function_vcpu(fn.memory_mb, None if want is None else float(want))
+        except ValueError as e:
+            raise ValueError(f"function {fn.name}: {e}") from e
+    return out
 
 
 def render_openfaas_stack(bundle_dir: str | Path, out: str | Path, *, deployment: str,
@@ -212,10 +256,12 @@ def render_openfaas_stack(bundle_dir: str | Path, out: str | Path, *, deployment
         invoke_timeout_ms=opts.timeout_s * 1000,
         backend=opts.backend,
     )
-    threads = {fn.memory_mb: profile.threads(fn.memory_mb) for fn in plan.functions}
-    fns = cloud_functions(plan, deployment, base, threads=threads, drop=())
+    vcpus = function_vcpus(plan, profile, opts.vcpu)
+    fns = tuple(_with_threads(f, math.ceil(vcpus[f.plan_name] - 1e-9))
+                for f in cloud_functions(plan, deployment, base, drop=()))
     image = opts.image or f"flatpack-{deployment}:{bundle.manifest.get('source', {}).get('sha256', 'latest')[:12]}"
-    stack = OpenFaaSStack(out, deployment, model_name or deployment, opts, fns, image)
+    stack = OpenFaaSStack(out, deployment, model_name or deployment, opts, fns, image,
+                          {"vcpu": vcpus, "cpu_model": profile.cpu.model})
     write_yaml(out / "stack.yml", _stack_yml(stack), header=(
         f"OpenFaaS stack of flatpack deployment {deployment} (model {plan.model.name}), generated; render again\n"
         f"with `flatpack deploy MODEL --target openfaas --dry-run -o DIR`. Build and deploy: faas-cli up -f stack.yml"
@@ -231,6 +277,12 @@ def render_openfaas_stack(bundle_dir: str | Path, out: str | Path, *, deployment
                 f"kubectl patch deployment {f.name} -n openfaas-fn --patch-file shm-{f.name}.patch.yml"))
     stack.save()
     return stack
+
+
+def _with_threads(f: CloudFunction, threads: int) -> CloudFunction:
+    """``f`` with onnxruntime threads for its own vCPU (``cloud_functions`` keys threads by memory, which
+    on a per_function platform does not decide them)."""
+    return replace(f, env={**f.env, "FLATPACK_INTRA_OP_THREADS": str(max(1, threads))})
 
 
 def _stack_yml(stack: OpenFaaSStack) -> dict[str, Any]:

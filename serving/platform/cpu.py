@@ -1,4 +1,9 @@
-"""CPU as the platform sells it: an instance gets the share of a core its memory buys.
+"""CPU as the platform sells it: an instance gets the share of a core its memory buys, or its own.
+
+The profile's CPU model (``platforms.CpuModel``) says which. ``follows_memory`` (Lambda, the default
+local profile): the share is the memory's, as below. ``per_function`` (OpenFaaS, Kubernetes): each
+function's CPU is its own setting (``FunctionSpec.vcpu``, else the profile's ``default_vcpu``), whatever
+its memory; the instance's quota is that many cores and its memory limit is its memory, apart.
 
 AWS Lambda gives a function ``memory_mb / 1769`` vCPUs (a 128 MB function 0.07 of one, a 512 MB one 0.29).
 The local platform emulates the profile's ``mb_per_vcpu`` so that a plan behaves here as it would there:
@@ -93,6 +98,12 @@ class CpuShare:
         return cls(vcpus_for(memory_mb, mb_per_vcpu, max_vcpu, cores=cores),
                    threads_for(memory_mb, mb_per_vcpu, max_vcpu, cores=cores))
 
+    @classmethod
+    def for_vcpu(cls, vcpu: float, cores: int) -> CpuShare:
+        """A function's own CPU (a per_function platform), capped by this machine's ``cores``."""
+        v = min(float(vcpu), float(cores))
+        return cls(v, max(1, math.ceil(v - 1e-9)))
+
 
 def cpu_quota(vcpu: float) -> tuple[int, int]:
     """(quota_us, period_us) for ``vcpu`` cores: a 10 ms period, longer where the quota would be under 1 ms."""
@@ -146,26 +157,33 @@ class CpuLimiter:
 
     name = "off"
 
-    def __init__(self, mb_per_vcpu: float, max_vcpu: float | None, cores: int | None = None) -> None:
+    def __init__(self, mb_per_vcpu: float, max_vcpu: float | None, cores: int | None = None, *,
+                 cpu_model: str = "follows_memory") -> None:
         self.mb_per_vcpu = mb_per_vcpu
         self.max_vcpu = max_vcpu
         self.cores = cores or os.cpu_count() or 1
+        self.cpu_model = cpu_model
 
-    def share(self, memory_mb: float) -> CpuShare:
+    def share(self, memory_mb: float, vcpu: float | None = None) -> CpuShare:
+        """What an instance gets: ``vcpu`` cores where its function sets its own CPU (a per_function
+        platform; the caller resolves the profile's default), else the share ``memory_mb`` buys."""
+        share = (CpuShare.for_vcpu(vcpu, self.cores) if vcpu is not None
+                 else CpuShare.for_memory(memory_mb, self.mb_per_vcpu, self.max_vcpu, self.cores))
         if self.name == "off":  # the old behaviour: whole threads, at least one
-            threads = threads_for(memory_mb, self.mb_per_vcpu, self.max_vcpu, cores=self.cores)
-            return CpuShare(float(threads), threads)
-        return CpuShare.for_memory(memory_mb, self.mb_per_vcpu, self.max_vcpu, self.cores)
+            return CpuShare(float(share.threads), share.threads)
+        return share
 
-    def attach(self, instance: str, memory_mb: int) -> InstanceLimit:
-        """The limit for a new instance (``instance``: a name unique on this platform)."""
+    def attach(self, instance: str, memory_mb: int, vcpu: float | None = None) -> InstanceLimit:
+        """The limit for a new instance (``instance``: a name unique on this platform): CPU as
+        :meth:`share` gives it, memory ``memory_mb`` whatever its CPU."""
         return InstanceLimit()
 
     def close(self) -> None:
         """Remove what the limiter created."""
 
     def describe(self) -> dict[str, object]:
-        return {"cpu_limit": self.name, "cores": self.cores, "mb_per_vcpu": self.mb_per_vcpu,
+        return {"cpu_limit": self.name, "cpu_model": self.cpu_model, "cores": self.cores,
+                "mb_per_vcpu": self.mb_per_vcpu if self.cpu_model == "follows_memory" else None,
                 "period_us": PERIOD_US if self.name.startswith("cgroup") else None}
 
 
@@ -174,16 +192,16 @@ class DilationLimiter(CpuLimiter):
 
     name = "dilation"
 
-    def attach(self, instance: str, memory_mb: int) -> InstanceLimit:
-        return InstanceLimit(env=_top_up(self.share(memory_mb)))
+    def attach(self, instance: str, memory_mb: int, vcpu: float | None = None) -> InstanceLimit:
+        return InstanceLimit(env=_top_up(self.share(memory_mb, vcpu)))
 
 
 class _CgroupLimiter(CpuLimiter):
     """Shared by v1 and v2: a directory per instance under ``flatpack-<pid>`` in the platform's own cgroup."""
 
     def __init__(self, mb_per_vcpu: float, max_vcpu: float | None, cores: int | None = None, *,
-                 cpu_root: Path, memory_root: Path | None) -> None:
-        super().__init__(mb_per_vcpu, max_vcpu, cores)
+                 cpu_root: Path, memory_root: Path | None, cpu_model: str = "follows_memory") -> None:
+        super().__init__(mb_per_vcpu, max_vcpu, cores, cpu_model=cpu_model)
         self.cpu_root = cpu_root
         self.memory_root = memory_root
         _sweep_stale(r for r in (cpu_root, memory_root) if r is not None)
@@ -199,14 +217,15 @@ class _CgroupLimiter(CpuLimiter):
 class CgroupV1Limiter(_CgroupLimiter):
     name = "cgroup-v1"
 
-    def attach(self, instance: str, memory_mb: int) -> InstanceLimit:
-        quota, period = cpu_quota(self.share(memory_mb).vcpu)
+    def attach(self, instance: str, memory_mb: int, vcpu: float | None = None) -> InstanceLimit:
+        share = self.share(memory_mb, vcpu)
+        quota, period = cpu_quota(share.vcpu)
         cpu = _mkdir(self.cpu_base / instance)
         # the period first: a quota is checked against the current period
         _write(cpu / "cpu.cfs_period_us", str(period))
         _write(cpu / "cpu.cfs_quota_us", str(quota))
         dirs, procs = [cpu], [cpu / "cgroup.procs"]
-        limit = InstanceLimit(dirs=dirs, env=_top_up(self.share(memory_mb)))
+        limit = InstanceLimit(dirs=dirs, env=_top_up(share))
         if self.memory_base is not None:
             mem = _mkdir(self.memory_base / instance)
             _write(mem / "memory.limit_in_bytes", str(memory_mb * 2**20))
@@ -225,8 +244,8 @@ class CgroupV2Limiter(_CgroupLimiter):
     name = "cgroup-v2"
 
     def __init__(self, mb_per_vcpu: float, max_vcpu: float | None, cores: int | None = None, *,
-                 root: Path) -> None:
-        super().__init__(mb_per_vcpu, max_vcpu, cores, cpu_root=root, memory_root=None)
+                 root: Path, cpu_model: str = "follows_memory") -> None:
+        super().__init__(mb_per_vcpu, max_vcpu, cores, cpu_root=root, memory_root=None, cpu_model=cpu_model)
         controllers = set(_read(root / "cgroup.controllers").split())
         self.memory = "memory" in controllers
         enable = "+cpu" + (" +memory" if self.memory else "")
@@ -236,12 +255,13 @@ class CgroupV2Limiter(_CgroupLimiter):
             _write(root / "cgroup.subtree_control", enable)
         _write(self.cpu_base / "cgroup.subtree_control", enable)
 
-    def attach(self, instance: str, memory_mb: int) -> InstanceLimit:
-        quota, period = cpu_quota(self.share(memory_mb).vcpu)
+    def attach(self, instance: str, memory_mb: int, vcpu: float | None = None) -> InstanceLimit:
+        share = self.share(memory_mb, vcpu)
+        quota, period = cpu_quota(share.vcpu)
         d = _mkdir(self.cpu_base / instance)
         _write(d / "cpu.max", f"{quota} {period}")
         limit = InstanceLimit(dirs=[d], argv_prefix=_join_prefix([d / "cgroup.procs"]),
-                              env=_top_up(self.share(memory_mb)))
+                              env=_top_up(share))
         if self.memory:
             _write(d / "memory.max", str(memory_mb * 2**20))
             with contextlib.suppress(CpuLimitError):  # no swap, as on Lambda (see CgroupV1Limiter)
@@ -251,17 +271,19 @@ class CgroupV2Limiter(_CgroupLimiter):
 
 
 def make_limiter(kind: str, *, mb_per_vcpu: float, max_vcpu: float | None, cores: int | None = None,
-                 mounts: str | None = None, self_cgroup: str | None = None) -> CpuLimiter:
+                 mounts: str | None = None, self_cgroup: str | None = None,
+                 cpu_model: str = "follows_memory") -> CpuLimiter:
     """The limiter for ``kind`` (one of :data:`CPU_LIMITS`): ``auto`` takes the first that works of
     cgroup-v2, cgroup-v1, dilation; ``cgroup`` the first of v2, v1. An explicit mechanism that cannot be
     used raises :class:`CpuLimitError` saying why. ``mounts`` / ``self_cgroup``: the text of
-    /proc/mounts and /proc/self/cgroup (for tests)."""
+    /proc/mounts and /proc/self/cgroup (for tests). ``cpu_model``: the profile's (shown by
+    :meth:`CpuLimiter.describe`; the share itself comes from the vCPU each attach is given)."""
     if kind not in CPU_LIMITS:
         raise CpuLimitError(f"unknown CPU limit {kind!r}; choose one of {', '.join(CPU_LIMITS)}")
     if kind == "off":
-        return CpuLimiter(mb_per_vcpu, max_vcpu, cores)
+        return CpuLimiter(mb_per_vcpu, max_vcpu, cores, cpu_model=cpu_model)
     if kind == "dilation":
-        return DilationLimiter(mb_per_vcpu, max_vcpu, cores)
+        return DilationLimiter(mb_per_vcpu, max_vcpu, cores, cpu_model=cpu_model)
     order = ["cgroup-v2", "cgroup-v1"] if kind in ("auto", "cgroup") else [kind]
     mounts = _read(Path("/proc/mounts")) if mounts is None else mounts
     own = _read(Path("/proc/self/cgroup")) if self_cgroup is None else self_cgroup
@@ -269,14 +291,15 @@ def make_limiter(kind: str, *, mb_per_vcpu: float, max_vcpu: float | None, cores
     for name in order:
         try:
             if name == "cgroup-v2":
-                return CgroupV2Limiter(mb_per_vcpu, max_vcpu, cores, root=_v2_root(mounts, own))
+                return CgroupV2Limiter(mb_per_vcpu, max_vcpu, cores, root=_v2_root(mounts, own), cpu_model=cpu_model)
             cpu_root, mem_root = _v1_roots(mounts, own)
-            return CgroupV1Limiter(mb_per_vcpu, max_vcpu, cores, cpu_root=cpu_root, memory_root=mem_root)
+            return CgroupV1Limiter(mb_per_vcpu, max_vcpu, cores, cpu_root=cpu_root, memory_root=mem_root,
+                                   cpu_model=cpu_model)
         except (CpuLimitError, OSError) as e:
             why.append(f"{name}: {e}")
     if kind == "auto":
         log.info("no cgroup can be written (%s); emulating CPU shares by dilation", "; ".join(why))
-        return DilationLimiter(mb_per_vcpu, max_vcpu, cores)
+        return DilationLimiter(mb_per_vcpu, max_vcpu, cores, cpu_model=cpu_model)
     raise CpuLimitError(f"CPU limit {kind!r} is not available here ({'; '.join(why)}); run the platform as "
                         f"root or in a delegated cgroup, or use cpu_limit 'dilation'")
 

@@ -117,12 +117,15 @@ def deploy_bundle(
     queue_timeout_s: float | None = None,
     memory_mb: dict[str, int] | None = None,
     backend: str = "onnxruntime",
+    vcpu: dict[str, float] | None = None,
     **config: Unpack[ConfigOverrides],
 ) -> Deployment:
     """Register every function of the bundle's plan on the platform behind ``client``.
 
     ``config`` are further :class:`FunctionConfig` fields (``redis_url``, ``s3_endpoint_url``,
     ``max_retries``, ``inline_max_bytes``, ...). ``memory_mb`` overrides the plan's memory per function.
+    ``vcpu`` gives a function its own CPU where the platform's profile sells CPU per function (else the
+    profile's default; refused where CPU follows memory).
     ``backend`` runs every function's parts with ``onnxruntime`` or ``mxnet`` (whose environment the
     platform must find set up: ``flatpack backend setup mxnet``).
     """
@@ -168,6 +171,7 @@ def deploy_bundle(
                 timeout_s=timeout_s,
                 backend=backend,
                 queue_timeout_s=queue_timeout_s,
+                vcpu=(vcpu or {}).get(fn.name),
             ))
             d.names[fn.name] = name
     except BaseException:

@@ -1,7 +1,10 @@
-"""The billing meter: per function invocations, billed GB-seconds, cold starts, errors.
+"""The billing meter: per function invocations, billed GB-seconds (and vCPU-seconds), cold starts, errors.
 
 Billed duration is the invocation's duration rounded up to the profile's granularity, times the
-function's memory in GB (Lambda's rule). Instance start-up (process start, imports, loading the parts)
+function's memory in GB (Lambda's rule). Where the profile sells CPU per function (``cpu: {model:
+per_function}``), the CPU each function holds is metered too, as billed vCPU-seconds (its vCPU times the
+billed duration), and priced at the profile's ``cpu.price_per_vcpu_s`` (0 where CPU is not priced apart:
+resources held x time, with only memory priced). Instance start-up (process start, imports, loading the parts)
 is counted separately as ``init_ms`` and not billed, as Lambda did for on-demand functions until 2025.
 Readable as JSON (:meth:`Meter.snapshot`) and as Prometheus text (:meth:`Meter.prometheus_text`).
 """
@@ -31,12 +34,14 @@ class UsageJSON(TypedDict):
     duration_ms: float
     billed_ms: float
     billed_gb_s: float
+    vcpu: float | None
+    billed_vcpu_s: float
     init_ms: float
     max_rss_mb: float
     cost_usd: float
 
 
-_Totalled = Literal["invocations", "errors", "cold_starts", "billed_ms", "billed_gb_s", "cost_usd"]
+_Totalled = Literal["invocations", "errors", "cold_starts", "billed_ms", "billed_gb_s", "billed_vcpu_s", "cost_usd"]
 _TOTALLED: tuple[_Totalled, ...] = get_args(_Totalled)
 
 
@@ -49,6 +54,8 @@ class FunctionUsage:
     duration_ms: float = 0.0
     billed_ms: float = 0.0
     billed_gb_s: float = 0.0
+    vcpu: float | None = None  # the function's own CPU on a per_function platform
+    billed_vcpu_s: float = 0.0
     init_ms: float = 0.0
     max_rss_mb: float = 0.0
 
@@ -62,9 +69,12 @@ class FunctionUsage:
             "duration_ms": round(self.duration_ms, 3),
             "billed_ms": round(self.billed_ms, 3),
             "billed_gb_s": self.billed_gb_s,
+            "vcpu": self.vcpu,
+            "billed_vcpu_s": self.billed_vcpu_s,
             "init_ms": round(self.init_ms, 1),
             "max_rss_mb": round(self.max_rss_mb, 1),
-            "cost_usd": self.billed_gb_s * profile.price_per_gb_s + self.invocations * profile.price_per_request,
+            "cost_usd": self.billed_gb_s * profile.price_per_gb_s + self.invocations * profile.price_per_request
+            + self.billed_vcpu_s * profile.cpu.price_per_vcpu_s,
         }
 
 
@@ -80,6 +90,8 @@ class Meter:
         self._errors = Counter("flatpack_errors", "Failed invocations", ["function", "type"], registry=self.registry)
         self._cold = Counter("flatpack_cold_starts", "Instances started", ["function"], registry=self.registry)
         self._billed = Counter("flatpack_billed_gb_seconds", "Billed GB-seconds", ["function"], registry=self.registry)
+        self._billed_vcpu = Counter("flatpack_billed_vcpu_seconds", "Billed vCPU-seconds (per_function CPU)",
+                                    ["function"], registry=self.registry)
         self._billed_ms = Counter("flatpack_billed_milliseconds", "Billed duration", ["function"],
                                   registry=self.registry)
         self._duration = Histogram(
@@ -102,17 +114,23 @@ class Meter:
         self._cold.labels(function).inc()
 
     def record(self, function: str, memory_mb: int, duration_ms: float | None, *, error: str | None = None,
-               peak_rss_mb: float = 0.0) -> None:
-        """One invocation; ``duration_ms`` None when it never ran (e.g. its instance failed to start)."""
+               peak_rss_mb: float = 0.0, vcpu: float | None = None) -> None:
+        """One invocation; ``duration_ms`` None when it never ran (e.g. its instance failed to start).
+        ``vcpu``: the CPU the function holds where it is its own setting (a per_function platform), metered
+        as vCPU-seconds; None where CPU follows memory (its GB-s say it all)."""
         billed_ms = self.profile.billed_ms(duration_ms) if duration_ms is not None else 0.0
         gb_s = memory_mb / 1024 * billed_ms / 1000
+        vcpu_s = vcpu * billed_ms / 1000 if vcpu is not None else 0.0
         with self._lock:
             u = self._get(function, memory_mb)
             u.invocations += 1
+            if vcpu is not None:
+                u.vcpu = vcpu
             if duration_ms is not None:
                 u.duration_ms += duration_ms
                 u.billed_ms += billed_ms
                 u.billed_gb_s += gb_s
+                u.billed_vcpu_s += vcpu_s
             if error is not None:
                 u.errors[error] += 1
             u.max_rss_mb = max(u.max_rss_mb, peak_rss_mb)
@@ -120,6 +138,8 @@ class Meter:
         if duration_ms is not None:
             self._billed.labels(function).inc(gb_s)
             self._billed_ms.labels(function).inc(billed_ms)
+            if vcpu is not None:
+                self._billed_vcpu.labels(function).inc(vcpu_s)
             self._duration.labels(function).observe(duration_ms / 1000)
         if error is not None:
             self._errors.labels(function, error).inc()

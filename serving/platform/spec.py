@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ class FunctionSpec:
     ``queue_timeout_s``: how long a request that finds all ``concurrency`` instances busy waits for one
     before it is throttled (429); None: up to ``timeout_s``; 0: at once, as Lambda throttles a
     synchronous invocation.
+    ``vcpu``: the function's CPU (its request and limit, in vCPUs) on a platform whose profile sells CPU
+    per function (``cpu: {model: per_function}``, OpenFaaS); None: the profile's ``default_vcpu``. Where
+    CPU follows memory (Lambda) a function has no CPU setting of its own, and the platform refuses one.
     ``backend`` picks the interpreter its instances run under, as a Lambda runtime picks an image
     (``onnxruntime``: the platform's own; ``mxnet``: the cached MXNet environment, see
     :mod:`serving.platform.runtimes`); the function's ``FLATPACK_BACKEND`` should say the same.
@@ -49,6 +53,7 @@ class FunctionSpec:
     timeout_s: float | None = None
     backend: str = "onnxruntime"
     queue_timeout_s: float | None = None
+    vcpu: float | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -63,6 +68,9 @@ class FunctionSpec:
             raise ValueError(f"function {self.name}: timeout_s must be positive, got {self.timeout_s}")
         if self.queue_timeout_s is not None and not self.queue_timeout_s >= 0:
             raise ValueError(f"function {self.name}: queue_timeout_s must be >= 0, got {self.queue_timeout_s}")
+        if self.vcpu is not None and not (isinstance(self.vcpu, int | float) and math.isfinite(self.vcpu)
+                                          and self.vcpu > 0):
+            raise ValueError(f"function {self.name}: vcpu must be a positive number of vCPUs, got {self.vcpu!r}")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +83,7 @@ class FunctionSpec:
             "timeout_s": self.timeout_s,
             "backend": self.backend,
             "queue_timeout_s": self.queue_timeout_s,
+            "vcpu": self.vcpu,
         }
 
     @classmethod
@@ -102,17 +111,27 @@ class FunctionSpec:
                 timeout_s=None if d.get("timeout_s") is None else float(d["timeout_s"]),
                 backend=str(d.get("backend") or "onnxruntime"),
                 queue_timeout_s=None if d.get("queue_timeout_s") is None else float(d["queue_timeout_s"]),
+                vcpu=_vcpu(d.get("vcpu")),
             )
         except KeyError as e:
             raise ValueError(f"function spec is missing {e}") from e
-        except (TypeError, AttributeError) as e:
+        except (TypeError, AttributeError, OverflowError) as e:
             raise ValueError(f"malformed function spec: {e}") from e
 
 
 _KEYS = frozenset({"name", "memory_mb", "bundle_dir", "handler", "env", "concurrency", "timeout_s", "backend",
-                   "queue_timeout_s"})
+                   "queue_timeout_s", "vcpu"})
 # what the platform adds when it describes a function, ignored when a description is registered back
-_DESCRIBED = frozenset({"instances", "intra_op_threads", "vcpu"})
+_DESCRIBED = frozenset({"instances", "intra_op_threads", "share_vcpu"})
+
+
+def _vcpu(value: object) -> float | None:
+    """A spec's ``vcpu``: None, or a number (a JSON bool or string is refused, not coerced)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"function spec's vcpu must be a number of vCPUs, got {value!r}")
+    return float(value)
 
 
 def _handler(function: str, value: object) -> Handler:

@@ -16,10 +16,11 @@ from tests.conftest import conv_channel_bundle
 
 MEMORIES = (1769, 2560, 3538, 10240)  # one vCPU on Lambda, between one and two, two, Lambda's largest
 
-# ceil(M / MB per vCPU), capped by the platform's vCPUs and never by the planning machine's cores
+# Lambda: ceil(M / MB per vCPU), capped by the platform's vCPUs and never by the planning machine's cores;
+# OpenFaaS sells CPU per function: the profile's default vCPU (1) whatever the memory
 EXPECTED = {
     "aws-lambda": {1769: 1, 2560: 2, 3538: 2, 10240: 6},
-    "openfaas": {1769: 2, 2560: 3, 3538: 4, 10240: 8},
+    "openfaas": {1769: 1, 2560: 1, 3538: 1, 10240: 1},
 }
 
 
@@ -47,7 +48,7 @@ def test_a_deployed_function_runs_the_threads_it_was_planned_with(platform: str,
                                                                   tmp_path: Path) -> None:
     bundle = conv_channel_bundle(tmp_path / "bundle", memory_mb=memory_mb)
     rendered = RENDERERS[platform](bundle, tmp_path / "out")
-    planned = load_profile(platform).threads(memory_mb)
+    planned = load_profile(platform).function_threads(memory_mb)
     assert rendered == {memory_mb: planned}
     assert planned == EXPECTED[platform][memory_mb]
 
@@ -57,7 +58,9 @@ def test_openfaas_sells_the_cpu_the_threads_were_counted_from(tmp_path: Path) ->
     render_openfaas_stack(bundle, tmp_path / "out", deployment="th")
     doc = yaml.safe_load((tmp_path / "out" / "stack.yml").read_text())
     p = load_profile("openfaas")
-    assert {f["limits"]["cpu"] for f in doc["functions"].values()} == {f"{round(p.vcpus(2560) * 1000)}m"}
+    cpu = f"{round(p.function_vcpu(2560) * 1000)}m"
+    assert {f["limits"]["cpu"] for f in doc["functions"].values()} == {cpu} == {"1000m"}
+    assert {f["requests"]["cpu"] for f in doc["functions"].values()} == {cpu}
 
 
 @pytest.mark.parametrize("memory_mb", MEMORIES)

@@ -92,7 +92,7 @@ def test_list_models_covers_every_family_and_pattern() -> None:
         assert f"wrn-34-{k}" in names and f"wrn-50-{k}" in names
     assert {e.family for e in entries} == {
         "vgg", "resnet", "wide-resnet", "mobilenet", "mobilenetv3", "efficientnet", "lstm", "bert", "vit", "gcn",
-        "digits", "unet",
+        "digits", "unet", "dlrm",
     }  # fmt: skip
     bert = lookup("bert")
     assert isinstance(bert, ZooEntry)

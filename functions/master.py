@@ -377,12 +377,21 @@ class _RequestRun:
                 stage=stage.index, part=part.index, attempt=attempt,
             ).encode(wire)
 
+        def failed(attempt: int, err: FunctionError) -> None:
+            # why attempts failed, by the error's kind: a killed instance shows as the platform's report
+            # (InstanceCrashed), not as a timeout
+            name = f"attempts_failed_{err.type}"
+            with self._lock:
+                self.timings[name] = self.timings.get(name, 0.0) + 1
+
         reply = m.caller.call(
             m.config.invoke_name(part.function),
             payload_for,
             deadline=self.deadline,
             key=CallKey(part.function, stage.index, part.index),
             discard=self._discard_reply,
+            lost=lambda attempt: self._discard_attempt(stage.index, part.index, attempt),
+            failed=failed,
         )
         received = time.perf_counter()
         self._trace_call(stage.index, part.index, sent, received, reply.timings)
@@ -463,6 +472,22 @@ class _RequestRun:
     def _discard_reply(self, reply: Reply) -> None:
         self._delete([e.ref for e in reply.outputs if e.ref is not None])
 
+    def _attempt_refs(self, stage: int, part: int, attempt: int) -> list[str]:
+        """Every reference one attempt of a part may have stored its outputs under (a worker writes with
+        the deployment's transport, or its fallback), less those a winning reply handed over."""
+        ev = self.event
+        refs = []
+        for i in range(len(self.m.parts[(stage, part)].outputs)):
+            key = output_key(ev.deployment, ev.request_id, stage, part, attempt, i)
+            refs += [r for r in (f"{scheme}:{key}" for scheme in self.m.output_schemes) if r not in self.won]
+        return refs
+
+    def _discard_attempt(self, stage: int, part: int, attempt: int) -> None:
+        """A lost attempt ended in an error after its part was settled (a hedge or late retry whose instance
+        was killed): what it stored before it died is deleted, since no reply names it and the request's
+        clean-up may have run before it was written."""
+        self._delete(self._attempt_refs(stage, part, attempt))
+
     def _discard_future(self, fut: Future[dict[str, Any]]) -> None:
         if fut.cancelled() or fut.exception() is not None:
             return
@@ -477,19 +502,11 @@ class _RequestRun:
         for rt in self.remote.values():
             rt.live = False
         self.remote.clear()
-        m = self.m
-        ev = self.event
         for (s, p), attempts in self.launched.items():
             if len(attempts) == 1 and (s, p) in self.succeeded:
                 continue  # the usual case: one attempt, whose outputs are handled already
-            n_out = len(m.parts[(s, p)].outputs)
             for a in attempts:
-                for i in range(n_out):
-                    key = output_key(ev.deployment, ev.request_id, s, p, a, i)
-                    for scheme in m.output_schemes:
-                        ref = f"{scheme}:{key}"
-                        if ref not in self.won:
-                            refs.append(ref)
+                refs += self._attempt_refs(s, p, a)
         self._delete(refs)
 
 

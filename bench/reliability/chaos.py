@@ -2,7 +2,10 @@
 
 Phases, each a closed loop of ``clients`` clients over real HTTP to the OIP v2 endpoint:
 
-1. warm-up (three times the clients, so every function has spare warm instances; not measured);
+1. warm-up (three times the clients; not measured), then every worker function of a deployment the
+   command made itself is pre-warmed to three times the clients (the platform's provisioned concurrency):
+   spare warm instances, as a service that has seen its peak keeps. Requests alone leave only as many
+   instances as were ever busy at once, and a kill then takes the last warm one;
 2. fault-free: the baseline p99;
 3. faults: a :class:`~bench.reliability.faults.FaultInjector` polls the platform's instances and SIGKILLs
    busy worker instances until ``kill_rate`` of all worker invocations so far were killed mid-request (10 %
@@ -37,6 +40,7 @@ what was left behind: instance processes, shared-memory files, Redis keys; all m
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -152,6 +156,7 @@ class ChaosResult:
     transport: str
     workers: tuple[str, ...]
     machine: Mapping[str, Any] = field(default_factory=machine)
+    prewarmed: Mapping[str, int] | str = "skipped"
 
     @property
     def correct_fraction(self) -> float:
@@ -194,7 +199,8 @@ class ChaosResult:
             "p99_ratio": self.p99_ratio, "targets": self.targets,
             "phases": {k: v.to_json() for k, v in self.phases.items()},
             "config": asdict(s) | {"deployment": self.deployment, "transport": self.transport,
-                                   "workers": list(self.workers)},
+                                   "workers": list(self.workers), "prewarmed": self.prewarmed if isinstance(
+                                       self.prewarmed, str) else dict(self.prewarmed)},
             "machine": dict(self.machine),
         }
 
@@ -225,6 +231,21 @@ def _meter(target: Any, before: Mapping[str, Any]) -> UsageSummary:
 def _platform(meters: Sequence[UsageSummary]) -> dict[str, int]:
     """The platform's counters over several blocks."""
     return {k: sum(getattr(m, k) for m in meters) for k in _PLATFORM_COUNTERS}
+
+
+def _prewarm(dep: Any, instances: int, *, timeout_s: float = 120.0) -> dict[str, int] | str:
+    """Each worker function of ``dep`` pre-warmed to ``instances`` by the platform in this process (instances
+    started per function), or why not."""
+    service = getattr(getattr(dep, "platform", None), "service", None)
+    loop = getattr(service, "loop", None)
+    if service is None or loop is None:
+        return "skipped: the platform runs in another process"
+
+    async def all_workers() -> list[int]:
+        return list(await asyncio.gather(*(service.prewarm(name, instances) for name in dep.workers)))
+
+    started = asyncio.run_coroutine_threadsafe(all_workers(), loop).result(timeout_s)
+    return dict(zip(dep.workers, started, strict=True))
 
 
 def _tensors_left(dep: Any, *, limit_s: float = 5.0) -> int:
@@ -322,6 +343,8 @@ def run_chaos(dep: Any, spec: ChaosSpec, *, say: Callable[[str], None] | None = 
     target = dep.target
     say(f"warm-up ({3 * spec.clients} clients)")
     closed_loop(target, pool, clients=3 * spec.clients, requests=spec.warmup, first_index=5_000_000)
+    prewarmed = _prewarm(dep, 3 * spec.clients)
+    _settle(dep)
 
     # Fault-free and fault blocks alternate, `rounds` of each, so that both see the same background load
     # (a shared machine drifts over a run); each phase's figures are over all of its blocks.
@@ -367,4 +390,4 @@ def run_chaos(dep: Any, spec: ChaosSpec, *, say: Callable[[str], None] | None = 
     if spec.disruption_requests:
         disrupted, phases["disruptions"], events = _disruptions(dep, target, pool, spec, base_wall, say)
     return ChaosResult(spec, phases, PhaseStats.of([*faulty, *disrupted], wall), counts, events, dep.name,
-                       dep.transport, tuple(dep.workers))
+                       dep.transport, tuple(dep.workers), prewarmed=prewarmed)

@@ -11,6 +11,7 @@ structured error, never a hang.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -121,11 +122,16 @@ class PolicyInvoker:
         deadline: float,
         key: CallKey | None = None,
         discard: Callable[[Reply], None] | None = None,
+        lost: Callable[[int], None] | None = None,
+        failed: Callable[[int, FunctionError], None] | None = None,
     ) -> Reply:
         """Invoke ``function`` with ``payload_for(attempt_number)`` until a reply succeeds.
 
         ``deadline`` is Unix time in seconds. ``discard`` receives the successful replies of attempts
-        that lost (hedges, late retries), so their outputs can be deleted.
+        that lost (hedges, late retries), so their outputs can be deleted; ``lost`` the number of a lost
+        attempt that ended in an error after the call was over (its instance may have stored outputs
+        before it died, which no reply names). ``failed`` hears of every attempt that failed while the
+        call waited, with its error (a crash the platform reported, a timeout, ...), before it is retried.
         """
         pol = self.policy
         allowed = 1 + pol.max_retries
@@ -142,9 +148,9 @@ class PolicyInvoker:
             pending[self._pool.submit(self._attempt, function, payload_for(att.number), timeout)] = att
 
         def abandon() -> None:
-            for f in pending:
-                if not f.cancel() and discard is not None:
-                    f.add_done_callback(lambda f: _discard(f, discard))
+            for f, att in pending.items():
+                if not f.cancel() and (discard is not None or lost is not None):
+                    f.add_done_callback(functools.partial(_discard, attempt=att.number, discard=discard, lost=lost))
             pending.clear()
 
         hedge_after = None
@@ -180,6 +186,8 @@ class PolicyInvoker:
                     reply = fut.result()
                 except FunctionError as e:
                     errors.append(e)
+                    if failed is not None:
+                        failed(att.number, e)
                     if not e.retryable:
                         abandon()
                         raise
@@ -209,10 +217,15 @@ class PolicyInvoker:
         self.invoker.close()
 
 
-def _discard(f: Future[Reply], discard: Callable[[Reply], None]) -> None:
-    if f.cancelled() or f.exception() is not None:
+def _discard(f: Future[Reply], *, attempt: int, discard: Callable[[Reply], None] | None,
+             lost: Callable[[int], None] | None) -> None:
+    if f.cancelled():
         return
     try:
-        discard(f.result())
+        if f.exception() is not None:
+            if lost is not None:
+                lost(attempt)
+        elif discard is not None:
+            discard(f.result())
     except Exception:  # noqa: BLE001 - cleanup of a lost attempt must not raise into a pool thread
         log.warning("could not discard the outputs of a lost attempt", exc_info=True)

@@ -19,7 +19,8 @@ class PlatformConfig:
     Parameters
     ----------
     host, port: where the HTTP API listens (127.0.0.1 unless told otherwise; port 0 picks a free one).
-    profile: platform profile name or YAML path (CPU share, billing granularity, payload limit).
+    profile: platform profile name or YAML path: the platform it emulates (its CPU model, CPU that follows
+        memory or is set per function; billing granularity, payload limit).
     idle_timeout_s: an instance idle this long is reaped (the next request to it is a cold start).
     default_concurrency: instance limit of a function registered without one (None: the profile's
         ``max_concurrency``).

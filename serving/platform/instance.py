@@ -49,14 +49,15 @@ class Instance:
     _ids = iter(range(1, 1 << 62))
 
     def __init__(self, function: str, memory_mb: int, argv: list[str], env: Mapping[str, str],
-                 limiter: CpuLimiter | None = None) -> None:
+                 limiter: CpuLimiter | None = None, vcpu: float | None = None) -> None:
         self.function = function
         self.memory_mb = memory_mb
+        self.vcpu = vcpu  # its function's own CPU (a per_function platform), else None: memory's share
         self.id = next(Instance._ids)
         self._argv = argv
         self._env = dict(env)
         self._limiter = limiter or CpuLimiter(1769.0, None)
-        self.share: CpuShare = self._limiter.share(memory_mb)
+        self.share: CpuShare = self._limiter.share(memory_mb, vcpu)
         self._limit: InstanceLimit | None = None
         self.proc: asyncio.subprocess.Process | None = None
         self.busy = False
@@ -83,7 +84,8 @@ class Instance:
         t0 = time.perf_counter()
         # its cgroup (or its dilation setting) first: the cold start runs inside the share
         try:
-            self._limit = limit = self._limiter.attach(f"{self.function[:100]}-{self.id}", self.memory_mb)
+            self._limit = limit = self._limiter.attach(f"{self.function[:100]}-{self.id}", self.memory_mb,
+                                                          self.vcpu)
         except CpuLimitError as e:
             raise FunctionInitFailed(f"instance of {self.function} could not be given its CPU share: {e}") from e
         self.proc = await asyncio.create_subprocess_exec(

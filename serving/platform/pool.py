@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections import deque
 from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
@@ -17,6 +19,19 @@ from serving.platform.spec import FunctionSpec
 __all__ = ["FunctionPool", "public_env"]
 
 _SECRET_NAMES = ("TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "ACCESS_KEY", "SESSION_KEY")
+
+
+def _poisson_quantile(mean: float, q: float) -> int:
+    """The smallest k with P(N <= k) >= q for N ~ Poisson(mean)."""
+    if mean <= 0:
+        return 0
+    k, term = 0, math.exp(-mean)
+    total = term
+    while total < q and k < 1000:
+        k += 1
+        term *= mean / k
+        total += term
+    return k
 
 
 def public_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -43,17 +58,31 @@ class FunctionPool:
     case it waits for one to free up for ``spec.queue_timeout_s`` (None: until the request's deadline),
     then is throttled (429 TooManyRequests).
 
-    An instance that dies while serving (crashed, killed, out of memory) is replaced in the background
-    (``replace_dead``): the request it was serving is retried by its caller at once, and without a
-    replacement the retry, and every request after it, would pay the cold start the dead instance leaves
-    behind. The replacement goes to the back of the idle list (used only when the warm ones are busy). A
-    request that finds no idle instance while a replacement is starting waits for it instead of starting
-    another: the retry is then served by the replacement, one cold start instead of two competing ones.
+    An instance that dies while serving (crashed, killed; not out of memory, which a new instance would
+    repeat) is replaced in the background (``replace_dead``): the request it was serving is retried by its
+    caller at once, and without a replacement the retry, and every request after it, would pay the cold
+    start the dead instance leaves behind. A request that finds no idle instance while a replacement is
+    starting waits for it instead of starting another: the retry is then served by the replacement, one
+    cold start instead of two competing ones. Replacements go to the back of the idle list (used only when
+    the warm ones are busy).
+
+    Where instances keep dying faster than they start, replacements alone come too late and the warm
+    instances run out. So after a death the pool also keeps *warm spares*: idle instances (counting those
+    starting that no request waits for) for the deaths that may come while one starts, at most
+    ``max_spares``: the 95th percentile of a Poisson count whose mean is the death rate over the last
+    ``spare_window_s`` times the recent cold-start time (Little's law). Few by default: each start costs
+    CPU that every instance on the machine then waits for. In that state a request that finds no idle
+    instance also takes a busy one as it frees up, if that comes before the instance started for it: a
+    busy one frees within an invocation, a cold start takes seconds at a small function's CPU share. A
+    pool none of whose instances died in the window keeps no spares and never queues a request behind a
+    busy instance (Lambda's semantics). :meth:`prewarm` starts instances ahead of need (Lambda's
+    provisioned concurrency). ``replace_dead=False`` turns replacements, spares and queueing off.
     """
 
     def __init__(self, spec: FunctionSpec, *, argv: list[str], env: Mapping[str, str], concurrency: int,
                  timeout_s: float, init_timeout_s: float, meter: Meter, replace_dead: bool = True,
-                 limiter: CpuLimiter | None = None, ledger: CpuLedger | None = None) -> None:
+                 limiter: CpuLimiter | None = None, ledger: CpuLedger | None = None,
+                 vcpu: float | None = None, spare_window_s: float = 10.0, max_spares: int = 2) -> None:
         self.spec = spec
         self.concurrency = concurrency
         self.timeout_s = timeout_s
@@ -68,10 +97,20 @@ class FunctionPool:
         self.closed = False
         self.replace_dead = replace_dead
         self._spares: set[asyncio.Task[None]] = set()
-        self._replacing = 0  # replacements of dead instances starting (counted in _starting too)
+        # replacements of dead instances and warm spares starting (counted in _starting too)
+        self._replacing = 0
         self._replacement_waiters = 0  # requests waiting for one of them
+        if spare_window_s <= 0 or max_spares < 0:
+            raise ValueError(f"spare_window_s must be > 0 and max_spares >= 0, got {spare_window_s}, {max_spares}")
+        self.spare_window_s = spare_window_s
+        self.max_spares = max_spares
+        self._deaths: deque[float] = deque()  # when instances died (monotonic), within the window
+        self.spares_started = 0  # instances started ahead of a request (spares, prewarm), not replacements
+        self._start_failed = False  # the last start in the background failed
+        self._init_s = 0.0  # recent cold-start time (moving average)
         self.limiter = limiter or CpuLimiter(1769.0, None)
-        self.share = self.limiter.share(spec.memory_mb)
+        self.vcpu = vcpu  # the function's own CPU on a per_function platform (resolved), else None
+        self.share = self.limiter.share(spec.memory_mb, vcpu)
         self._ledger = ledger
 
     @property
@@ -102,14 +141,14 @@ class FunctionPool:
         except FunctionFailed as e:
             # a failed invocation is billed for the time it ran, as on Lambda
             self._meter.record(name, mem, 1e3 * (time.monotonic() - started), error=e.flatpack_type,
-                               peak_rss_mb=inst.oom_rss_mb or 0.0)
+                               peak_rss_mb=inst.oom_rss_mb or 0.0, vcpu=self.vcpu)
             raise
         finally:
             if self._ledger is not None:
                 self._ledger.release(self.share.vcpu)
             await self._release(inst)
         self._meter.record(name, mem, reply.duration_ms, error="FunctionError" if reply.failed else None,
-                           peak_rss_mb=reply.peak_rss_mb)
+                           peak_rss_mb=reply.peak_rss_mb, vcpu=self.vcpu)
         return reply
 
     async def _acquire(self, deadline: float) -> Instance:
@@ -121,12 +160,23 @@ class FunctionPool:
                     inst = self.idle.pop()  # most recently used first: keeps the others reapable
                     if inst.alive:
                         self.busy.add(inst)
+                        self._top_up()
                         return inst
-                    self._replace(inst)  # died while idle (killed from outside)
+                    # died while idle (killed from outside): no request of its own to retry, so no
+                    # replacement one for one (a sweep of many would start as many at once), only spares
+                    self._replace(inst, one_for_one=False)
                 remaining = deadline - time.monotonic()
-                if self._replacement_waiters < self._replacing and remaining > 0:
-                    # A dead instance's replacement is starting (its request's retry is likely this one):
-                    # it is up sooner than a new instance would be, and two cold starts at once slow both.
+                unclaimed = self._replacing - self._replacement_waiters
+                # (not while background starts fail: the request then starts its own, and hears why)
+                recovering = bool(self.busy or self._starting) and self.recovering() and not self._start_failed
+                if remaining > 0 and (unclaimed > 0 or recovering):
+                    # A dead instance's replacement (or a spare) is starting: it is up sooner than a new
+                    # instance would be, and two cold starts at once slow both. While instances keep dying,
+                    # a busy warm instance also serves: it frees within one invocation, a cold start takes
+                    # seconds at a small CPU share. Either way one instance starts for each waiting request,
+                    # as Lambda would start it; the request takes whichever is ready first.
+                    if unclaimed <= 0 and len(self.busy) + self._starting < self.concurrency:
+                        self._start_spare_task()
                     self._replacement_waiters += 1
                     try:
                         await asyncio.wait_for(self._cond.wait(), remaining)
@@ -147,7 +197,7 @@ class FunctionPool:
                     await asyncio.wait_for(self._cond.wait(), remaining)
                 except TimeoutError:
                     continue
-        inst = Instance(self.spec.name, self.spec.memory_mb, self._argv, self._env, self.limiter)
+        inst = Instance(self.spec.name, self.spec.memory_mb, self._argv, self._env, self.limiter, self.vcpu)
         try:
             await inst.start(min(self._init_timeout_s, max(0.1, deadline - time.monotonic()) + 5))
         except BaseException:
@@ -156,11 +206,62 @@ class FunctionPool:
                 self._starting -= 1
                 self._cond.notify()
             raise
-        self._meter.cold_start(self.spec.name, self.spec.memory_mb, inst.init_ms)
+        self._cold_started(inst)
         async with self._cond:
             self._starting -= 1
             self.busy.add(inst)
         return inst
+
+    def _cold_started(self, inst: Instance) -> None:
+        self._meter.cold_start(self.spec.name, self.spec.memory_mb, inst.init_ms)
+        s = inst.init_ms / 1000
+        self._init_s = s if self._init_s == 0 else 0.7 * self._init_s + 0.3 * s
+
+    def recovering(self) -> bool:
+        """Whether an instance of this pool died within the last ``spare_window_s`` (see the class docstring)."""
+        cutoff = time.monotonic() - self.spare_window_s
+        while self._deaths and self._deaths[0] < cutoff:
+            self._deaths.popleft()
+        return self.replace_dead and bool(self._deaths)
+
+    def spares_wanted(self) -> int:
+        """Warm spares to keep now (see the class docstring): 0 unless an instance died in the window."""
+        if not self.recovering():
+            return 0
+        expected = len(self._deaths) / self.spare_window_s * self._init_s
+        return min(self.max_spares, _poisson_quantile(expected, 0.95))
+
+    def _top_up(self) -> None:
+        """Start spares in the background until idle ones and unclaimed starting ones make
+        :meth:`spares_wanted` (under the concurrency limit). Runs on the pool's loop between awaits, so the
+        counters it reads cannot change under it."""
+        if self.closed:
+            return
+        ready = len(self.idle) + self._replacing - self._replacement_waiters
+        want = self.spares_wanted()
+        while ready < want and len(self.busy) + len(self.idle) + self._starting < self.concurrency:
+            self._start_spare_task()
+            ready += 1
+
+    def _start_spare_task(self) -> asyncio.Task[None]:
+        """Start an instance in the background (it joins the idle list); it counts as starting from now."""
+        self._starting += 1
+        self._replacing += 1
+        self.spares_started += 1
+        task = asyncio.create_task(self._start_spare(None, True))
+        self._spares.add(task)
+        task.add_done_callback(self._spares.discard)
+        return task
+
+    async def prewarm(self, instances: int) -> int:
+        """Start instances until the pool holds ``instances`` (at most its concurrency), as Lambda's
+        provisioned concurrency does, and wait for them; returns how many were started. They serve like
+        any instance and are reaped when idle like any other."""
+        async with self._cond:
+            have = len(self.busy) + len(self.idle) + self._starting
+            tasks = [self._start_spare_task() for _ in range(max(0, min(instances, self.concurrency) - have))]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return len(tasks)
 
     async def _release(self, inst: Instance) -> None:
         async with self._cond:
@@ -172,24 +273,28 @@ class FunctionPool:
             await inst.stop()
             self._replace(inst)
 
-    def _replace(self, dead: Instance) -> None:
-        """Reap ``dead`` and, under the concurrency limit, start its replacement in the background. The
-        replacement counts as starting from now on, so a request arriving meanwhile (the dead one's retry,
-        at once) waits for it rather than starting a second instance (see :meth:`_acquire`)."""
+    def _replace(self, dead: Instance, *, one_for_one: bool = True) -> None:
+        """Reap ``dead`` and, under the concurrency limit (and with ``one_for_one``), start its replacement in
+        the background, then top the warm spares up (see the class docstring). The replacement counts as
+        starting from now on, so a request arriving meanwhile (the dead one's retry, at once) waits for it
+        rather than starting a second instance (see :meth:`_acquire`)."""
         if not self.replace_dead or self.closed or dead.oom_rss_mb is not None:
             return
-        spare = len(self.busy) + len(self.idle) + self._starting < self.concurrency
+        self._deaths.append(time.monotonic())
+        spare = one_for_one and len(self.busy) + len(self.idle) + self._starting < self.concurrency
         if spare:
             self._starting += 1
             self._replacing += 1
         task = asyncio.create_task(self._start_spare(dead, spare))
         self._spares.add(task)
         task.add_done_callback(self._spares.discard)
+        self._top_up()
 
-    async def _start_spare(self, dead: Instance, spare: bool) -> None:
+    async def _start_spare(self, dead: Instance | None, spare: bool) -> None:
         started: Instance | None = None
         try:
-            await dead.stop()
+            if dead is not None:
+                await dead.stop()
             if spare:
                 started = await self._start_replacement()
         finally:
@@ -197,16 +302,18 @@ class FunctionPool:
                 await self._replaced(started)
 
     async def _start_replacement(self) -> Instance | None:
-        inst = Instance(self.spec.name, self.spec.memory_mb, self._argv, self._env, self.limiter)
+        inst = Instance(self.spec.name, self.spec.memory_mb, self._argv, self._env, self.limiter, self.vcpu)
         try:
             await inst.start(self._init_timeout_s)
         except BaseException as e:
             inst.kill()
             if isinstance(e, Exception):
-                log.warning("replacing a dead %s instance failed: %s", self.spec.name, e)
+                self._start_failed = True
+                log.warning("starting a %s instance in the background failed: %s", self.spec.name, e)
                 return None
             raise
-        self._meter.cold_start(self.spec.name, self.spec.memory_mb, inst.init_ms)
+        self._start_failed = False
+        self._cold_started(inst)
         return inst
 
     async def _replaced(self, inst: Instance | None) -> None:
@@ -258,6 +365,7 @@ class FunctionPool:
             "concurrency": self.concurrency,
             "timeout_s": self.timeout_s,
             "intra_op_threads": int(self._env.get("FLATPACK_INTRA_OP_THREADS", "0")),
-            "vcpu": round(self.share.vcpu, 4),
+            "vcpu": self.vcpu,
+            "share_vcpu": round(self.share.vcpu, 4),
             "instances": [i.describe() for i in self.instances],
         }

@@ -61,17 +61,23 @@ class PlatformService:
         self.meter = Meter(self.profile)
         # CPU as the profile sells it (see serving.platform.cpu): chosen once, shown by `platform status`
         self.limiter: CpuLimiter = make_limiter(config.cpu_limit, mb_per_vcpu=self.profile.mb_per_vcpu,
-                                                max_vcpu=self.profile.max_vcpu)
+                                                max_vcpu=self.profile.max_vcpu, cpu_model=self.profile.cpu.model)
         self.ledger = CpuLedger(self.limiter.cores)
-        log.info("CPU limit: %s (%d cores, %.0f MB per vCPU)", self.limiter.name, self.limiter.cores,
-                 self.profile.mb_per_vcpu)
+        if self.profile.cpu.per_function:
+            log.info("CPU limit: %s (%d cores; CPU per function, %.2f vCPU by default)", self.limiter.name,
+                     self.limiter.cores, self.profile.cpu.default_vcpu or 1.0)
+        else:
+            log.info("CPU limit: %s (%d cores, %.0f MB per vCPU)", self.limiter.name, self.limiter.cores,
+                     self.profile.mb_per_vcpu)
         self.url: str | None = None  # set once the server listens; functions get it as FLATPACK_INVOKE_URL
         self._pools: dict[str, FunctionPool] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop it runs on, once started
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
         self._tasks = [
             asyncio.create_task(self._watch_memory()),
             asyncio.create_task(self._reap_idle()),
@@ -90,11 +96,25 @@ class PlatformService:
 
     # -- functions ----------------------------------------------------------------------------------------
 
+    def function_vcpu(self, spec: FunctionSpec) -> float | None:
+        """``spec``'s own CPU where the profile sells CPU per function (its ``vcpu`` checked against the
+        profile's range, else the profile's default); None where CPU follows memory. ValueError for a
+        ``vcpu`` the profile does not offer, or one given where CPU follows memory."""
+        cpu = self.profile.cpu
+        try:
+            if not cpu.per_function:
+                if spec.vcpu is not None:
+                    cpu.check(spec.vcpu)  # raises: not a function's own setting here
+                return None
+            return cpu.check(spec.vcpu) if spec.vcpu is not None else float(cpu.default_vcpu or 1.0)
+        except ValueError as e:
+            raise ValueError(f"function {spec.name}: {e} (profile {self.profile.name}, cpu model {cpu.model})") from e
+
     def _env(self, spec: FunctionSpec, bundle_dir: str | None) -> dict[str, str]:
         """The instances' environment: the platform's own (less its ``FLATPACK_*`` settings), defaults, the
         deployer's settings (only what :class:`EnvPolicy` allows), then what only the platform sets."""
         requested = self.env_policy.check(spec.name, spec.env)
-        threads = self.limiter.share(spec.memory_mb).threads
+        threads = self.limiter.share(spec.memory_mb, self.function_vcpu(spec)).threads
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLATPACK_")}
         env.update({
             "FLATPACK_INTRA_OP_THREADS": str(threads),
@@ -150,6 +170,7 @@ class PlatformService:
     async def register(self, spec: FunctionSpec) -> dict[str, object]:
         """Add or replace a function (a replaced one's instances are stopped)."""
         self.profile.memory.check(spec.memory_mb)
+        vcpu = self.function_vcpu(spec)
         bundle_dir = await asyncio.to_thread(self._bundle_dir, spec)
         env = self._env(spec, bundle_dir)
         pool = FunctionPool(
@@ -162,12 +183,13 @@ class PlatformService:
             meter=self.meter,
             limiter=self.limiter,
             ledger=self.ledger,
+            vcpu=vcpu,
         )
         old = self._pools.get(spec.name)
         self._pools[spec.name] = pool
         if old is not None:
             await old.close()
-        share = self.limiter.share(spec.memory_mb)
+        share = self.limiter.share(spec.memory_mb, vcpu)
         log.info("registered %s (%d MB: %.3f vCPU, %d threads)", spec.name, spec.memory_mb, share.vcpu, share.threads)
         return pool.describe()
 
@@ -182,6 +204,11 @@ class PlatformService:
         if pool is None:
             raise NoSuchFunction(f"Function not found: {name}")
         return pool
+
+    async def prewarm(self, name: str, instances: int) -> int:
+        """Provisioned concurrency: start instances of ``name`` until it holds ``instances`` (see
+        :meth:`FunctionPool.prewarm`); how many were started."""
+        return await self.pool(name).prewarm(instances)
 
     def describe(self) -> list[dict[str, object]]:
         return [p.describe() for _, p in sorted(self._pools.items())]

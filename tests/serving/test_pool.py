@@ -117,3 +117,39 @@ def test_instances_idle_past_the_timeout_or_dead_are_reaped(bundles) -> None:
             await pool.invoke(_payload("e"))
 
     _run(test)
+
+
+def test_prewarm_starts_instances_up_to_the_count_and_the_limit(bundles) -> None:
+    async def test() -> None:
+        pool, meter = _pool(bundles.tiny, concurrency=3)
+        try:
+            assert await pool.prewarm(5) == 3  # the concurrency limit bounds provisioned instances too
+            assert len(pool.idle) == 3 and _cold_starts(meter) == 3 and pool.spares_started == 3
+            assert not pool.recovering()
+            assert await pool.prewarm(2) == 0
+            await asyncio.gather(*(_invoke(pool, k) for k in "abc"))  # all served warm
+            assert _cold_starts(meter) == 3
+        finally:
+            await pool.close()
+
+    _run(test)
+
+
+def test_an_instance_found_dead_is_replaced_once(bundles) -> None:
+    async def test() -> None:
+        pool, meter = _pool(bundles.tiny, concurrency=4)
+        try:
+            await _invoke(pool, "a")
+            (inst,) = pool.idle
+            assert pool.spares_wanted() == 0  # no death yet: Lambda's semantics, nothing started ahead
+            inst.kill()
+            deadline = time.monotonic() + 30
+            while inst.alive and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await _invoke(pool, "b")  # finds it dead: one instance started in its place
+            assert pool.recovering()
+            assert _cold_starts(meter) == 2 and len(pool.instances) == 1
+        finally:
+            await pool.close()
+
+    _run(test)

@@ -175,7 +175,7 @@ def test_the_master_invokes_workers_at_their_alias(platform, bundles, aws_env) -
 
     d = deploy_bundle(platform.client, bundles.tiny, transport="inline", shm_dir=platform.config.shm_dir,
                       invoke_qualifier="live")
-    inv = LambdaInvoker(endpoint_url=platform.url)
+    inv = LambdaInvoker(endpoint_url=platform.url, headers={"X-Flatpack-Token": platform.token})
     sent: list[str] = []
     inv._client(10).meta.events.register("before-send.lambda.Invoke", lambda request, **_: sent.append(request.url))
     try:

@@ -41,7 +41,7 @@ def calibrated(platform: object, shm_root: Path, tmp_path_factory: pytest.TempPa
     settings = CalibrationSettings(invoke_samples=20, transfer_samples=7, cold_starts=1, cpu_samples=3,
                                    dispatch_samples=10,
                                    sizes=(4 * KIB, 1 * MIB, 4 * MIB), transports=("inline", "shm"), compute_n=64,
-                                   compute_layers=4, evict_bytes=4 * MIB, shm_dir=shm_root)
+                                   compute_layers=4, evict_bytes=4 * MIB, shm_dir=shm_root, cpu_share_mb=(512,))
     out = tmp_path_factory.mktemp("calibrate") / "local-test.yaml"
     return calibrate("local", output=out, url=platform.url, settings=settings)  # type: ignore[attr-defined]
 

@@ -57,7 +57,7 @@ def _flatpack(args: list[str]) -> None:
               help="SLO of the split plan (e.g. 90ms); auto: between the unsplit function and the fastest plan.")
 @click.option("--port", type=int, default=8080, show_default=True,
               help="Port of the split plan's endpoint; the unsplit function's is the next one.")
-@click.option("--requests", type=click.IntRange(3, 10_000), default=20, show_default=True,
+@click.option("--requests", type=click.IntRange(3, 10_000), default=40, show_default=True,
               help="Requests to each endpoint (interleaved).")
 def demo_cmd(model: str, width_div: int, input_size: int, memory: int, slo: str, port: int, requests: int) -> None:
     """Deploy a model split across functions to meet an SLO one function misses, beside the unsplit function,
@@ -103,11 +103,12 @@ def demo_cmd(model: str, width_div: int, input_size: int, memory: int, slo: str,
     for name in (split_name, unsplit_name):
         subprocess.call([sys.executable, "-m", "serving.cli", "undeploy", name],  # noqa: S603 - as above
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _flatpack(["deploy", str(path), "--mode", "slo", "--slo", f"{slo_ms:g}ms", "--memory", str(memory),
-               "--name", split_name, "--port", str(port), "--detach"])
+    # the unsplit function first: the split plan's live check then runs on the machine as the comparison will
     _flatpack(["export", str(path), "--stages", "0-:none", "--memory", str(memory), "-o",
                str(build / unsplit_name)])
     _flatpack(["serve", str(build / unsplit_name), "--name", unsplit_name, "--port", str(port + 1), "--detach"])
+    _flatpack(["deploy", str(path), "--mode", "slo", "--slo", f"{slo_ms:g}ms", "--memory", str(memory),
+               "--name", split_name, "--port", str(port), "--detach"])
     from partitioner.inputs import random_inputs
 
     _compare(split_name, unsplit_name, slo_ms, requests, random_inputs(lg.model, 0), unsplit_ms)

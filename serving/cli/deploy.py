@@ -340,7 +340,7 @@ def _keep_promise(record: DeploymentRecord, lg: Any, request: Any, result: Any, 
     for x in outcome.rounds:
         table.add_row(str(x.round_no), str(x.functions), str(x.master_mb), f"{x.predicted_ms:.1f}",
                       f"{x.live.statistic_ms:.1f}", f"{x.live.statistic_ms / request.slo_ms:.2f}",
-                      "[green]yes[/]" if x.met else "[red]no[/]")
+                      "[green]yes[/]" if x.met else ("[yellow]yes, little room[/]" if x.within else "[red]no[/]"))
     console.print(table)
     if outcome.met:
         console.print(f"[green]SLO met live[/]: {stat} {shown.live.statistic_ms:.1f} ms against {request.slo_ms:g} ms "

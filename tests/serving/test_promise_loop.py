@@ -104,3 +104,15 @@ def test_the_live_figure_is_the_slos_statistic() -> None:
     assert default_probe_requests(None) == 40 and default_probe_requests(0.95) == 200
     with pytest.raises(ValueError, match="no latencies"):
         live_figure([], None)
+
+
+def test_a_plan_within_the_slo_but_without_room_for_drift_is_kept_when_nothing_better_is_found(lg: LayerGraph) -> None:
+    pm, request, first, machine = _setup(lg, 2.0, slower=1.0)
+    at = 0.985 * request.slo_ms  # within the SLO, not with the room the loop asks for
+
+    def probe(requests: int) -> Probed:
+        return Probed([at] * requests)
+
+    out = keep_promise(pm, request, first, probe=probe, swap=machine.swap, replan=lambda req: first, requests=40)
+    assert out.met and out.result is first and not out.rounds[0].met and out.rounds[0].within
+    assert machine.deployed == [first]  # nothing was swapped

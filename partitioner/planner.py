@@ -140,19 +140,19 @@ def units_digest(lg: LayerGraph) -> str:
     return digest.hexdigest()[:16]
 
 
-def _calibration_path(lg: LayerGraph, threads: int, ort_version: str) -> Path:
+def _whole_model_path(lg: LayerGraph, threads: int, ort_version: str) -> Path:
     key = f"{lg.name}-{units_digest(lg)}-t{threads}-ort{ort_version}"
     return settings.cache_dir() / "calibration" / f"{key}.json"
 
 
-def _forget_calibration(lg: LayerGraph, *threads: int) -> None:
+def _forget_whole_model(lg: LayerGraph, *threads: int) -> None:
     import onnxruntime as ort
 
     for t in threads:
-        _calibration_path(lg, t, ort.__version__).unlink(missing_ok=True)
+        _whole_model_path(lg, t, ort.__version__).unlink(missing_ok=True)
 
 
-def _calibrate(lg: LayerGraph, threads: int, reps: int = 5, *, fresh: bool = False) -> float:
+def _time_whole_model(lg: LayerGraph, threads: int, reps: int = 5, *, fresh: bool = False) -> float:
     """Median ms of the whole model at ``threads`` intra-op threads, in this process, with a function's
     session options; cached per model (``fresh``: measure again and replace the cached figure). Repeats
     that disagree (:func:`timing_problem`) are measured again, and a figure that stays disturbed is used but
@@ -165,7 +165,7 @@ def _calibrate(lg: LayerGraph, threads: int, reps: int = 5, *, fresh: bool = Fal
     from partitioner.inputs import random_inputs
     from partitioner.model_file import save_model
 
-    path = _calibration_path(lg, threads, ort.__version__)
+    path = _whole_model_path(lg, threads, ort.__version__)
     if path.is_file() and not fresh:
         return float(json.loads(path.read_text())["median_ms"])
     with tempfile.TemporaryDirectory(prefix="flatpack-calib-") as tmp:
@@ -189,11 +189,11 @@ def _calibrate(lg: LayerGraph, threads: int, reps: int = 5, *, fresh: bool = Fal
     if problem:
         log.warning("the whole-model timing of %s at %d thread(s) looks disturbed (%s); using it for this plan "
                     "only, not caching it", lg.name, threads, problem)
-    _record_calibration(path, median, threads=threads, reps=reps, problem=problem)
+    _record_whole_model(path, median, threads=threads, reps=reps, problem=problem)
     return median
 
 
-def _record_calibration(path: Path, median_ms: float, *, threads: int, reps: int, problem: str) -> bool:
+def _record_whole_model(path: Path, median_ms: float, *, threads: int, reps: int, problem: str) -> bool:
     """Cache a whole-model timing, unless it looked disturbed (then a later plan measures again, on a
     quieter machine with luck, and a stale cached figure is removed). Whether it was cached."""
     if problem:
@@ -245,7 +245,7 @@ def _whole_model_scaled(cm: ComputeModel, lg: LayerGraph, *, fresh: bool) -> tup
     wholes: dict[int, float] = {}
     for t in sorted({k for u in cm.unit_ms for k in u}):
         try:
-            wholes[t] = _calibrate(lg, t, reps=15 if fresh else 5, fresh=fresh)
+            wholes[t] = _time_whole_model(lg, t, reps=15 if fresh else 5, fresh=fresh)
         except Exception as e:  # noqa: BLE001 - e.g. a model too big for this machine: keep the unit sums
             log.warning("whole-model timing at %d thread(s) failed (%s); unit times left as profiled", t, e)
     return scale_to_whole(cm, wholes)
@@ -306,16 +306,16 @@ def compute_model(lg: LayerGraph, how: str = "auto", *, progress: Callable[[str]
     if progress:
         progress("timing the whole model once per thread count")
     total_flops = sum(u.flops for u in lg.units) or 1
-    t1 = _calibrate(lg, 1)
+    t1 = _time_whole_model(lg, 1)
     times = {1: t1}
     if (os.cpu_count() or 1) >= 2:
-        times[2] = _calibrate(lg, 2)
+        times[2] = _time_whole_model(lg, 2)
         if threads_problem(t1, times[2]):  # measured under load (cached or now): measure both again
-            t1 = times[1] = _calibrate(lg, 1, fresh=True)
-            times[2] = _calibrate(lg, 2, fresh=True)
+            t1 = times[1] = _time_whole_model(lg, 1, fresh=True)
+            times[2] = _time_whole_model(lg, 2, fresh=True)
             why = threads_problem(t1, times[2])
             if why:
-                _forget_calibration(lg, 1, 2)
+                _forget_whole_model(lg, 1, 2)
                 log.warning("%s: %s; the machine looks busy. The plan assumes what was measured; plan again "
                             "on a quieter machine (or `flatpack profile`)", lg.name, why)
     units = tuple({k: v * u.flops / total_flops for k, v in times.items()} for u in lg.units)

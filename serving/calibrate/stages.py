@@ -23,14 +23,15 @@ import contextlib
 import logging
 import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from functions import settings
 from partitioner.stage_times import StageRecord, StageTimes, records_from
 
-__all__ = ["StageTimer", "load_stage_times", "measured_plan", "save_stage_times", "solve_on_target", "stage_records",
-           "stage_times_path", "whole_model_ms"]
+__all__ = ["StageTimer", "load_stage_times", "refine_on_target", "save_stage_times", "scale_to_function",
+           "solve_on_target", "stage_records", "stage_times_path", "whole_model_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ def stage_records(pm: Any, result: Any, timings: Sequence[Mapping[str, float]]) 
     return records
 
 
-def measured_plan(lg: Any, request: Any, pm: Any, plan: Any, *, budget_s: float, samples: int = 10,
+def refine_on_target(lg: Any, request: Any, pm: Any, plan: Any, *, budget_s: float, samples: int = 10,
                   max_rounds: int = 6, progress: Any = None, spread_limit: float = _SPREAD_LIMIT) -> Any:
     """``plan`` (a no-argument planner over ``pm``) refined by timing its plans' stages on the local platform
     (the running one, else one started for it, only if something needs measuring), within ``budget_s``.
@@ -158,26 +159,29 @@ def measured_plan(lg: Any, request: Any, pm: Any, plan: Any, *, budget_s: float,
     expected = _expected_cpu_limit()
     path = stage_times_path(lg, pm, request.transport, expected)
     with contextlib.ExitStack() as stack:
-        state: dict[str, Any] = {"save": True}
+        on = _Timing()
 
-        def measure(result: Any) -> list[StageRecord | None]:
-            if "timer" not in state:  # the platform is started only when a plan needs measuring
+        def timer() -> StageTimer:
+            if on.timer is None:  # the platform is started only when a plan needs measuring
                 t = stack.enter_context(local_platform(request.platform))
                 tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flatpack-stages-")))
-                state["timer"] = StageTimer(t.client, t.url, lg, request, pm, tmp, samples=samples)
+                on.timer = StageTimer(t.client, t.url, lg, request, pm, tmp, samples=samples)
                 running = str(t.client.health().get("cpu_limit") or "off")
                 if running != expected:
                     log.warning("the running local platform limits CPU by %s, not %s as a platform started now "
                                 "would: its stage times are used for this plan but not saved", running, expected)
-                    state["save"] = False
-            return state["timer"].measure(result)
+                    on.save = False
+            return on.timer
+
+        def measure(result: Any) -> list[StageRecord | None]:
+            return timer().measure(result)
 
         def save(times: StageTimes) -> None:
-            if state["save"]:
+            if on.save:
                 save_stage_times(times, path, spread_limit=spread_limit)
 
         def measure_together(results: Sequence[Any]) -> list[list[StageRecord | None]]:
-            return state["timer"].measure_together(results)  # a runoff follows a measured round: timer is up
+            return timer().measure_together(results)
 
         # the runoff compares latencies: what lo minimises (slo's cheapest plan within the SLO is not a race)
         fastest = request.mode == "lo"
@@ -185,6 +189,15 @@ def measured_plan(lg: Any, request: Any, pm: Any, plan: Any, *, budget_s: float,
                       max_rounds=max_rounds, progress=progress, on_record=save,
                       measure_together=measure_together if fastest else None,
                       estimate=lambda r: pm.estimate(list(r.choices), r.master_mb).latency_ms)
+
+
+@dataclass
+class _Timing:
+    """What :func:`refine_on_target` keeps while it times plans: the timer (made when a plan first needs
+    timing), and whether its records may be saved (not where the running platform limits CPU otherwise)."""
+
+    timer: StageTimer | None = None
+    save: bool = True
 
 
 def _expected_cpu_limit() -> str:
@@ -247,7 +260,7 @@ def _one_vcpu_mb(platform: Any) -> int:
     return int(min(platform.memory_max_mb, max(platform.memory_min_mb, round(platform.mb_per_vcpu))))
 
 
-def _in_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
+def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     """Rescale ``pm``'s unit times to the whole model timed in a one-vCPU function on the target, and where
     the request fixes a memory below one vCPU, its CPU share's slow-down to the model's own there
     (:func:`whole_model_ms`); a note for the plan, empty where nothing could be timed."""
@@ -286,7 +299,7 @@ def _in_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
 
 def solve_on_target(lg: Any, request: Any, pm: Any, *, progress: Any = None) -> tuple[Any, Any]:
     """Plan ``lg`` as ``request`` says; planning for the local platform with a profile budget, refined by
-    timing the plans' stages there (:func:`measured_plan`); its percentile sampled from the model. Returns
+    timing the plans' stages there (:func:`refine_on_target`); its percentile sampled from the model. Returns
     the solver result and the refinement (None where nothing was measured: another platform, or a zero
     budget). Raises what ``solve`` raises."""
     from partitioner.planner import solve, with_sampled_tail
@@ -296,6 +309,6 @@ def solve_on_target(lg: Any, request: Any, pm: Any, *, progress: Any = None) -> 
 
     if pm.platform.cores is None or request.profile_budget_s <= 0:
         return with_sampled_tail(pm, plan()), None
-    note = _in_function(lg, request, pm, progress)
-    refined = measured_plan(lg, request, pm, plan, budget_s=request.profile_budget_s, progress=progress)
+    note = scale_to_function(lg, request, pm, progress)
+    refined = refine_on_target(lg, request, pm, plan, budget_s=request.profile_budget_s, progress=progress)
     return with_sampled_tail(pm, refined.result.noted(note)), refined

@@ -90,22 +90,22 @@ def test_two_plans_timed_together_each_get_their_records_and_nothing_is_left_dep
 def test_a_second_plan_of_the_same_model_takes_its_stage_times_from_the_cache(platform, lg: LayerGraph,
                                                                               monkeypatch: pytest.MonkeyPatch,
                                                                               tmp_path: Path) -> None:
-    """measured_plan measures on the running platform (found through its URL), saves the stage times, and
+    """refine_on_target measures on the running platform (found through its URL), saves the stage times, and
     the next plan measures nothing: its stages are priced by what was measured. (Every record is saved
     here however much its repeats disagree: this test is about the cache, on a machine other tests load.)"""
-    from serving.calibrate.stages import measured_plan
+    from serving.calibrate.stages import refine_on_target
 
     monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("FLATPACK_PLATFORM_PORT", str(platform.url.rsplit(":", 1)[1]))
     monkeypatch.setenv("FLATPACK_PLATFORM_CPU_LIMIT", "off")
     request = PlanRequest(mode="lo", platform="local", memory=MB, transport="shm", profile_budget_s=600)
     pm = _pm(lg)
-    first = measured_plan(lg, request, pm, lambda: _plan(pm), budget_s=600, samples=3,
+    first = refine_on_target(lg, request, pm, lambda: _plan(pm), budget_s=600, samples=3,
                           spread_limit=float("inf"))
     assert first.rounds >= 1 and first.all_measured, first.stopped
     assert list((tmp_path / "cache" / "stage-times").glob("*.json"))
     pm2 = _pm(lg)
-    again = measured_plan(lg, request, pm2, lambda: _plan(pm2), budget_s=600, samples=3,
+    again = refine_on_target(lg, request, pm2, lambda: _plan(pm2), budget_s=600, samples=3,
                           spread_limit=float("inf"))
     assert again.rounds == 0 and again.all_measured
     assert [str(c) for c in again.result.choices] == [str(c) for c in first.result.choices]
@@ -131,7 +131,7 @@ def test_the_whole_model_is_timed_in_a_function_once_and_the_unit_times_follow_i
     """Planning for the local target scales the unit times to the whole model's compute in a one-vCPU
     function there, and the CPU share's slow-down at the plan's memory to the model's own (timed once, then
     cached): what the profile's in-process timing and calibrate's probe miss."""
-    from serving.calibrate.stages import _in_function, whole_model_ms
+    from serving.calibrate.stages import scale_to_function, whole_model_ms
     from tests.conftest import slow_model
 
     platform = shared_platform
@@ -151,7 +151,7 @@ def test_the_whole_model_is_timed_in_a_function_once_and_the_unit_times_follow_i
     pm = PerfModel(lg, pm.platform, ComputeModel(tuple({1: ms[1769] / n / 1.2, 2: ms[1769] / n / 2}
                                                        for _ in lg.units), tuple(u.flops for u in lg.units)),
                    transport="shm")
-    note = _in_function(lg, request, pm, None)
+    note = scale_to_function(lg, request, pm, None)
     assert "one-vCPU function" in note and "x1.20 at 1 thread" in note
     assert sum(u[1] for u in pm.compute.unit_ms) == pytest.approx(ms[1769], rel=1e-3)
     assert sum(u[2] for u in pm.compute.unit_ms) == pytest.approx(1.2 * ms[1769] / 2, rel=1e-3)

@@ -17,7 +17,7 @@ from functions.plan import Split
 from partitioner import planner
 from partitioner.graph import LayerGraph
 from partitioner.perfmodel import FUNCTION_RUNTIME_MB, ComputeModel, PerfModel, PlatformFacts, StageChoice
-from partitioner.planner import _calibrate, _record_calibration, compute_model, threads_problem, timing_problem
+from partitioner.planner import _record_whole_model, _time_whole_model, compute_model, threads_problem, timing_problem
 from partitioner.profile import profile_graph
 from platforms import PlatformProfile, load_profile, load_profile_data
 from tests.onnx_builders import conv_stack
@@ -68,7 +68,7 @@ def test_profiled_units_add_up_to_the_whole_model(convs: LayerGraph, cache: Path
         with monkeypatch.context() as m:
             for t, factor in whole.items():  # cache the whole-model figures, timed exactly
                 _whole_model_timed_at(m, factor * raw_sum[t])
-                assert _calibrate(convs, t, fresh=True) == pytest.approx(factor * raw_sum[t], rel=1e-9)
+                assert _time_whole_model(convs, t, fresh=True) == pytest.approx(factor * raw_sum[t], rel=1e-9)
         cm, source = compute_model(convs, "auto")
         assert source.startswith("measured profile, scaled to the whole model's time"), source
         assert f"x{want[1]:.2f} at 1 thread, x{want[2]:.2f} at 2 threads" in source
@@ -82,13 +82,13 @@ def test_profiled_units_add_up_to_the_whole_model(convs: LayerGraph, cache: Path
 def test_fresh_calibration_measures_again(convs: LayerGraph, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLATPACK_CACHE_DIR", str(cache))
     _whole_model_timed_at(monkeypatch, 7.0)
-    first = _calibrate(convs, 1, fresh=True)
+    first = _time_whole_model(convs, 1, fresh=True)
     assert first == pytest.approx(7.0, rel=1e-9)
     assert len(list((cache / "calibration").glob("*-t1-*.json"))) == 1
     _whole_model_timed_at(monkeypatch, 9.0)
-    assert _calibrate(convs, 1) == first  # cached: not measured again
-    assert _calibrate(convs, 1, fresh=True) == pytest.approx(9.0, rel=1e-9)  # fresh: measured again
-    assert _calibrate(convs, 1) == pytest.approx(9.0, rel=1e-9)  # and the cached figure replaced
+    assert _time_whole_model(convs, 1) == first  # cached: not measured again
+    assert _time_whole_model(convs, 1, fresh=True) == pytest.approx(9.0, rel=1e-9)  # fresh: measured again
+    assert _time_whole_model(convs, 1) == pytest.approx(9.0, rel=1e-9)  # and the cached figure replaced
 
 
 def test_a_timing_taken_on_a_loaded_machine_is_caught_and_never_cached(tmp_path: Path) -> None:
@@ -101,9 +101,9 @@ def test_a_timing_taken_on_a_loaded_machine_is_caught_and_never_cached(tmp_path:
     assert threads_problem(10.0, 5.6) == ""
     assert threads_problem(0.05, 0.06) == ""  # a tiny model: a second thread has nothing to do
     path = tmp_path / "calibration" / "m-t1.json"
-    assert _record_calibration(path, 10.0, threads=1, reps=5, problem="") and path.is_file()
+    assert _record_whole_model(path, 10.0, threads=1, reps=5, problem="") and path.is_file()
     # a disturbed re-measurement removes the stale cached figure rather than keep or replace it
-    assert not _record_calibration(path, 20.0, threads=1, reps=5, problem="repeats disagree")
+    assert not _record_whole_model(path, 20.0, threads=1, reps=5, problem="repeats disagree")
     assert not path.exists()
 
 

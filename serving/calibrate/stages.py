@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from functions import settings
+from partitioner.live import LiveCorrection
 from partitioner.stage_times import StageRecord, StageTimes, records_from
 
-__all__ = ["StageTimer", "load_stage_times", "refine_on_target", "save_stage_times", "scale_to_function",
-           "solve_on_target", "stage_records", "stage_times_path", "whole_model_ms"]
+__all__ = ["StageTimer", "live_correction_path", "load_live_correction", "load_stage_times", "refine_on_target",
+           "save_live_correction", "save_stage_times", "scale_to_function", "solve_on_target", "stage_records",
+           "stage_times_path", "whole_model_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -307,8 +309,54 @@ def solve_on_target(lg: Any, request: Any, pm: Any, *, progress: Any = None) -> 
     def plan() -> Any:
         return solve(lg, request, pm=pm)
 
-    if pm.platform.cores is None or request.profile_budget_s <= 0:
+    if pm.platform.cores is None:
         return with_sampled_tail(pm, plan()), None
+    if request.profile_budget_s <= 0:
+        return with_sampled_tail(pm, plan().noted(_learned(lg, request, pm))), None
     note = scale_to_function(lg, request, pm, progress)
+    note = "; ".join(x for x in (note, _learned(lg, request, pm)) if x)
     refined = refine_on_target(lg, request, pm, plan, budget_s=request.profile_budget_s, progress=progress)
     return with_sampled_tail(pm, refined.result.noted(note)), refined
+
+
+def _learned(lg: Any, request: Any, pm: Any) -> str:
+    """Apply to ``pm`` what live requests of earlier deployments of ``lg`` measured here; a note, or ""."""
+    learned = load_live_correction(lg, pm, request.transport)
+    if not (learned.points or learned.overhead_ms):
+        return ""
+    pm.use_live(learned)
+    return f"corrected by what live requests took here before ({_describe(learned)})"
+
+
+def live_correction_path(lg: Any, pm: Any, transport: str) -> Path:
+    """Where what live requests measured against ``pm``'s model of ``lg`` on this platform is kept (beside the
+    stage times, keyed alike)."""
+    return stage_times_path(lg, pm, transport, _expected_cpu_limit()).with_suffix(".live.json")
+
+
+def load_live_correction(lg: Any, pm: Any, transport: str) -> LiveCorrection:
+    """The live correction earlier deployments of ``lg`` measured here (none where there is none, or it cannot
+    be read: the next live check measures it again)."""
+    import json
+
+    try:
+        return LiveCorrection.from_json(json.loads(live_correction_path(lg, pm, transport).read_text()))
+    except (OSError, ValueError, TypeError):
+        return LiveCorrection()
+
+
+def save_live_correction(lg: Any, pm: Any, transport: str) -> None:
+    """Keep ``pm``'s live correction for later plans of ``lg`` here (``flatpack deploy``'s live check
+    calls it once it has measured)."""
+    import json
+
+    path = live_correction_path(lg, pm, transport)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(pm.live.to_json()))
+    tmp.replace(path)
+
+
+def _describe(c: LiveCorrection) -> str:
+    factors = ", ".join(f"x{f:.2f} at {m} MB" for m, f in c.points)
+    return ", ".join(x for x in (factors, f"{c.overhead_ms:.1f} ms outside the master" if c.overhead_ms else "") if x)

@@ -324,6 +324,9 @@ def _keep_promise(record: DeploymentRecord, lg: Any, request: Any, result: Any, 
                                    replan=lambda req: with_sampled_tail(pm, solve(lg, req, pm=pm)))
     finally:
         probe.close()
+    from serving.calibrate.stages import save_live_correction
+
+    save_live_correction(lg, pm, request.transport)  # the next plan of this model here starts from it
     shown = outcome.shown
     doc = {"rounds": len(outcome.rounds), "met": outcome.met, "live_ms": round(shown.live.statistic_ms, 3),
            "predicted_ms": round(shown.predicted_ms, 3), "slo_ms": request.slo_ms, "percentile": request.percentile,

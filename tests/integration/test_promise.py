@@ -164,6 +164,11 @@ def test_a_slo_deploy_reports_its_live_figure_per_round(model: Path, env: dict[s
         promise = _record("checked")["options"]["promise"]
         assert promise["met"] and promise["rounds"] >= 1 and promise["history"][0]["live"]["requests"] == 10
         assert 0 < promise["live_ms"] < 10_000
+        # what the check measured is kept: the next plan of this model here starts from it
+        res = flatpack("plan", str(model), "--mode", "slo", "--slo", "10s", "--platform", "local",
+                       "--transport", "shm", "--json", env=env)
+        assert res.returncode == 0, res.stderr
+        assert "corrected by what live requests took here before" in res.stdout
     finally:
         flatpack("undeploy", "checked", env=env)
 

@@ -312,12 +312,14 @@ class _Live:
         r.deployment_id = dep.id
         r.predicted = dict(request.get("predicted") or b.plan.predicted)
         r.functions = [f.to_json() for f in b.plan.functions]
-        r.options["generation"] = generation
         r.options.pop("swap_error", None)
         r.save()
         _retire(old_dep, old_backend)
         if old_bundle != r.bundle and Path(old_bundle).resolve().is_relative_to((state_dir() / "bundles").resolve()):
             shutil.rmtree(old_bundle, ignore_errors=True)
+        # done only now: whoever waits on the swap (the live check's next probe) finds the machine as it serves
+        r.options["generation"] = generation
+        r.save()
 
     def close(self) -> None:
         _retire(self.dep, self.backend)

@@ -38,7 +38,7 @@ KIB = 2**10
 def calibrated(platform: object, shm_root: Path, tmp_path_factory: pytest.TempPathFactory) -> CalibrationResult:
     """One calibration with few samples, three sizes up to 4 MiB (so that a loaded machine's noise cannot
     hide the bytes' time), inline and shm, a small compute probe."""
-    settings = CalibrationSettings(invoke_samples=20, transfer_samples=7, cold_starts=1, cpu_samples=3,
+    settings = CalibrationSettings(invoke_samples=60, transfer_samples=7, cold_starts=1, cpu_samples=3,
                                    dispatch_samples=10,
                                    sizes=(4 * KIB, 1 * MIB, 4 * MIB), transports=("inline", "shm"), compute_n=64,
                                    compute_layers=4, evict_bytes=4 * MIB, shm_dir=shm_root, cpu_share_mb=(512,))
@@ -85,7 +85,7 @@ def test_the_profile_loads_and_says_what_was_measured(calibrated: CalibrationRes
         assert prof.sources[field].startswith("measured by flatpack calibrate on "), field
     where = prof.sources["calibration"]
     assert socket.gethostname() in where and calibrated.provenance.date in where and "flatpack " in where
-    assert "20 warm round trips" in prof.sources["invoke_latency_ms"]
+    assert "60 warm round trips" in prof.sources["invoke_latency_ms"]
     per_size = re.search(r"(\d+) per size", prof.sources["transports"])
     assert per_size is not None and int(per_size.group(1)) >= 7  # more when a loaded machine made it measure again
     # what was not measured is the base profile's, source and all

@@ -11,6 +11,7 @@ owner (mode 0700), so no other user can change a bundle after it was checked.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ import secrets
 import shutil
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from functions.bundle import MANIFEST_SCHEMA, Bundle, BundleError
@@ -130,15 +132,7 @@ class BundleStore:
             for rel, want in files.items():
                 dst = tmp / rel
                 dst.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                try:
-                    got = _copy_hashed(src / rel, dst)
-                except FileNotFoundError as e:
-                    raise BundleError(f"{src}: {rel} is missing (the manifest lists it)") from e
-                except OSError as e:
-                    raise BundleError(f"{src}: cannot read {rel}: {e.strerror or e}") from e
-                if got != want:
-                    raise BundleError(f"{src}: {rel} changed since export (sha256 {got[:12]}..., the manifest says "
-                                      f"{want[:12]}...); re-export the bundle")
+                _check_file(src, rel, want, functools.partial(_copy_hashed, src / rel, dst))
             (tmp / "manifest.json").write_bytes(raw)
             Bundle.load(tmp, check_hashes=False).check()  # the plan parses and names only listed files
             try:
@@ -153,15 +147,7 @@ class BundleStore:
     @staticmethod
     def _check_source(src: Path, files: dict[str, str]) -> None:
         for rel, want in files.items():
-            try:
-                got = _sha256(src / rel, follow=True)
-            except FileNotFoundError as e:
-                raise BundleError(f"{src}: {rel} is missing (the manifest lists it)") from e
-            except OSError as e:
-                raise BundleError(f"{src}: cannot read {rel}: {e.strerror or e}") from e
-            if got != want:
-                raise BundleError(f"{src}: {rel} changed since export (sha256 {got[:12]}..., the manifest says "
-                                  f"{want[:12]}...); re-export the bundle")
+            _check_file(src, rel, want, functools.partial(_sha256, src / rel, follow=True))
 
     def verify(self, bundle_dir: str | Path) -> Path:
         """``bundle_dir`` resolved, if it is a bundle directly in the store whose files all match its
@@ -198,3 +184,17 @@ class BundleStore:
         except OSError as e:
             raise BundleError(f"{path} is missing ({e.strerror})") from e
         return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def _check_file(src: Path, rel: str, want: str, digest: Callable[[], str]) -> None:
+    """``digest()`` (the sha256 of ``src / rel``, read or copied) must be the manifest's ``want``: a BundleError
+    naming the file and the fix otherwise."""
+    try:
+        got = digest()
+    except FileNotFoundError as e:
+        raise BundleError(f"{src}: {rel} is missing (the manifest lists it)") from e
+    except OSError as e:
+        raise BundleError(f"{src}: cannot read {rel}: {e.strerror or e}") from e
+    if got != want:
+        raise BundleError(f"{src}: {rel} changed since export (sha256 {got[:12]}..., the manifest says "
+                          f"{want[:12]}...); re-export the bundle")

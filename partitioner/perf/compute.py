@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +31,8 @@ class ComputeModel:
     """Unit compute times (ms) at measured thread counts, and memory calibration.
 
     A part's time is its stage's time at the same vCPU scaled by the part's share of the stage's FLOPs
-    (halo recomputation included). vCPU below 1 stretches time (a CPU share); above the measured thread
-    counts it follows Amdahl's law fitted to the 1- and 2-thread measurements.
+    (halo recomputation included). vCPU below 1 stretches time (a CPU share); above it see
+    :meth:`unit_time`.
     """
 
     unit_ms: tuple[Mapping[int, float], ...]
@@ -54,6 +55,9 @@ class ComputeModel:
     # per unit, the run-to-run spread of its compute time (lognormal sigma; partitioner.tail), from the
     # profile's p95 over median; empty: partitioner.tail.DEFAULT_SIGMA for every unit
     unit_sigma: tuple[float, ...] = ()
+    # the platform's calibrated quotas above one vCPU (``PlatformFacts.quota_factors``): (vCPU, CPU the
+    # threads spend over one thread's work); empty: 1
+    quota_factors: tuple[tuple[float, float], ...] = ()
     # stage sums by (kind, first, last[, vcpu]): a planner prices each stage with every split, placement and
     # memory, and a stage of any length would otherwise be summed again for each part of each
     _sums: dict[tuple, float] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -96,6 +100,11 @@ class ComputeModel:
         )
 
     def unit_time(self, unit: int, vcpu: float) -> float:
+        """A unit's time at ``vcpu``. At one vCPU or below, one thread stretched by its share. Above it the
+        function runs ``ceil(vcpu)`` threads (``platforms.threads_for``) under a quota of ``vcpu`` cores, and
+        takes the longer of two bounds: the threads unthrottled (Amdahl's law, its serial fraction fitted to
+        the measured thread counts, which predicts past them) and the quota's, the CPU they spend (one
+        thread's work times the calibrated :meth:`quota_cpu`) over the share."""
         t = self.unit_ms[unit]
         t1 = t.get(1) or min(t.values()) * max(t)
         if vcpu <= 1.0:
@@ -103,11 +112,24 @@ class ComputeModel:
         if len(t) >= 2:
             k = max(t)
             tk = t[k]
-            # Amdahl: t(v) = t1 * (s + (1 - s) / v); s from the k-thread measurement
+            # Amdahl: t(n) = t1 * (s + (1 - s) / n); s from the k-thread measurement
             s = min(1.0, max(0.0, (tk / t1 - 1.0 / k) / (1.0 - 1.0 / k)))
         else:
             s = 0.15
-        return t1 * (s + (1.0 - s) / vcpu)
+        threads = math.ceil(vcpu - 1e-9)
+        return max(t1 * (s + (1.0 - s) / threads), t1 * self.quota_cpu(vcpu) / vcpu)
+
+    def quota_cpu(self, vcpu: float) -> float:
+        """The CPU ``vcpu``'s threads spend for one thread's work (see ``quota_factors``). A quota of whole
+        cores binds nothing (1); between them the calibrated figures are interpolated by the share's
+        fraction of its last core, the same at 2.45 as at 1.45 vCPU."""
+        frac = vcpu - math.floor(vcpu)
+        if vcpu <= 1.0 or not self.quota_factors or frac < 1e-9:
+            return 1.0
+        points = sorted((v - math.floor(v), c) for v, c in self.quota_factors)
+        xs = [0.0, *(f for f, _ in points), 1.0]
+        fs = [1.0, *(c for _, c in points), 1.0]
+        return float(np.interp(frac, xs, fs))
 
     def sigma(self, first: int, last: int) -> float:
         """The compute spread of units ``first..last``: their sigmas weighted by their one-thread times."""

@@ -48,6 +48,7 @@ from partitioner.tail import (
     stage_quantile,
     workers_quantile,
 )
+from platforms import CpuModel
 
 __all__ = ["PerfModel", "PlanEstimate"]
 
@@ -92,14 +93,21 @@ class PerfModel:
 
     def __init__(self, lg: LayerGraph, platform: PlatformFacts, compute: ComputeModel | None = None, *,
                  percentile: float | None = None, transport: str = "redis", hedge: float | None = None,
-                 cold_p: float = 0.0, cold_start_ms: float = 0.0) -> None:
+                 cold_p: float = 0.0, cold_start_ms: float = 0.0, cpu: CpuModel | None = None) -> None:
         """``percentile`` (e.g. 0.99): plan against that latency percentile instead of the mean. ``hedge``
         (e.g. 0.95): the runtime hedges worker parts at that percentile of their durations. ``cold_p``: the
         chance an invocation finds no warm instance and waits ``cold_start_ms`` (0 with keep-warm or
-        steady load). See :mod:`partitioner.tail`."""
+        steady load). See :mod:`partitioner.tail`.
+
+        ``cpu``: how the platform sells CPU (its profile's ``platforms.CpuModel``; None: CPU follows memory,
+        ``platform.vcpu``). Where it is ``per_function`` every function computes with its own CPU whatever its
+        memory: the profile's ``default_vcpu`` (what a deployer gives a function that sets none), capped by
+        the platform's ``max_vcpu`` and, on a shared host, by its cores; memory then buys no speed, only room."""
         if hedge is not None and not 0 < hedge < 1:
             raise ValueError(f"hedge percentile {hedge} must lie in (0, 1), e.g. 0.95")
         self.lg = lg
+        self.cpu = cpu if cpu is not None else CpuModel()
+        self._vcpu: dict[float, float] = {}  # the CPU per function memory
         measured = platform.for_transport(transport)
         if measured is not platform:
             # calibrate timed this transport's puts and gets on the platform (caches evicted between them, as
@@ -109,7 +117,7 @@ class PerfModel:
             # on one host a Redis command adds a loopback TCP round trip to a shm file's cost
             platform = replace(platform, transfer_latency_ms=platform.transfer_latency_ms + _REDIS_LOOPBACK_MS)
         self.platform = platform
-        self.compute = compute or ComputeModel.from_flops(lg)
+        self.compute = _on_platform(compute or ComputeModel.from_flops(lg), platform)
         # the master's CPU per worker invocation: as calibrate measured it on the platform, else the default
         self._dispatch_at: dict[int, float] = {}
         self.dispatch_ms = self.dispatch_at(round(platform.mb_per_vcpu))  # at one vCPU
@@ -132,7 +140,6 @@ class PerfModel:
         # workers' figures per worker memory, the CPU per function memory
         self._parts: dict[tuple, _StageParts | None] = {}
         self._workers: dict[tuple, _Workers] = {}
-        self._vcpu: dict[float, float] = {}
         self.stage_times: StageTimes | None = None
         self._ratios: dict[int, float | None] = {}  # of the stage times, per degree
         self._measured_keys: dict[tuple, list[tuple[int, int]]] | None = None
@@ -158,7 +165,7 @@ class PerfModel:
     def use_compute(self, compute: ComputeModel) -> None:
         """Price every option with ``compute`` from now on (e.g. unit times rescaled to the whole model timed
         on the target): the figures that depend on it are dropped."""
-        self.compute = compute
+        self.compute = _on_platform(compute, self.platform)
         if self.platform.handling_ms is None:
             self.handling_ms = compute.invocation_overhead_ms
         self._options.clear()
@@ -383,7 +390,7 @@ class PerfModel:
         if hit is None:
             points = self.platform.dispatch
             if points:
-                v = master_mb / self.platform.mb_per_vcpu
+                v = self._cpu(master_mb)
                 hit = float(np.interp(v, [p[0] for p in points], [p[1] for p in points]))
             else:
                 hit = self.compute.dispatch_ms
@@ -393,7 +400,21 @@ class PerfModel:
     def _cpu(self, memory_mb: float) -> float:
         v = self._vcpu.get(memory_mb)
         if v is None:
-            v = self._vcpu[memory_mb] = self.platform.vcpu(memory_mb)
+            v = self._vcpu[memory_mb] = self.function_vcpu(memory_mb)
+        return v
+
+    def function_vcpu(self, memory_mb: float) -> float:
+        """The vCPUs a function of ``memory_mb`` computes with under the platform's CPU model (see
+        ``cpu`` in :meth:`__init__`): its memory's share where CPU follows memory, else its own."""
+        p = self.platform
+        if not self.cpu.per_function:
+            return p.vcpu(memory_mb)
+        v = min(float(self.cpu.default_vcpu or 1.0), p.max_vcpu)
+        if p.cores:
+            v = min(v, float(p.cores))
+        if v < 1.0 and p.share_factors:  # a calibrated share's slow-down below one vCPU, as PlatformFacts.vcpu
+            xs, fs = zip(*p.share_factors, strict=True)
+            v /= float(np.interp(v, xs, fs))
         return v
 
     def _stage_parts(self, choice: StageChoice, key: tuple) -> _StageParts | None:
@@ -567,7 +588,7 @@ class PerfModel:
         :meth:`_request_total`), else None: its CPU at its share, less the handling the invoke latency
         (measured with a one-vCPU probe) already holds."""
         p = self.platform
-        stretch = cpu_stretch(p.vcpu(master_mb))
+        stretch = cpu_stretch(self._cpu(master_mb))
         if stretch <= 1.0 or not p.cores:
             return None
         return (master_cpu_ms + self.request_master_cpu_ms()) * stretch - self.handling_ms
@@ -579,7 +600,7 @@ class PerfModel:
         p = self.platform
         if not p.cores:
             return 0.0
-        return self.handling_ms * (cpu_stretch(p.vcpu(master_mb)) - 1.0)
+        return self.handling_ms * (cpu_stretch(self._cpu(master_mb)) - 1.0)
 
     def request_master_cpu_ms(self) -> float:
         """The master's CPU per request beside its stages: receiving the inputs, sending the outputs, its
@@ -635,3 +656,10 @@ class PerfModel:
         total, total_q, billed = self._request_total(lat, lat_q, cpu, master_mb)
         cost = self.cost_usd(billed, master_mb, gb_ms, inv)
         return PlanEstimate(total, total_q, cost, master_mb, mem, tuple(warnings))
+
+
+def _on_platform(compute: ComputeModel, platform: PlatformFacts) -> ComputeModel:
+    """``compute`` with ``platform``'s calibrated quotas above one vCPU (:meth:`ComputeModel.unit_time`)."""
+    if compute.quota_factors == platform.quota_factors:
+        return compute
+    return replace(compute, quota_factors=platform.quota_factors)

@@ -132,6 +132,9 @@ class PlatformFacts:
     billed_overhead_ms: float = 0.0  # billed per invocation beyond the work the model times
     # calibrated CPU shares: (nominal vCPU below one, measured slow-down / the nominal 1 / vCPU), by vCPU
     share_factors: tuple[tuple[float, float], ...] = ()
+    # calibrated quotas above one vCPU: (fractional nominal vCPU, the CPU its threads spend over one thread's,
+    # the ``cpu`` of :meth:`ComputeModel.unit_time`), by vCPU; (): the ideal, 1
+    quota_factors: tuple[tuple[float, float], ...] = ()
     # calibrated transports: (name, latency ms per put or get, bandwidth MiB/s), measured on the platform
     transfers: tuple[tuple[str, float, float], ...] = ()
     # calibrated: the master's CPU per worker invocation (ms) as (master vCPU, ms), by vCPU; (): the compute
@@ -229,6 +232,7 @@ class PlatformFacts:
             reserve_cores=HOST_RESERVE_CORES if shared_host else 0.0,
             billed_overhead_ms=profile.billed_overhead_ms,
             share_factors=_share_factors(profile),
+            quota_factors=_quota_factors(profile),
             transfers=tuple((name, t.latency_ms, t.bandwidth_mb_s) for name, t in sorted(profile.transports.items())),
             dispatch=tuple(sorted((mb / profile.mb_per_vcpu, ms) for mb, ms in profile.dispatch_ms.items())),
             handling_ms=profile.handling_ms,
@@ -254,6 +258,27 @@ def _share_factors(profile: PlatformProfile) -> tuple[tuple[float, float], ...]:
             factor = slowdown * v
             if 0.5 <= factor <= 2.0:
                 out.append((v, factor))
+    return tuple(sorted(out))
+
+
+def _quota_factors(profile: PlatformProfile) -> tuple[tuple[float, float], ...]:
+    """A calibrated profile's fractional shares above one vCPU as (nominal vCPU, CPU spent over one thread's
+    work), by vCPU. At a fractional share the quota binds: the work takes its CPU over the share, so the
+    slow-down against one vCPU times the share is that CPU. Where a whole share with as many threads
+    (unthrottled) was measured as slow, the quota did not bind and the figure says only that the threads were
+    no faster: it is left out, as are implausible ones (outside 0.8-2)."""
+    share = {mb / profile.mb_per_vcpu: slowdown for mb, slowdown in profile.cpu_share.items() if slowdown > 0}
+    out = []
+    for v, slowdown in share.items():
+        threads = math.ceil(v - 1e-9)
+        if v <= 1.0 or threads - v < 0.05:
+            continue
+        whole = next((s for w, s in share.items() if abs(w - threads) < 0.01), None)
+        if whole is not None and slowdown <= whole * 1.03:
+            continue
+        cpu = slowdown * v
+        if 0.8 <= cpu <= 2.0:
+            out.append((v, max(1.0, cpu)))
     return tuple(sorted(out))
 
 

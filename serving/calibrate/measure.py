@@ -53,6 +53,7 @@ import numpy as np
 
 from functions.errors import TransportError
 from platforms import InvokeLatency, PlatformProfile, TransferCost
+from platforms.profile import vcpus_for
 from serving.calibrate.fit import MIB, fit_ex_gaussian, fit_transfer
 from serving.calibrate.probes import (
     FORK_SPLITS,
@@ -127,9 +128,11 @@ class CalibrationSettings:
     sizes: tuple[int, ...] = (4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB, 16 * MIB)
     transports: tuple[str, ...] = TRANSPORTS
     redis_url: str | None = None
-    # the sizes below one vCPU a plan may choose, from the smallest function up: the share's real slow-down
-    # is not the nominal one at every size (a quota's period grants a small share in few, long slices)
-    cpu_share_mb: tuple[int, ...] = (128, 256, 512, 1024)
+    # the sizes a plan may choose, from the smallest function up: below one vCPU the share's real slow-down
+    # is not the nominal one at every size (a quota's period grants a small share in few, long slices);
+    # above it a fractional share runs two threads under a quota that cannot keep both busy (2048, 2560
+    # MB), against the two threads unthrottled (3538 MB). Sizes past the platform's vCPU cap are left out.
+    cpu_share_mb: tuple[int, ...] = (128, 256, 512, 1024, 2048, 2560, 3538)
     compute_n: int = 256
     compute_layers: int = 48
     evict_bytes: int = 64 * MIB
@@ -534,16 +537,21 @@ def measure_cpu_share(client: PlatformClient, url: str, settings: CalibrationSet
 
 def measure_cpu_share_on(target: CalibrationTarget, settings: CalibrationSettings, workdir: Path, *,
                          mb_per_vcpu: float, memory_range: tuple[int, int], progress: Progress | None = None,
-                         reference_mb: int | None = None) -> tuple[CpuShare, ...]:
+                         reference_mb: int | None = None, max_vcpu: float | None = None) -> tuple[CpuShare, ...]:
     """A fixed computation (``compute_n`` x ``compute_layers`` MatMuls) timed at one vCPU (``mb_per_vcpu``,
     within ``memory_range``) and at each of ``cpu_share_mb``, interleaved so that both see the same
-    machine load; the median duration of each, as the platform reports it (see :class:`Usage`).
+    machine load; the median duration of each, as the platform reports it (see :class:`Usage`). Above one
+    vCPU a function runs as many threads as its vCPUs' ceiling (``platforms.threads_for``); sizes whose
+    vCPUs would pass ``max_vcpu`` (the platform's cap, or the cores of the machine it shares) are left out:
+    they would measure the cap again.
 
-    ``reference_mb``: compare with that size instead (one thread uses at most one core, so what a size is
-    expected to take is its share up to one core against the reference's)."""
+    The expected slow-down is the share's ideal against the reference's, ``min(1, v_ref) / v``: below one
+    vCPU a thread stretched by its share, above it the work spread evenly over the quota.
+    ``reference_mb``: compare with that size instead."""
     lo, hi = memory_range
     ref_mb = int(min(hi, max(lo, round(mb_per_vcpu) if reference_mb is None else reference_mb)))
-    sizes = [int(m) for m in settings.cpu_share_mb if lo <= m <= hi and m != ref_mb]
+    cap_mb = math.inf if max_vcpu is None else max_vcpu * mb_per_vcpu + 1e-6
+    sizes = [int(m) for m in settings.cpu_share_mb if lo <= m <= min(hi, cap_mb) and m != ref_mb]
     if not sizes:
         return ()
     bundle = write_probe_bundle(workdir / "compute", compute_model(settings.compute_n, settings.compute_layers),
@@ -574,7 +582,7 @@ def measure_cpu_share_on(target: CalibrationTarget, settings: CalibrationSetting
     ref = _median(times[ref_mb])
 
     def expected(m: int) -> float:
-        return min(1.0, ref_mb / mb_per_vcpu) / min(1.0, m / mb_per_vcpu)
+        return min(1.0, ref_mb / mb_per_vcpu) / (m / mb_per_vcpu)
 
     return tuple(CpuShare(m, ref_mb, _median(times[m]), ref, expected(m), settings.cpu_samples, metered,
                           jitter_sigma(times[m], times[ref_mb]))
@@ -742,7 +750,8 @@ def calibrate_platform(target: CalibrationTarget, profile: PlatformProfile,
             skipped["handling"] = (f"{target.description}'s invoke latency already holds its functions' handling "
                                    f"at their size; the model keeps its default")
         cpu = measure_cpu_share_on(target, settings, tmp, mb_per_vcpu=profile.mb_per_vcpu,
-                                   memory_range=(profile.memory.min_mb, profile.memory.max_mb), progress=say)
+                                   memory_range=(profile.memory.min_mb, profile.memory.max_mb), progress=say,
+                                   max_vcpu=vcpus_for(profile.memory.max_mb, profile.mb_per_vcpu, profile.max_vcpu))
     rtts_sorted = np.sort(np.asarray(rtts))
     return Calibration(
         platform_url=target.url,

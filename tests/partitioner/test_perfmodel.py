@@ -131,6 +131,31 @@ def test_a_calibrated_cpu_share_corrects_the_nominal_one_below_one_vcpu() -> Non
     assert len(measured.share_factors) == 2  # 99x at 900 MB is no share: left out
 
 
+def test_a_fractional_share_above_one_vcpu_is_priced_by_the_cpu_its_threads_spend(convs: LayerGraph) -> None:
+    """Above one vCPU a function runs two threads under a quota it cannot keep both busy with: calibrate
+    measured 2560 MB (1.45 vCPU) 0.80x of one vCPU's time and 3538 MB (2 vCPU, unthrottled) 0.58x. At
+    1.45 vCPU the quota binds, so its threads spend 0.80 x 1.45 = 1.16 of one thread's CPU; a unit is
+    timed by the longer of Amdahl's threads and that CPU over the share. Where the whole share is as slow
+    the quota did not bind and the figure is left out."""
+    base = load_profile("local")
+    facts = PlatformFacts.from_profile(replace(base, cpu_share={512: 3.2, 2560: 0.80, 3538: 0.58}))
+    ((v, cpu),) = facts.quota_factors
+    assert v == pytest.approx(2560 / 1769) and cpu == pytest.approx(0.80 * 2560 / 1769)
+    unbound = PlatformFacts.from_profile(replace(base, cpu_share={2560: 0.58, 3538: 0.58}))
+    assert unbound.quota_factors == ()
+
+    cm = replace(ComputeModel(({1: 10.0, 2: 5.75},), (1,)), quota_factors=facts.quota_factors)
+    assert cm.unit_time(0, 1.0) == pytest.approx(10.0)
+    assert cm.unit_time(0, 2.0) == pytest.approx(5.75)  # two threads unthrottled: as measured
+    assert cm.unit_time(0, v) == pytest.approx(10.0 * cpu / v)  # the quota binds
+    ideal = ComputeModel(({1: 10.0, 2: 5.75},), (1,))
+    assert ideal.unit_time(0, v) == pytest.approx(10.0 / v)  # nothing calibrated: no CPU wasted
+    assert ideal.unit_time(0, 1.9) == pytest.approx(5.75)  # the threads, not the quota, bound it
+    # the perf model prices with its platform's quotas
+    pm = PerfModel(convs, facts, ComputeModel.from_flops(convs))
+    assert pm.compute.quota_factors == facts.quota_factors
+
+
 def test_master_is_billed_for_its_own_handling(convs: LayerGraph) -> None:
     facts = PlatformFacts.from_profile(load_profile("local"))
     assert facts.billed_overhead_ms == load_profile("local").billed_overhead_ms > 0

@@ -14,6 +14,8 @@ from platforms.profile import (
     MemoryRange,
     PlatformProfile,
     TransferCost,
+    billed_ms,
+    expected_billed_ms,
     load_profile,
     load_profile_data,
     profile_names,
@@ -23,5 +25,5 @@ from platforms.profile import (
 )
 
 __all__ = ["CPU_MODELS", "PROFILE_DIR", "CpuModel", "CpuModelName", "InvokeLatency", "MemoryRange", "PlatformProfile",
-           "TransferCost", "load_profile", "load_profile_data", "profile_names", "resolve_profile_path", "threads_for",
-           "vcpus_for"]
+           "TransferCost", "billed_ms", "expected_billed_ms", "load_profile", "load_profile_data", "profile_names",
+           "resolve_profile_path", "threads_for", "vcpus_for"]

@@ -19,10 +19,39 @@ from typing import Any, Literal
 import yaml
 
 __all__ = ["CPU_MODELS", "PROFILE_DIR", "CpuModel", "CpuModelName", "InvokeLatency", "MemoryRange", "PlatformProfile",
-           "TransferCost", "load_profile", "load_profile_data", "profile_names", "resolve_profile_path", "threads_for",
-           "vcpus_for"]
+           "TransferCost", "billed_ms", "expected_billed_ms", "load_profile", "load_profile_data", "profile_names",
+           "resolve_profile_path", "threads_for", "vcpus_for"]
 
 PROFILE_DIR = Path(__file__).resolve().parent
+
+
+#: at or below this granularity (Lambda's, 1 ms) run-to-run jitter spans several billing steps
+FINE_GRANULARITY_MS = 1.0
+
+
+def billed_ms(duration_ms: float, granularity_ms: float) -> float:
+    """What one invocation of ``duration_ms`` is billed for: its duration rounded up to the granularity, at
+    least one step (Lambda's rule; a granularity of 0 bills the duration as it is). The one billing rule,
+    for the platform's meter and the simulator alike."""
+    g = granularity_ms
+    if g <= 0:
+        return max(duration_ms, 0.0)
+    return max(1, math.ceil(max(duration_ms, 0.0) / g - 1e-9)) * g
+
+
+def expected_billed_ms(mean_ms: float, granularity_ms: float) -> float:
+    """What an invocation whose duration averages ``mean_ms`` is billed for on average under
+    :func:`billed_ms` (the performance model's view, which knows means). With a granularity much coarser
+    than the run-to-run jitter (Lambda's old 100 ms) every run rounds to the same step, ``billed_ms`` of the
+    mean; with a fine one (1 ms) the jitter spreads the durations over several steps and rounding up adds
+    half a step on average, which rounding the mean gets wrong by up to a whole step (20 % of a 5 ms
+    invocation)."""
+    g = granularity_ms
+    if g <= 0:
+        return max(mean_ms, 0.0)
+    if g <= FINE_GRANULARITY_MS:
+        return max(g, mean_ms + g / 2)
+    return billed_ms(mean_ms, g)
 
 
 def vcpus_for(memory_mb: float, mb_per_vcpu: float, max_vcpu: float | None, *, cores: int | None = None) -> float:
@@ -264,8 +293,8 @@ class PlatformProfile:
         return int(min(m.max_mb, max(m.min_mb, m.min_mb + k * m.step_mb)))
 
     def billed_ms(self, duration_ms: float) -> float:
-        g = self.billing_granularity_ms
-        return math.ceil(max(duration_ms, 0.0) / g) * g if duration_ms > 0 else float(g)
+        """One invocation's billed duration (:func:`billed_ms`)."""
+        return billed_ms(duration_ms, self.billing_granularity_ms)
 
     def billed_gb_s(self, memory_mb: float, duration_ms: float) -> float:
         """GB-seconds billed for one invocation: memory in GB x duration rounded up to the granularity."""

@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from platforms import billed_ms
+
 __all__ = [
     "CpuPool",
     "Event",
@@ -590,8 +592,8 @@ class SimPlatform:
     work_cv: float = 0.0
 
     def billed_ms(self, ms: float) -> float:
-        g = self.granularity_ms
-        return math.ceil(ms / g - 1e-9) * g if g > 0 else ms
+        """One invocation's billed duration, as the platform's meter bills it (``platforms.billed_ms``)."""
+        return billed_ms(ms, self.granularity_ms)
 
 
 # -- running a simulation --------------------------------------------------------------------------------

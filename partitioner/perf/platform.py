@@ -13,12 +13,11 @@ from typing import Any
 import numpy as np
 from scipy import special, stats
 
-from platforms import PlatformProfile
+from platforms import PlatformProfile, expected_billed_ms
 
 __all__ = ["ExGauss", "HOST_RESERVE_CORES", "MB", "PlatformFacts", "cpu_stretch"]
 
 MB = 2**20
-_FINE_GRANULARITY_MS = 1.0  # at or below this (Lambda now), run-to-run jitter spans several billing steps
 
 
 @dataclass(frozen=True)
@@ -190,18 +189,9 @@ class PlatformFacts:
         return self.transfer_latency_ms + nbytes / (self.bandwidth_mb_s * MB) * 1e3
 
     def billed_ms(self, ms: float) -> float:
-        """Expected billed duration of an invocation whose mean duration is ``ms``.
-
-        Each invocation is rounded up to the granularity. With a granularity much coarser than the run
-        to run jitter (Lambda's old 100 ms) that is ``ceil(ms)``; with a fine one (1 ms) the jitter spreads
-        the durations over several steps and rounding up adds half a step on average, which ``ceil`` of
-        the mean gets wrong by up to a whole step (20 % of a 5 ms invocation)."""
-        g = self.granularity_ms
-        if g <= 0:
-            return ms
-        if g <= _FINE_GRANULARITY_MS:
-            return max(g, ms + g / 2)
-        return math.ceil(ms / g - 1e-9) * g
+        """Expected billed duration of an invocation whose mean duration is ``ms``
+        (``platforms.expected_billed_ms``)."""
+        return expected_billed_ms(ms, self.granularity_ms)
 
     @classmethod
     def from_profile(cls, profile: PlatformProfile, *, transfer_latency_ms: float | None = None) -> PlatformFacts:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -97,3 +98,25 @@ def test_errors_name_the_file_and_the_problem(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"list.yaml: a platform profile is a YAML mapping"):
         load_profile(_write(tmp_path, [1, 2], "list.yaml"))
     assert PlatformProfile.from_dict(MINIMAL).name == "tiny"
+
+
+@pytest.mark.parametrize("profile", ["aws-lambda", "openfaas", "local"])
+def test_the_meter_the_simulator_and_the_model_bill_by_one_rule(profile: str) -> None:
+    """One billing rule: what the local platform's meter bills an invocation (the profile's ``billed_ms``) is
+    what the simulator bills it, and the performance model's expected bill for a spread of durations is
+    their mean bill within a tenth of a step."""
+    from bench.sim.simulator import SimPlatform
+    from partitioner.perfmodel import PlatformFacts
+
+    p = load_profile(profile)
+    sim = SimPlatform(granularity_ms=p.billing_granularity_ms)
+    facts = PlatformFacts.from_profile(p)
+    g = p.billing_granularity_ms
+    for ms in (0.0, 0.3, 1.0, 4.2, 99.99, 100.0, 130.0):
+        assert sim.billed_ms(ms) == p.billed_ms(ms) >= ms
+        assert p.billed_ms(ms) >= g  # at least one step
+    rng = np.random.default_rng(0)
+    for mean in (4.2, 37.0, 130.0):
+        runs = mean * rng.lognormal(0.0, 0.2, 20_000) / np.exp(0.02)
+        metered = float(np.mean([p.billed_ms(x) for x in runs]))
+        assert facts.billed_ms(float(np.mean(runs))) == pytest.approx(metered, abs=0.1 * g if g <= 1 else 0.25 * g)

@@ -302,7 +302,8 @@ def compute_model(lg: LayerGraph, how: str = "auto", *, progress: Callable[[str]
             except Exception as e:  # noqa: BLE001 - a broken cache entry must not stop planning
                 log.warning("profile unavailable (%s); using FLOPs", e)
     if how == "flops":
-        return ComputeModel.from_flops(lg), "FLOPs at a nominal 20 GFLOP/s per thread"
+        return (replace(ComputeModel.from_flops(lg), base_mb=_function_base_mb()),
+                "FLOPs at a nominal 20 GFLOP/s per thread")
     if progress:
         progress("timing the whole model once per thread count")
     total_flops = sum(u.flops for u in lg.units) or 1
@@ -319,8 +320,23 @@ def compute_model(lg: LayerGraph, how: str = "auto", *, progress: Callable[[str]
                 log.warning("%s: %s; the machine looks busy. The plan assumes what was measured; plan again "
                             "on a quieter machine (or `flatpack profile`)", lg.name, why)
     units = tuple({k: v * u.flops / total_flops for k, v in times.items()} for u in lg.units)
-    cm = ComputeModel(units, tuple(u.flops for u in lg.units))
+    cm = ComputeModel(units, tuple(u.flops for u in lg.units), base_mb=_function_base_mb())
     return cm, f"whole-model timing spread by FLOPs ({total_flops / t1 / 1e6:.1f} GFLOP/s on 1 thread)"
+
+
+def _function_base_mb() -> float:
+    """What a function holds before its model's weights and activations, where no unit was profiled: this
+    machine's runtime base (a fresh process with numpy, onnxruntime and a one-node session; measured once
+    and cached) and flatpack's own runtime (``FUNCTION_RUNTIME_MB``), as a profile's base is counted."""
+    from partitioner.perf.compute import FUNCTION_RUNTIME_MB
+    from partitioner.profile import ProfileCache, runtime_base_mb
+
+    try:
+        return runtime_base_mb(cache=ProfileCache()) + FUNCTION_RUNTIME_MB
+    except Exception as e:  # noqa: BLE001 - a plan without the measurement keeps the default
+        log.warning("the runtime's base memory could not be measured (%s); assuming %.0f MB", e,
+                    ComputeModel.base_mb + FUNCTION_RUNTIME_MB)
+        return ComputeModel.base_mb + FUNCTION_RUNTIME_MB
 
 
 def make_perfmodel(lg: LayerGraph, request: PlanRequest, compute: ComputeModel | None = None, *,
@@ -334,7 +350,7 @@ def make_perfmodel(lg: LayerGraph, request: PlanRequest, compute: ComputeModel |
         compute, source = compute_model(lg, request.profile, budget_s=request.profile_budget_s, progress=progress,
                                         unit_progress=unit_progress)
     pm = PerfModel(lg, facts, compute, percentile=request.percentile, transport=request.transport,
-                   hedge=request.hedge)
+                   hedge=request.hedge, cpu=profile.cpu)
     return pm, profile, source
 
 

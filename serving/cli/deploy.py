@@ -154,8 +154,8 @@ def calibrated_local(recalibrate: bool) -> str:
               help="Ping the functions every SECONDS so instances stay warm (Gillis); off by default.")
 @click.option("--hedge", "hedge", default="auto", show_default=True, metavar="auto|off|pNN",
               help="Re-invoke a worker part still running past the NN-th percentile of its recent durations, the "
-                   "first reply wins (cuts the tail; the plan's percentile prices it). auto: p95 with --percentile, "
-                   "else off. Local target.")
+                   "first reply wins (cuts the tail; the plan's percentile prices it). auto: p95 for the parts of "
+                   "split stages (cheap to duplicate), the functions' default; off: never. pNN: local target.")
 @click.option("--dry-run", is_flag=True, help="lambda/openfaas: render the service (-o DIR) and deploy nothing.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
               help="lambda/openfaas: where to render the service (default: the state directory).")
@@ -174,10 +174,10 @@ def calibrated_local(recalibrate: bool) -> str:
                    "`flatpack calibrate`, cached); --no-calibrate plans with the published local.yaml.")
 @click.option("--recalibrate", is_flag=True, help="local: measure the platform again before planning.")
 @click.option("--verify", "verify", type=click.IntRange(min=1), default=None, metavar="N",
-              help="local, with --slo: after warm-up, send N probe requests through the endpoint and compare the "
-                   "SLO's statistic with the SLO; a plan that misses is corrected with what was measured, "
-                   "re-planned and swapped in blue/green (default: 40 for the mean, enough for the percentile "
-                   "with --percentile, e.g. 200 for p95).")
+              help="With --slo: after warm-up, send N probe requests through the endpoint and compare the "
+                   "SLO's statistic with the SLO; locally a plan that misses is corrected with what was measured, "
+                   "re-planned and swapped in blue/green; on lambda/openfaas one probe round gives the verdict "
+                   "(default: 40 for the mean, enough for the percentile with --percentile, e.g. 200 for p95).")
 @click.option("--no-verify", is_flag=True, help="Skip the live check of the SLO (each probe request is an invocation: "
                                                 "on a cloud target it costs money).")
 @click.option("--rounds", "max_rounds", type=click.IntRange(1, 10), default=3, show_default=True,
@@ -249,9 +249,11 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
 
     require_backend(backend, bundle=bundle, local=target == "local")
     if target != "local":
-        _deploy_cloud(target, name, path, bundle, transport=transport, mode=mode, dry_run=dry_run, out_dir=out_dir,
-                      region=region, endpoint_url=endpoint_url, gateway=gateway, vendor=not no_vendor,
-                      backend=backend)
+        record = _deploy_cloud(target, name, path, bundle, transport=transport, mode=mode, dry_run=dry_run,
+                               out_dir=out_dir, region=region, endpoint_url=endpoint_url, gateway=gateway,
+                               vendor=not no_vendor, backend=backend)
+        if record is not None and request.slo_ms is not None and not no_verify:
+            _verify_cloud(record, lg, request, result, pm, source, verify, keep_on_miss)
         return
     from functions.bundle import Bundle
 
@@ -263,6 +265,8 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
         record.options["backend"] = backend
     if request.hedge is not None:
         record.options["hedge_percentile"] = round(request.hedge * 100, 3)
+    elif hedge.strip().lower() == "off":
+        record.options["hedge_percentile"] = None  # recorded, so the functions get it (their default hedges)
     if request.slo_ms is not None:
         record.options["slo"] = {"slo_ms": request.slo_ms, "percentile": request.percentile}
     if watch:
@@ -294,10 +298,11 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
 
 
 def _keep_promise(record: DeploymentRecord, lg: Any, request: Any, result: Any, pm: Any, source: str,
-                  verify: int | None, max_rounds: int) -> bool:
+                  verify: int | None, max_rounds: int, *, swaps: bool = True) -> bool:
     """The promise loop (:func:`serving.deploy.promise.keep_promise`) on a deployment just started: probe,
-    correct, re-plan, swap. Prints a line per round and the final figures; records them in the deployment's
-    options (``promise``, ``cheapest``). Whether the plan serving now met the SLO live."""
+    correct, re-plan, swap (``swaps`` False: one probe round, a verdict without a re-plan, for a target
+    whose plan cannot be swapped in place). Prints a line per round and the final figures; records them in
+    the deployment's options (``promise``, ``cheapest``). Whether the plan serving now met the SLO live."""
     from functions.settings import api_token
     from partitioner.planner import solve, with_sampled_tail
     from serving.deploy.promise import (
@@ -320,7 +325,7 @@ def _keep_promise(record: DeploymentRecord, lg: Any, request: Any, result: Any, 
         with err_console.status("probing the endpoint") as st:
             swap = LocalSwap(r.name, lg, request, source=source, progress=lambda m: st.update(m))
             outcome = keep_promise(pm, request, result, probe=probe, swap=swap, requests=requests,
-                                   max_rounds=max_rounds, say=console.print,
+                                   max_rounds=max_rounds if swaps else 1, say=console.print,
                                    replan=lambda req: with_sampled_tail(pm, solve(lg, req, pm=pm)))
     finally:
         probe.close()
@@ -459,7 +464,7 @@ def _fidelity(bundle: Path) -> Any:
 
 def _deploy_cloud(target: str, name: str, model: Path, bundle: Path, *, transport: str, mode: str, dry_run: bool,
                   out_dir: str | None, region: str | None, endpoint_url: str | None, gateway: str | None,
-                  vendor: bool, backend: str) -> None:
+                  vendor: bool, backend: str) -> DeploymentRecord | None:
     from serving.deploy.cloud import deploy_cloud
 
     try:
@@ -475,10 +480,39 @@ def _deploy_cloud(target: str, name: str, model: Path, bundle: Path, *, transpor
         console.print(f"rendered the {target} service in [bold]{res.rendered}[/] (dry run: nothing deployed)")
         for step in res.next_steps:
             console.print(f"  {step}")
-        return
+        return None
     console.print(f"[green]ready[/]: [bold]{res.endpoint}/v2/models/{name}/infer[/] on {target} "
                   f"(Open Inference Protocol v2); rendered in {res.rendered}")
     console.print(f"stop: flatpack undeploy {name}")
+    return res.record
+
+
+def _verify_cloud(record: DeploymentRecord, lg: Any, request: Any, result: Any, pm: Any, source: str,
+                  verify: int | None, keep_on_miss: bool) -> None:
+    """The live check of a cloud deployment's SLO: one probe round through its endpoint and the verdict. The
+    measurement corrects the model (cached, so the next deploy of this model plans with it); a plan that
+    misses is removed (exit 2) unless ``keep_on_miss``. A plan is not re-planned in place on a cloud: its
+    functions are images and packages built for that plan (deploy again to use the correction)."""
+    from serving.deploy.cloud import undeploy_cloud
+
+    try:
+        met = _keep_promise(record, lg, request, result, pm, source, verify, 1, swaps=False)
+    except OSError as e:
+        err_console.print(f"[yellow]could not probe {record.endpoint} ({type(e).__name__}: {e}); the SLO is not "
+                          f"checked live[/] (--no-verify skips the check)")
+        return
+    except BaseException:
+        undeploy_cloud(record)
+        raise
+    if met:
+        return
+    if keep_on_miss:
+        err_console.print(f"kept {record.name} (--keep-on-miss); deploy again to plan with the live correction")
+        return
+    undeploy_cloud(record, progress=lambda m: err_console.print(f"[dim]{m}[/]"))
+    err_console.print(f"removed {record.name}: it misses the SLO live; deploy again to plan with the live correction "
+                      f"(--keep-on-miss keeps it running)")
+    raise click.exceptions.Exit(2)
 
 
 @click.command("serve")

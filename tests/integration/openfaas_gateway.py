@@ -77,9 +77,12 @@ class Gateway:
             def log_message(self, *args: object) -> None:
                 pass
 
-            def _reply(self, status: int, body: bytes = b"", ctype: str = "application/json") -> None:
+            def _reply(self, status: int, body: bytes = b"", ctype: str = "application/json",
+                       headers: dict[str, str] | None = None) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -143,10 +146,14 @@ class Gateway:
                     req = urllib.request.Request(f"{entry[1]}/{rest}", data=body, headers=hdrs, method="POST")
                     try:
                         with urllib.request.urlopen(req, timeout=60) as r:
-                            status, data, ctype = r.status, r.read(), r.headers.get("Content-Type", "")
+                            status, data, got = r.status, r.read(), r.headers
                     except urllib.error.HTTPError as e:
-                        status, data, ctype = e.code, e.read(), e.headers.get("Content-Type", "")
-                    self._reply(status, data, ctype)
+                        status, data, got = e.code, e.read(), e.headers
+                    # the function's own headers pass through, as the gateway's reverse proxy passes them
+                    extra = {k: v for k, v in got.items()
+                             if k.lower() not in ("content-length", "content-type", "connection", "date", "server",
+                                                  "transfer-encoding", "keep-alive")}
+                    self._reply(status, data, got.get("Content-Type", ""), extra)
                     return
                 self._reply(404, b"", "text/plain")
 

@@ -185,3 +185,66 @@ def test_gateway_deployer_end_to_end(conv: Path, gateway: Gateway, tmp_path: Pat
     assert gateway.functions == {} and all(p.poll() is not None for p in procs)
     assert [r for r in gateway.requests if r[0] == "DELETE"] == [("DELETE", n) for n in reversed(dep.functions)]
     assert deployer.undeploy(dep) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# deploy --slo on OpenFaaS: the live check through the gateway
+# --------------------------------------------------------------------------------------------------
+
+
+def _fast_openfaas_profile(tmp_path: Path) -> Path:
+    """The openfaas profile with invocations no platform makes (0.1 ms): a plan predicted well under the
+    millisecond that the gateway's two HTTP hops take anywhere, so its live figure misses any SLO near it."""
+    doc = yaml.safe_load((Path(__file__).parents[2] / "platforms" / "openfaas.yaml").read_text())
+    doc.update(name="impossibly-fast-openfaas", invoke_latency_ms={"mu": 0.1, "sigma": 0.01, "tau": 0.01},
+               billed_overhead_ms=0.0)
+    path = tmp_path / "fast-openfaas.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.parametrize("slo", ["60000ms", "1.5ms"])
+def test_deploy_with_an_slo_checks_it_live_through_the_gateway(slo: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`deploy --target openfaas --slo` probes the endpoint the user calls (the gateway's route to the master)
+    once deployed: a plan within its SLO stays and records the live figure; one that misses it live is
+    removed from the gateway, every function, and deploy exits 2."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.onnx_builders import conv_stack
+
+    state = tmp_path / "state"
+    model = tmp_path / "convs.onnx"
+    import onnx
+
+    onnx.save(conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * 2, cin=3, h=16, w=16),
+              str(model))
+    with Gateway(lambda doc: state / "openfaas" / doc["envVars"]["FLATPACK_DEPLOYMENT"], "admin", "s3cret") as gw:
+        env = {**os.environ, "FLATPACK_STATE_DIR": str(state), "FLATPACK_CACHE_DIR": str(tmp_path / "cache"),
+               "FLATPACK_OPENFAAS_USER": "admin", "FLATPACK_OPENFAAS_PASSWORD": "s3cret",
+               "FLATPACK_OPENFAAS_FUNCTION_GATEWAY": gw.url, "FLATPACK_OPENFAAS_IMAGE": "flatpack-test:1"}
+        r = subprocess.run([sys.executable, "-m", "serving.cli", "deploy", str(model), "--target", "openfaas",
+                            "--gateway", gw.url, "--name", "cc", "--mode", "slo", "--slo", slo, "--verify", "12",
+                            "--platform", str(_fast_openfaas_profile(tmp_path)), "--profile", "flops",
+                            "--memory", "256"],
+                           capture_output=True, text=True, env=env, timeout=600, check=False)
+        out = r.stdout + r.stderr
+        record = state / "deployments" / "cc.json"
+        if slo == "60000ms":
+            assert r.returncode == 0, out
+            assert "verifying the SLO live: 12 requests" in out and "SLO met live" in out
+            promise = json.loads(record.read_text())["options"]["promise"]
+            assert promise["met"] and promise["rounds"] == 1 and 0 < promise["live_ms"] < 60000
+            assert gw.functions  # still serving
+            u = subprocess.run([sys.executable, "-m", "serving.cli", "undeploy", "cc"], capture_output=True,
+                               text=True, env=env, timeout=300, check=False)
+            assert u.returncode == 0, u.stdout + u.stderr
+        else:
+            assert r.returncode == 2, out
+            assert "SLO missed live" in out and "removed cc" in out
+            assert not record.exists()
+        assert gw.functions == {}
+        posted = {n for m, n in gw.requests if m == "POST"}
+        assert posted and posted == {n for m, n in gw.requests if m == "DELETE"}

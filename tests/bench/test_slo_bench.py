@@ -19,6 +19,7 @@ from bench.suite.slo import (
     cases,
     live_statistic,
     make_row,
+    requests_for,
     slo_for,
     targets,
 )
@@ -136,3 +137,9 @@ def test_targets() -> None:
         "at least 90% of percentile rows met"]
     assert not any(t.passed for t in targets([], 1.0)[:4])
     assert all(set(t.to_json()) == {"target", "pass", "detail"} for t in targets(good, 1.0))
+
+
+def test_a_percentile_row_is_measured_with_twenty_requests_beyond_it() -> None:
+    assert requests_for(None, 100) == 100
+    assert requests_for(95, 100) == 400 and requests_for(99, 100) == 2000
+    assert requests_for(50, 100) == 100  # forty past the median already

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -176,7 +177,7 @@ def print_solution(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
         sends = () if not coded else (
             f"{ch.encode.label}: {ch.encode.bytes_before} -> {ch.encode.bytes_after} B" if ch.encode else "raw",)
         table.add_row(str(i), f"{ch.first}-{ch.last}", ops[:28], str(ch.split), str(n), where, mb,
-                      f"{oc:.1f}" if oc is not None else "?", times_label(pm, ch, opt), *sends)
+                      f"{oc:.1f}" if oc is not None else "?", times_label(pm, ch, opt, result.master_mb), *sends)
     console.print(table)
     pct = f"p{round((request.percentile or 0.99) * 100)}"
     console.print(
@@ -188,7 +189,7 @@ def print_solution(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
     for w in est.warnings:
         console.print(f"[yellow]warning:[/] {w}")
     for note in result.notes:
-        console.print(f"[dim]{note}[/]")
+        console.print(f"[dim]{note}[/]", soft_wrap=True)  # one line each, whatever the terminal's width
 
 
 def fidelity_line(f: Any) -> str:
@@ -198,16 +199,33 @@ def fidelity_line(f: Any) -> str:
             "labelled inputs")
 
 
-def times_label(pm: PerfModel, choice: Any, opt: Any) -> str:
+def times_label(pm: PerfModel, choice: Any, opt: Any, master_mb: int | None = None) -> str:
     """Where a stage's time comes from: timed live on the platform, the model corrected by the measured
-    ratio of its split degree, the units' profile (an unsplit stage), or the model alone."""
+    ratio of its split degree, the units' profile (an unsplit stage), or the model alone; with
+    ``master_mb``, marked "extrapolated" where its functions run more threads than this machine measured
+    (a Lambda function past its cores: Amdahl's law beyond the measured thread counts)."""
     if opt is not None and opt.measured:
         return "measured"
     times = pm.stage_times
     ratio = times.ratio(choice.split.degree) if times is not None else None
-    if ratio is not None:
-        return f"predicted x{ratio:.2f}"
-    return "unit times" if choice.split.degree == 1 else "predicted"
+    label = (f"predicted x{ratio:.2f}" if ratio is not None else
+             "unit times" if choice.split.degree == 1 else "predicted")
+    if master_mb is not None:
+        beyond = extrapolated_threads(pm, choice, master_mb)
+        if beyond:
+            label += f", extrapolated to {beyond[0]} threads (measured up to {beyond[1]})"
+    return label
+
+
+def extrapolated_threads(pm: PerfModel, choice: Any, master_mb: int) -> tuple[int, int] | None:
+    """(threads, the most measured) where ``choice``'s functions compute with more threads than its units were
+    measured with; None where they do not."""
+    mbs = [choice.worker_mb or master_mb] if not choice.master_part or choice.split.degree > 1 else []
+    if choice.master_part:
+        mbs.append(master_mb)
+    threads = max(math.ceil(pm.function_vcpu(mb) - 1e-9) for mb in mbs)
+    measured = min((max(t) for t in pm.compute.unit_ms[choice.first:choice.last + 1] if t), default=1)
+    return (threads, measured) if threads > measured else None
 
 
 def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, source: str,
@@ -231,7 +249,8 @@ def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
         "memory_mb": e.memory_mb,
         "stages": [{"units": [c.first, c.last], "split": str(c.split), "master_part": c.master_part,
                     "worker_mb": c.worker_mb or result.master_mb, "sends": c.encode.label if c.encode else "raw",
-                    **({"times": times_label(pm, c, pm.option(c, result.master_mb))} if pm is not None else {})}
+                    **({"times": times_label(pm, c, pm.option(c, result.master_mb), result.master_mb)}
+                       if pm is not None else {})}
                    for c in result.choices],
         "autoencoders": [dataclasses.asdict(c.encode) for c in result.choices if c.encode is not None],
         "seconds": result.seconds,

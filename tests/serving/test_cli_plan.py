@@ -66,3 +66,14 @@ def test_deploy_refuses_a_bad_hedge_or_budget_before_planning(model: Path, args:
     result = CliRunner().invoke(main, ["deploy", str(model), "--no-calibrate", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_a_stage_timed_past_the_measured_threads_is_marked_extrapolated(model: Path) -> None:
+    """A 10,240 MB Lambda function computes with six threads; the units were timed with one and two (FLOPs'
+    stand-in the same): its figure is Amdahl's law beyond them, and the plan says so. At one vCPU it is not."""
+    big = CliRunner().invoke(main, ["plan", str(model), "--mode", "lo", "--profile", "flops", "--memory", "10240",
+                                    "--platform", "aws-lambda", "--json"])
+    assert big.exit_code == 0, big.output
+    (stage,) = {s["times"] for s in json.loads(big.stdout)["stages"]}
+    assert stage.endswith("extrapolated to 6 threads (measured up to 2)")
+    assert not any("extrapolated" in s["times"] for s in _plan(model)["stages"])

@@ -253,7 +253,7 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
                                out_dir=out_dir, region=region, endpoint_url=endpoint_url, gateway=gateway,
                                vendor=not no_vendor, backend=backend)
         if record is not None and request.slo_ms is not None and not no_verify:
-            _verify_cloud(record, lg, request, result, pm, source, verify, keep_on_miss)
+            _verify_cloud(record, lg, request, result, pm, source, verify, max_rounds, keep_on_miss)
         return
     from functions.bundle import Bundle
 
@@ -300,9 +300,10 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
 def _keep_promise(record: DeploymentRecord, lg: Any, request: Any, result: Any, pm: Any, source: str,
                   verify: int | None, max_rounds: int, *, swaps: bool = True) -> bool:
     """The promise loop (:func:`serving.deploy.promise.keep_promise`) on a deployment just started: probe,
-    correct, re-plan, swap (``swaps`` False: one probe round, a verdict without a re-plan, for a target
-    whose plan cannot be swapped in place). Prints a line per round and the final figures; records them in
-    the deployment's options (``promise``, ``cheapest``). Whether the plan serving now met the SLO live."""
+    correct, re-plan, swap: locally, or on Lambda (:mod:`serving.deploy.cloud_promise`); ``swaps`` False:
+    one probe round, a verdict without a re-plan (OpenFaaS, whose plans are images to build). Prints a line
+    per round and the final figures; records them in the deployment's options (``promise``, ``cheapest``).
+    Whether the plan serving now met the SLO live."""
     from functions.settings import api_token
     from partitioner.planner import solve, with_sampled_tail
     from serving.deploy.promise import (
@@ -320,10 +321,18 @@ def _keep_promise(record: DeploymentRecord, lg: Any, request: Any, result: Any, 
     r = DeploymentRecord.load(record.name)
     console.print(f"verifying the SLO live: {requests} requests through {r.endpoint} per round, "
                   f"{stat} against {request.slo_ms:g} ms")
-    probe = EndpointProbe(r.endpoint or "", r.name, lg.model, token=api_token())
+    probe: Any
+    if r.target == "lambda":
+        from serving.deploy.cloud_promise import LambdaProbe, LambdaSwap
+
+        probe = LambdaProbe(r.name, lg.model, token=api_token())
+    else:
+        probe = EndpointProbe(r.endpoint or "", r.name, lg.model, token=api_token())
     try:
         with err_console.status("probing the endpoint") as st:
-            swap = LocalSwap(r.name, lg, request, source=source, progress=lambda m: st.update(m))
+            swap: Any = (LambdaSwap(r.name, lg, request, source=source, token=api_token(),
+                                    progress=lambda m: st.update(m)) if r.target == "lambda" else
+                         LocalSwap(r.name, lg, request, source=source, progress=lambda m: st.update(m)))
             outcome = keep_promise(pm, request, result, probe=probe, swap=swap, requests=requests,
                                    max_rounds=max_rounds if swaps else 1, say=console.print,
                                    replan=lambda req: with_sampled_tail(pm, solve(lg, req, pm=pm)))
@@ -488,28 +497,31 @@ def _deploy_cloud(target: str, name: str, model: Path, bundle: Path, *, transpor
 
 
 def _verify_cloud(record: DeploymentRecord, lg: Any, request: Any, result: Any, pm: Any, source: str,
-                  verify: int | None, keep_on_miss: bool) -> None:
-    """The live check of a cloud deployment's SLO: one probe round through its endpoint and the verdict. The
-    measurement corrects the model (cached, so the next deploy of this model plans with it); a plan that
-    misses is removed (exit 2) unless ``keep_on_miss``. A plan is not re-planned in place on a cloud: its
-    functions are images and packages built for that plan (deploy again to use the correction)."""
+                  verify: int | None, max_rounds: int, keep_on_miss: bool) -> None:
+    """The live check of a cloud deployment's SLO. On Lambda the promise loop as locally: probe, correct,
+    re-plan, swap the plan in blue/green behind the same endpoint. On OpenFaaS one probe round and the
+    verdict: its functions are images built for their plan, which the gateway's API does not build. The
+    correction is cached either way, so the next deploy of this model plans with it; a deployment whose plans
+    all missed is removed (exit 2) unless ``keep_on_miss``."""
     from serving.deploy.cloud import undeploy_cloud
+    from serving.deploy.state import DeploymentRecord
 
     try:
-        met = _keep_promise(record, lg, request, result, pm, source, verify, 1, swaps=False)
+        met = _keep_promise(record, lg, request, result, pm, source, verify, max_rounds,
+                            swaps=record.target == "lambda")
     except OSError as e:
         err_console.print(f"[yellow]could not probe {record.endpoint} ({type(e).__name__}: {e}); the SLO is not "
                           f"checked live[/] (--no-verify skips the check)")
         return
     except BaseException:
-        undeploy_cloud(record)
+        undeploy_cloud(DeploymentRecord.load(record.name))
         raise
     if met:
         return
     if keep_on_miss:
         err_console.print(f"kept {record.name} (--keep-on-miss); deploy again to plan with the live correction")
         return
-    undeploy_cloud(record, progress=lambda m: err_console.print(f"[dim]{m}[/]"))
+    undeploy_cloud(DeploymentRecord.load(record.name), progress=lambda m: err_console.print(f"[dim]{m}[/]"))
     err_console.print(f"removed {record.name}: it misses the SLO live; deploy again to plan with the live correction "
                       f"(--keep-on-miss keeps it running)")
     raise click.exceptions.Exit(2)

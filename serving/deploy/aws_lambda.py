@@ -17,7 +17,7 @@ import logging
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -163,29 +163,8 @@ class LambdaDeployer:
             iam.put_role_policy(RoleName=name, PolicyName="flatpack", PolicyDocument=_json(policy))
             dep.policies[name] = "flatpack"
         for f in service.functions:
-            env = dict(env_for_deploy(f, bucket=dep.bucket, region=self.region))
-            if f.name in big:
-                env["FLATPACK_BUNDLE_S3_URI"] = f"s3://{dep.bucket}/{service.s3_bundle_prefix}"
-            if f.role == "master" and opts.api_token:
-                env["FLATPACK_API_TOKEN"] = opts.api_token
-            code: dict[str, Any]
-            if len(zips[f.name]) > _INLINE_ZIP_LIMIT:
-                key = f"{bundle_prefix(dep.deployment)}/code/{f.name}.zip"
-                s3.put_object(Bucket=dep.bucket, Key=key, Body=zips[f.name])
-                dep.uploaded.append(key)
-                code = {"S3Bucket": dep.bucket, "S3Key": key}
-            else:
-                code = {"ZipFile": zips[f.name]}
-            kw = {}
-            if f.name in big:
-                need = sum((service.bundle_dir / rel).stat().st_size for rel in f.files)
-                kw["EphemeralStorage"] = {"Size": min(10240, max(512, int(need * 1.2 / 2**20) + 64))}
-            self._say(f"creating function {f.name} ({f.memory_mb} MB)")
-            resp = self._create_function(lam, dict(
-                FunctionName=f.name, Runtime=opts.runtime, Role=role_arns[f.role], Handler=HANDLER, Code=code,
-                Description=f"flatpack {service.deployment}: {f.plan_name}", Timeout=opts.timeout_s,
-                MemorySize=f.memory_mb, Publish=True, Architectures=["x86_64"],
-                Environment={"Variables": env}, Tags={"flatpack:deployment": service.deployment}, **kw))
+            resp = self._create_function(lam, self._function_kwargs(service, dep, s3, f, zips[f.name], big,
+                                                                    role_arns[f.role]))
             dep.functions[f.plan_name] = resp["FunctionArn"]
             dep.versions[f.plan_name] = str(resp.get("Version") or "$LATEST")
         self._wait_active(lam, [f.name for f in service.functions])
@@ -199,6 +178,148 @@ class LambdaDeployer:
             lam.add_permission(FunctionName=master, Qualifier=ALIAS, StatementId="flatpack-function-url",
                                Action="lambda:InvokeFunctionUrl", Principal="*", FunctionUrlAuthType="NONE")
             dep.function_url = url["FunctionUrl"]
+
+    def _function_kwargs(self, service: LambdaService, dep: LambdaDeployment, s3: Any, f: Any, package: bytes,
+                         big: set[str], role_arn: str) -> dict[str, Any]:
+        """CreateFunction's arguments for ``f``: its environment, its package (inline, or put in the bucket
+        when too big), its scratch space, its role. Puts the package in the bucket where it goes there."""
+        opts = service.options
+        env = dict(env_for_deploy(f, bucket=dep.bucket, region=self.region))
+        if f.name in big:
+            env["FLATPACK_BUNDLE_S3_URI"] = f"s3://{dep.bucket}/{service.s3_bundle_prefix}"
+        if f.role == "master" and opts.api_token:
+            env["FLATPACK_API_TOKEN"] = opts.api_token
+        code: dict[str, Any]
+        if len(package) > _INLINE_ZIP_LIMIT:
+            key = f"{bundle_prefix(service.deployment)}/code/{f.name}.zip"
+            s3.put_object(Bucket=dep.bucket, Key=key, Body=package)
+            dep.uploaded.append(key)
+            code = {"S3Bucket": dep.bucket, "S3Key": key}
+        else:
+            code = {"ZipFile": package}
+        kw: dict[str, Any] = {}
+        if f.name in big:
+            need = sum((service.bundle_dir / rel).stat().st_size for rel in f.files)
+            kw["EphemeralStorage"] = {"Size": min(10240, max(512, int(need * 1.2 / 2**20) + 64))}
+        self._say(f"creating function {f.name} ({f.memory_mb} MB)")
+        return dict(FunctionName=f.name, Runtime=opts.runtime, Role=role_arn, Handler=HANDLER, Code=code,
+                    Description=f"flatpack {service.deployment}: {f.plan_name}", Timeout=opts.timeout_s,
+                    MemorySize=f.memory_mb, Publish=True, Architectures=["x86_64"],
+                    Environment={"Variables": env}, Tags={"flatpack:deployment": service.deployment}, **kw)
+
+    # ---------------------------------------------------------------------------------------------
+
+    def swap(self, dep: LambdaDeployment, service: LambdaService, *, warm: Callable[[str, str], None],
+             drain_s: float = 10.0) -> LambdaDeployment:
+        """Make ``service`` (a new plan of ``dep``'s model, rendered under a new deployment name) the plan
+        that ``dep``'s endpoint serves, blue/green, with the endpoint unchanged:
+
+        1. the new plan's workers are created beside the old ones (their own role), and the master's role
+           may invoke both;
+        2. the master function (the one the endpoint calls) gets the new plan's package and settings as a
+           new published version, which ``warm(function, version)`` invokes directly until it is warm;
+        3. the master's ``live`` alias (what the endpoint calls) moves to that version: the switch;
+        4. after ``drain_s`` for requests the old version still runs, the old workers and their role are
+           removed, and the master's role may invoke only the new workers.
+
+        Returns the deployment as it now stands (what ``undeploy`` removes). If a step before the switch
+        fails, what the swap created is removed and the old plan keeps serving."""
+        if service.options.vendor and not service.vendored:
+            raise RuntimeError(f"the service at {service.root} has no vendored dependencies; render it again")
+        iam, lam, s3 = self._client("iam"), self._client("lambda"), self._client("s3")
+        arn = concrete_arn(self._session.get_partition_for_region(self.region) if hasattr(
+            self._session, "get_partition_for_region") else "aws", self.region, dep.account)
+        master_name = dep.functions[service.master.plan_name].rsplit(":", 1)[-1]
+        master = replace(service.master, name=master_name)  # the new plan's master, as the function it replaces
+        workers = [f for f in service.functions if f.role == "worker"]
+        big = {f.name for f in service.functions if service.parts_in_s3[f.name]}
+        if big and dep.bucket is None:
+            raise RuntimeError("the new plan's parts need a bucket, and the deployment has none: deploy it anew")
+        new = LambdaDeployment(service.deployment, dep.region, dep.account, dep.endpoint_url, bucket=dep.bucket,
+                               model=service.model)
+        if big:
+            new.uploaded += upload_bundle_files(s3, service, str(dep.bucket))
+        tensors = service.tensors_in_s3 and dep.bucket is not None
+
+        def master_policy(functions: list[Any]) -> dict[str, Any]:
+            return role_policy("master", functions, deployment=service.deployment, arn=arn,
+                               bucket=dep.bucket if service.needs_bucket else None,
+                               bundle_in_s3=master.name in big, tensors_in_s3=tensors)
+
+        old_workers = {k: v for k, v in dep.functions.items() if k != service.master.plan_name}
+        master_role = dep.roles["master"]
+        old_policy = iam.get_role_policy(RoleName=master_role, PolicyName=dep.policies[master_role])["PolicyDocument"]
+        switched = False
+        try:
+            if workers:
+                name = f"flatpack-{service.deployment}-worker"[:64]
+                self._say(f"creating IAM role {name}")
+                resp = iam.create_role(RoleName=name, AssumeRolePolicyDocument=_json(LAMBDA_TRUST_POLICY),
+                                       Description=f"flatpack {service.deployment}: the worker function(s)",
+                                       Tags=[{"Key": "flatpack:deployment", "Value": service.deployment}])
+                new.roles["worker"] = name
+                worker_arn = resp["Role"]["Arn"]
+                policy = role_policy("worker", workers, deployment=service.deployment, arn=arn,
+                                     bucket=dep.bucket if service.needs_bucket else None,
+                                     bundle_in_s3=any(f.name in big for f in workers), tensors_in_s3=tensors)
+                iam.put_role_policy(RoleName=name, PolicyName="flatpack", PolicyDocument=_json(policy))
+                new.policies[name] = "flatpack"
+                for f in workers:
+                    made = self._create_function(lam, self._function_kwargs(
+                        service, new, s3, f, self._zip(service, f.files if f.name not in big else ()), big,
+                        worker_arn))
+                    new.functions[f.plan_name] = made["FunctionArn"]
+                    new.versions[f.plan_name] = str(made.get("Version") or "$LATEST")
+                self._wait_active(lam, [f.name for f in workers])
+                for f in workers:
+                    lam.create_alias(FunctionName=f.name, Name=ALIAS, FunctionVersion=new.versions[f.plan_name],
+                                     Description="the version flatpack deployed")
+            # the master may invoke the old workers (the version serving now) and the new ones (the next)
+            both = master_policy([master, *workers])
+            both["Statement"] = _merged(old_policy["Statement"], both["Statement"])
+            iam.put_role_policy(RoleName=master_role, PolicyName=dep.policies[master_role], PolicyDocument=_json(both))
+            kw = self._function_kwargs(service, new, s3, master, self._zip(
+                service, master.files if master.name not in big else ()), big, "")
+            self._say(f"updating function {master_name}: the new plan as a new version")
+            lam.update_function_code(FunctionName=master_name, Publish=False, **kw["Code"])
+            self._wait_active(lam, [master_name])
+            lam.update_function_configuration(FunctionName=master_name, MemorySize=kw["MemorySize"],
+                                              Timeout=kw["Timeout"], Environment=kw["Environment"],
+                                              Description=kw["Description"],
+                                              **({"EphemeralStorage": kw["EphemeralStorage"]}
+                                                 if "EphemeralStorage" in kw else {}))
+            self._wait_active(lam, [master_name])
+            version = str(lam.publish_version(FunctionName=master_name)["Version"])
+            self._say(f"warming {master_name}:{version}")
+            warm(master_name, version)
+            lam.update_alias(FunctionName=master_name, Name=ALIAS, FunctionVersion=version)
+            switched = True
+        except BaseException:
+            if not switched:
+                log.warning("swap to %s failed before the switch; removing what it created", service.deployment)
+                try:
+                    iam.put_role_policy(RoleName=master_role, PolicyName=dep.policies[master_role],
+                                        PolicyDocument=_json(old_policy))
+                    self.undeploy(new)
+                except Exception as e:  # noqa: BLE001 - the original failure is the one to report
+                    log.error("cleaning up after the failed swap: %s", e)
+            raise
+        self._say(f"switched {master_name}'s alias {ALIAS} to version {version}; draining the old plan")
+        time.sleep(drain_s)  # requests the old version took still invoke the old workers
+        gone = LambdaDeployment(dep.deployment, dep.region, dep.account, dep.endpoint_url, functions=old_workers,
+                                roles={k: v for k, v in dep.roles.items() if k != "master"},
+                                policies={k: v for k, v in dep.policies.items() if k != master_role})
+        self.undeploy(gone)
+        iam.put_role_policy(RoleName=master_role, PolicyName=dep.policies[master_role],
+                            PolicyDocument=_json(master_policy([master, *workers])))
+        return LambdaDeployment(
+            service.deployment, dep.region, dep.account, dep.endpoint_url, bucket=dep.bucket,
+            bucket_created=dep.bucket_created, uploaded=[*dep.uploaded, *new.uploaded],
+            roles={"master": master_role, **new.roles}, policies={master_role: dep.policies[master_role],
+                                                                    **new.policies},
+            functions={service.master.plan_name: dep.functions[service.master.plan_name], **new.functions},
+            versions={service.master.plan_name: version, **new.versions}, function_url=dep.function_url,
+            model=service.model)
 
     def _create_function(self, lam: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         end = time.monotonic() + _ROLE_PROPAGATION_S
@@ -330,3 +451,21 @@ def _json(doc: Any) -> str:
     import json
 
     return json.dumps(doc, separators=(",", ":"))
+
+
+def _merged(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Two policies' statements as one: statements with the same ``Sid`` have their resources joined."""
+    out: dict[str, dict[str, Any]] = {}
+    for st in (*a, *b):
+        sid = st.get("Sid", "")
+        have = out.get(sid)
+        if have is None:
+            out[sid] = dict(st)
+            continue
+        res = [*_listed(have.get("Resource")), *_listed(st.get("Resource"))]
+        have["Resource"] = list(dict.fromkeys(res))
+    return list(out.values())
+
+
+def _listed(resource: Any) -> list[Any]:
+    return list(resource) if isinstance(resource, list) else [] if resource is None else [resource]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import threading
 import urllib.error
@@ -20,7 +21,7 @@ import urllib.request
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
@@ -31,6 +32,7 @@ __all__ = ["LambdaEmulator"]
 
 _INVOKE = re.compile(r"^/2015-03-31/functions/([^/]+)/invocations")
 _FUNCTION = re.compile(r"^/2015-03-31/functions/([^/?]+)/?(?:\?.*)?$")
+_PUBLISHED = re.compile(r"^/2015-03-31/functions(?:/[^/]+/versions)?/?$")  # CreateFunction, PublishVersion
 _ACCOUNT = "123456789012"  # moto's
 
 
@@ -46,6 +48,7 @@ class LambdaEmulator:
         self._moto_url = f"http://127.0.0.1:{self._moto_port}"
         self._offline: dict[str, tuple[contextlib.ExitStack, str]] = {}
         self._lock = threading.Lock()
+        self._starting: dict[str, threading.Lock] = {}
         self.started: list[str] = []  # function names, in the order their serverless-offline started
         emu = self
 
@@ -60,11 +63,15 @@ class LambdaEmulator:
                 m = _INVOKE.match(self.path)
                 base = emu._moto_url
                 if method == "POST" and m:
-                    base = emu._serving(unquote(m.group(1)).split(":")[0])
+                    name, _, qualifier = unquote(m.group(1)).partition(":")
+                    query = parse_qs(urlsplit(self.path).query)
+                    base = emu._serving(name, qualifier or query.get("Qualifier", [""])[0] or None)
                 status, headers, data = _forward(method, base + self.path, self.headers, body)
                 d = _FUNCTION.match(self.path)
                 if method == "DELETE" and d and status < 300:
                     emu._stop(unquote(d.group(1)))
+                if method == "POST" and status < 300 and _PUBLISHED.match(urlsplit(self.path).path):
+                    emu._start_soon(data)
                 self.send_response(status)
                 for k, v in headers:
                     if k.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
@@ -100,56 +107,90 @@ class LambdaEmulator:
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
-        for name in list(self._offline):
+        for name in {key.partition(":")[0] for key in list(self._offline)}:
             self._stop(name)
         self._moto.stop()
 
     @property
     def functions_running(self) -> list[str]:
         with self._lock:
-            return sorted(self._offline)
+            return sorted({key.partition(":")[0] for key in self._offline})
 
-    def _serving(self, name: str) -> str:
-        """The Lambda port of the serverless-offline serving function ``name`` (started now if none is)."""
+    def _start_soon(self, created: bytes) -> None:
+        """Start serving a version just created or published, in the background. serverless-offline gives a
+        Python function a 6 s context whatever its timeout, and a serverless-offline takes seconds to start:
+        started on its first invocation, a worker would use up the master's time."""
+        try:
+            doc = json.loads(created)
+            name, version = doc["FunctionName"], str(doc["Version"])
+        except (ValueError, KeyError, TypeError):
+            return
+        if version != "$LATEST":
+            threading.Thread(target=self._serve_quietly, args=(name, version), daemon=True).start()
+
+    def _serve_quietly(self, name: str, version: str) -> None:
+        with contextlib.suppress(Exception):  # deleted meanwhile: its first invocation would say so
+            self._serving(name, version)
+
+    def _serving(self, name: str, qualifier: str | None = None) -> str:
+        """The Lambda port of the serverless-offline serving function ``name`` at ``qualifier`` (a version or
+        an alias, as Lambda resolves it; None: $LATEST), started now if none serves that version: a version
+        published later (a plan swapped in) runs its own code and settings beside the earlier one's."""
+        from moto.awslambda.models import lambda_backends
+
+        fn = lambda_backends[_ACCOUNT][self.region].get_function(name, qualifier)
+        key = f"{name}:{fn.version}"
+        # one start per version; invocations of the versions already serving never wait on it
         with self._lock:
-            if name in self._offline:
-                return self._offline[name][1]
+            if key in self._offline:
+                return self._offline[key][1]
+            starting = self._starting.setdefault(key, threading.Lock())
+        with starting:
+            with self._lock:
+                if key in self._offline:
+                    return self._offline[key][1]
             stack = contextlib.ExitStack()
-            out = self.root / f"{name}-{len(self.started)}"
+            with self._lock:
+                out = self.root / f"{name}-{len(self.started)}"
+                self.started.append(name)
             ports: dict[str, str] = {}
 
             def render(lambda_url: str) -> Path:
                 ports["lambda"] = lambda_url
-                return self._write_service(name, out)
+                return self._write_service(fn, out)
 
             stack.enter_context(serverless_offline(self.sls, render, out.with_suffix(".log"), [], http=False))
-            self._offline[name] = (stack, ports["lambda"])
-            self.started.append(name)
+            with self._lock:
+                self._offline[key] = (stack, ports["lambda"])
             return ports["lambda"]
 
-    def _write_service(self, name: str, out: Path) -> Path:
-        """A one-function service of what moto holds for ``name``: its package, environment, memory, timeout."""
-        from moto.awslambda.models import lambda_backends
-
-        fn = lambda_backends[_ACCOUNT][self.region].get_function(name)
+    def _write_service(self, fn: object, out: Path) -> Path:
+        """A one-function service of what moto holds for one version of a function: its package,
+        environment, memory, timeout."""
+        name: str = fn.function_name  # type: ignore[attr-defined]
         out.mkdir(parents=True)
-        with zipfile.ZipFile(io.BytesIO(fn.code_bytes)) as z:
+        with zipfile.ZipFile(io.BytesIO(fn.code_bytes)) as z:  # type: ignore[attr-defined]
             z.extractall(out)
         doc = {
             "service": re.sub(r"[^A-Za-z0-9-]", "-", name),
             "frameworkVersion": "3",
-            "provider": {"name": "aws", "runtime": fn.run_time, "region": self.region},
+            # the timeout at the provider too: serverless-offline's context counts the provider's (6 s by default)
+            "provider": {"name": "aws", "runtime": fn.run_time, "region": self.region,  # type: ignore[attr-defined]
+                         "timeout": int(fn.timeout)},  # type: ignore[attr-defined]
             "plugins": ["serverless-offline"],
-            "functions": {"fn": {"name": name, "handler": fn.handler, "memorySize": int(fn.memory_size),
-                                 "timeout": int(fn.timeout), "environment": dict(fn.environment_vars)}},
+            "functions": {"fn": {"name": name, "handler": fn.handler,  # type: ignore[attr-defined]
+                                 "memorySize": int(fn.memory_size),  # type: ignore[attr-defined]
+                                 "timeout": int(fn.timeout),  # type: ignore[attr-defined]
+                                 "environment": dict(fn.environment_vars)}},  # type: ignore[attr-defined]
         }
         (out / "serverless.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
         return out
 
     def _stop(self, name: str) -> None:
+        """Stop every version of function ``name`` that serves."""
         with self._lock:
-            entry = self._offline.pop(name, None)
-        if entry is not None:
+            entries = [self._offline.pop(k) for k in list(self._offline) if k.partition(":")[0] == name]
+        for entry in entries:
             entry[0].close()
 
 

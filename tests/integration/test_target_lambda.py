@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -532,3 +533,154 @@ def test_serverless_path_uploads_parts_too_big_for_the_package(sls: Path, moto_u
     s3.put_object(Bucket=bucket, Key="flatpack/cc/q1/out.o0", Body=b"x")
     _run_plugin(sls, svc.root, moto_url, "flatpack-cc-dev", "before:remove:remove")
     assert s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# A plan swapped in, blue/green, behind the same endpoint: moto's control plane, serverless-offline running
+# each version of each function
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def emulator(aws_env: None, sls: Path, tmp_path: Path) -> Iterator[object]:
+    pytest.importorskip("moto.server", reason="the Lambda emulator needs moto[server] (pip install 'flatpack[dev]')")
+    from tests.integration.lambda_emulator import LambdaEmulator
+
+    with LambdaEmulator(sls, tmp_path / "offline") as emu:
+        yield emu
+
+
+def test_a_swapped_plan_serves_behind_the_same_alias_without_a_failed_request(emulator: object, conv: Path,
+                                                                               tmp_path: Path) -> None:
+    """The deployment's plan (master + two workers) is swapped for another (master + one worker at 1024 MB) while
+    a client keeps calling the master's ``live`` alias: every answer is right, the alias moves to the new
+    master version, the old workers and their role are gone, the master's role may invoke only the new worker,
+    and undeploying the result leaves nothing."""
+    import threading
+
+    import boto3
+
+    from serving.deploy.aws_lambda import ALIAS, LambdaDeployer
+    from serving.deploy.cloud_promise import http_infer_event
+    from tests.conftest import conv_channel_bundle
+
+    url = emulator.url  # type: ignore[attr-defined]
+    kw = {"endpoint_url": url, "region_name": "us-east-1"}
+    lam, iam = boto3.client("lambda", **kw), boto3.client("iam", **kw)
+    before = _inventory(url)
+    opts = LambdaOptions(vendor=False, endpoint_url=url, fallback_transport=None)
+    old = render_lambda_service(conv, tmp_path / "a", deployment="cc", options=opts)
+    deployer = LambdaDeployer(endpoint_url=url)
+    dep = deployer.deploy(old)
+    x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = reference_outputs(conv, {"x": x})["y"]
+    deadline = time.monotonic() + 300
+    while set(emulator.functions_running) != {"cc-master", "cc-worker-1", "cc-worker-2"}:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, emulator.functions_running  # type: ignore[attr-defined]
+        time.sleep(0.1)
+
+    def call(qualifier: str = ALIAS) -> np.ndarray:
+        """A request as the function URL hands it to the master: POST /v2/models/cc/infer."""
+        ev = http_infer_event("cc", {"x": x})
+        resp = lam.invoke(FunctionName="cc-master", Qualifier=qualifier, Payload=json.dumps(ev).encode())
+        body = resp["Payload"].read()
+        assert not resp.get("FunctionError"), body[:500]
+        doc = json.loads(body)
+        assert doc["statusCode"] == 200, doc
+        (out,) = json.loads(doc["body"])["outputs"]
+        return np.asarray(out["data"], np.float32).reshape(out["shape"])
+
+    assert np.abs(call() - want).max() <= 1e-4
+    errors: list[BaseException] = []
+    answers = [0]
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                got = call()
+                assert np.abs(got - want).max() <= 1e-4
+                answers[0] += 1
+            except BaseException as e:  # noqa: BLE001 - the test reports every failure
+                errors.append(e)
+
+    t = threading.Thread(target=client)
+    t.start()
+    try:
+        new_bundle = conv_channel_bundle(tmp_path / "b-bundle", assign=("master", "worker-1"), memory_mb=1024)
+        new = render_lambda_service(new_bundle, tmp_path / "b", deployment="cc-r2", options=opts, model_name="cc")
+        warmed: list[tuple[str, str]] = []
+
+        def warm(function: str, version: str) -> None:
+            warmed.append((function, version))
+            for attempt in range(5):  # the new version's first request starts its serverless-offline
+                try:
+                    call(version)
+                    return
+                except AssertionError:
+                    if attempt == 4:
+                        raise
+
+        now = deployer.swap(dep, new, warm=warm, drain_s=1.0)
+    finally:
+        stop.set()
+        t.join(timeout=120)
+    assert not errors, errors[:3]
+    assert answers[0] > 0
+    version = lam.get_alias(FunctionName="cc-master", Name=ALIAS)["FunctionVersion"]
+    assert warmed == [("cc-master", version)] and version == now.versions["master"] != dep.versions["master"]
+    assert lam.get_function_configuration(FunctionName="cc-master", Qualifier=ALIAS)["MemorySize"] == 1024
+    assert np.abs(call() - want).max() <= 1e-4
+    after = _inventory(url)
+    assert after["functions"] - before["functions"] == {"cc-master", "cc-r2-worker-1"}
+    assert after["roles"] - before["roles"] == {"flatpack-cc-master", "flatpack-cc-r2-worker"}
+    policy = iam.get_role_policy(RoleName="flatpack-cc-master", PolicyName="flatpack")["PolicyDocument"]
+    invokes = [r for st in policy["Statement"] if st["Sid"] == "InvokeOwnWorkers" for r in st["Resource"]]
+    assert invokes and all(":function:cc-r2-worker-1" in r for r in invokes)
+    assert sorted(deployer.undeploy(now))
+    assert _inventory(url) == before
+
+
+def _fast_lambda_profile(tmp_path: Path) -> Path:
+    """The aws-lambda profile of a machine no machine is: ten times the CPU per MB, invocations in 0.1 ms. Every
+    plan of a small model is predicted far under the milliseconds an emulated invocation takes."""
+    doc = yaml.safe_load((Path(__file__).parents[2] / "platforms" / "aws-lambda.yaml").read_text())
+    doc.update(name="impossibly-fast-lambda", mb_per_vcpu=177, billed_overhead_ms=0.0,
+               invoke_latency_ms={"mu": 0.1, "sigma": 0.01, "tau": 0.01})
+    path = tmp_path / "fast-lambda.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_deploy_slo_on_lambda_probes_re_plans_swaps_and_leaves_nothing_when_it_misses(emulator: object,
+                                                                                      tmp_path: Path) -> None:
+    """`deploy --target lambda --slo` keeps its promise as locally: it probes the master through the function
+    URL's path, corrects the model, re-plans and swaps the plan in behind the same alias; where no plan meets
+    the SLO live it says so, removes every function, role and bucket it made (the swapped-in ones too) and
+    exits 2."""
+    import onnx
+
+    from tests.onnx_builders import conv_stack
+
+    url = emulator.url  # type: ignore[attr-defined]
+    model = tmp_path / "convs.onnx"
+    onnx.save(conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * 3, cin=3, h=16, w=16),
+              str(model))
+    import boto3
+
+    # the tensors' bucket over the payload limit: one the user has (FLATPACK_S3_BUCKET), which deploy only uses
+    boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket="users-bucket")
+    before = _inventory(url)
+    env = {**os.environ, "FLATPACK_STATE_DIR": str(tmp_path / "state"), "FLATPACK_CACHE_DIR": str(tmp_path / "cache"),
+           "FLATPACK_S3_BUCKET": "users-bucket"}
+    r = subprocess.run([sys.executable, "-m", "serving.cli", "deploy", str(model), "--target", "lambda",
+                        "--endpoint-url", url, "--no-vendor", "--name", "cc", "--mode", "slo", "--slo", "1.5ms",
+                        "--verify", "10", "--rounds", "2", "--platform", str(_fast_lambda_profile(tmp_path)),
+                        "--profile", "flops"], capture_output=True, text=True, env=env, timeout=900, check=False)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert "round 1:" in out and "SLO missed live" in out and "removed cc" in out
+    assert not (tmp_path / "state" / "deployments" / "cc.json").exists()
+    assert _inventory(url) == before
+    # the corrected model's plan (more memory) was swapped in behind the alias and measured before the verdict
+    assert "deploying it beside the current one" in out and "round 2:" in out

@@ -12,12 +12,12 @@ from __future__ import annotations
 from partitioner.perf.compute import FUNCTION_RUNTIME_MB, ComputeModel
 from partitioner.perf.model import PerfModel, PlanEstimate
 from partitioner.perf.options import CutCodec, CutCodecs, OptionCost, OptionFloors, StageChoice
-from partitioner.perf.platform import HOST_RESERVE_CORES, MB, ExGauss, PlatformFacts, cpu_stretch
+from partitioner.perf.platform import HOST_RESERVE_CORES, PlatformFacts, cpu_stretch
+from platforms import ExGauss
 
 __all__ = [
     "FUNCTION_RUNTIME_MB",
     "HOST_RESERVE_CORES",
-    "MB",
     "ComputeModel",
     "CutCodec",
     "CutCodecs",

@@ -18,11 +18,16 @@ from typing import Any, Literal
 
 import yaml
 
-__all__ = ["CPU_MODELS", "PROFILE_DIR", "CpuModel", "CpuModelName", "InvokeLatency", "MemoryRange", "PlatformProfile",
+from platforms.exgauss import ExGauss
+
+__all__ = ["CPU_MODELS", "MB", "PROFILE_DIR", "CpuModel", "CpuModelName", "MemoryRange", "PlatformProfile",
            "TransferCost", "billed_ms", "expected_billed_ms", "load_profile", "load_profile_data", "profile_names",
            "resolve_profile_path", "threads_for", "vcpus_for"]
 
 PROFILE_DIR = Path(__file__).resolve().parent
+
+#: bytes in a MB as every figure here counts them (memory sizes, ``bandwidth_mb_s``): a mebibyte
+MB = 2**20
 
 
 #: at or below this granularity (Lambda's, 1 ms) run-to-run jitter spans several billing steps
@@ -184,20 +189,6 @@ class MemoryRange:
 
 
 @dataclass(frozen=True)
-class InvokeLatency:
-    """Invoke round-trip latency as an exponentially modified Gaussian (Gillis, section 4): a normal
-    (``mu_ms``, ``sigma_ms``) plus an exponential tail with mean ``tau_ms``."""
-
-    mu_ms: float
-    sigma_ms: float
-    tau_ms: float
-
-    @property
-    def mean_ms(self) -> float:
-        return self.mu_ms + self.tau_ms
-
-
-@dataclass(frozen=True)
 class TransferCost:
     """What one put or get through a transport costs: ``latency_ms`` plus the bytes at ``bandwidth_mb_s``
     (MiB per second, as ``bandwidth_mb_s`` everywhere in a profile)."""
@@ -216,6 +207,7 @@ class PlatformProfile:
     (:meth:`function_vcpu`), and ``mb_per_vcpu`` stays the reference for figures given per memory size.
     Prices in USD. ``billing_granularity_ms``: durations are rounded up to
     a multiple of it. ``payload_limit_bytes``: synchronous invoke request/response limit.
+    ``invoke_latency``: the invoke round trip (:class:`platforms.exgauss.ExGauss`, in ms).
 
     Optional, written by ``flatpack calibrate`` (absent from a profile that was not measured):
     ``transports``: per transport name (``shm``, ``redis``, ``inline``) the cost of one put or get;
@@ -245,7 +237,7 @@ class PlatformProfile:
     payload_limit_bytes: int
     async_payload_limit_bytes: int
     timeout_max_s: float
-    invoke_latency: InvokeLatency
+    invoke_latency: ExGauss
     bandwidth_mb_s: float
     max_concurrency: int
     shared_memory: bool
@@ -283,6 +275,12 @@ class PlatformProfile:
         """onnxruntime intra-op threads for that share (:func:`threads_for`). A cloud function's are not
         capped by the planning machine's cores: pass ``cores`` only for a function that runs here."""
         return threads_for(memory_mb, self.mb_per_vcpu, self.max_vcpu, cores=cores)
+
+    @property
+    def shared_host(self) -> bool:
+        """Whether every function shares one machine's cores (the local platform: no ``max_vcpu``, the cap
+        is this machine's cores), rather than each computing with CPU of its own (a cloud)."""
+        return self.max_vcpu is None
 
     @property
     def one_vcpu_mb(self) -> int:
@@ -332,7 +330,7 @@ class PlatformProfile:
                 payload_limit_bytes=int(d["payload_limit_bytes"]),
                 async_payload_limit_bytes=int(d.get("async_payload_limit_bytes", d["payload_limit_bytes"])),
                 timeout_max_s=float(d["timeout_max_s"]),
-                invoke_latency=InvokeLatency(float(lat["mu"]), float(lat["sigma"]), float(lat["tau"])),
+                invoke_latency=ExGauss(float(lat["mu"]), float(lat["sigma"]), float(lat["tau"])),
                 bandwidth_mb_s=float(d["bandwidth_mb_s"]),
                 max_concurrency=int(d["max_concurrency"]),
                 shared_memory=bool(d["shared_memory"]),

@@ -1,7 +1,7 @@
 """The performance model's predictions against live runs on the local platform (``flatpack bench perfmodel``).
 
 1. Invoke latency of this machine's local platform: round trips of a trivial function, fitted as an
-   exponentially modified Gaussian (scipy.stats.exponnorm), as Gillis modelled Lambda's.
+   exponentially modified Gaussian (``platforms.ExGauss.fit``), as Gillis modelled Lambda's.
 2. For several plans of several zoo models (families, fan-outs, transports): deploy the bundle, warm it
    up, run requests one at a time (warm-up excluded) with a no-op round trip before each (a one-vCPU
    function, as `flatpack calibrate` probes the platform) and one of the same no-op at 512 MB, then predict
@@ -35,12 +35,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.harness.noop import noop_bundle
+from platforms import ExGauss
 from zoo import BuildKwargs
 
 if TYPE_CHECKING:  # the partitioner is imported when a run starts
     from partitioner.perfmodel import PerfModel, StageChoice
 
-__all__ = ["CASES", "PerfModelResult", "PlanCheck", "TailCheck", "fit_invoke_latency", "run_perfmodel"]
+__all__ = ["CASES", "PerfModelResult", "PlanCheck", "TailCheck", "run_perfmodel"]
 
 # (zoo name, build options, [(label, stage spec or planner mode, transport)]). Sizes where a request computes
 # for 10-50 ms at one vCPU on a current core, the regime a split is for: at 64 px on a Zen 5 core vgg11/w2
@@ -74,14 +75,6 @@ LOW_MB = 512  # the no-op below one vCPU whose round trips beside MEMORY_MB's sh
 MEMORIES = (128, 512, 1024, MEMORY_MB, 2560, 3538)
 # the tail check (a p99 plan under steady load, hundreds of requests) at the sizes the demo and Lambda use
 TAIL_MEMORIES = (MEMORY_MB, 512)
-
-
-def fit_invoke_latency(samples_ms: list[float]) -> tuple[float, float, float]:
-    """(mu, sigma, tau) of an ex-Gaussian fitted to round-trip times in ms."""
-    from scipy import stats
-
-    k, loc, scale = stats.exponnorm.fit(np.asarray(samples_ms))
-    return float(loc), float(scale), float(k * scale)
 
 
 class _NoopProbe:
@@ -236,10 +229,11 @@ class PerfModelResult:
 
     def to_json(self) -> dict[str, Any]:
         samples = list(self.invoke_samples_ms)
+        fit = ExGauss.fit(samples)
         return {
             "machine": {"cores": os.cpu_count(), "load_average": os.getloadavg()},
-            "invoke_latency_ms": dict(zip(("mu", "sigma", "tau"), fit_invoke_latency(samples), strict=True),
-                                      samples=len(samples), median=self.invoke_median_ms),
+            "invoke_latency_ms": {"mu": fit.mu, "sigma": fit.sigma, "tau": fit.tau, "samples": len(samples),
+                                  "median": self.invoke_median_ms},
             "mean_latency_error": self.mean_latency_error,
             "mean_latency_error_all": self.mean_latency_error_all,
             "oversubscribed_plans": sum(r.oversubscribed for r in self.plans),
@@ -436,11 +430,9 @@ def _facts(base: Any, samples: list[float], noop_ms: float, low_samples: list[fl
     duration as the billed overhead, and the handling CPU per invocation from the no-op at LOW_MB
     (``low_samples``, taken alternately with ``samples``): the difference of their medians over the share's
     stretch less one, as ``flatpack calibrate`` measures it."""
-    from partitioner.perfmodel import ExGauss
     from serving.calibrate.measure import handling_ms
 
-    mu, sigma, tau = fit_invoke_latency(samples)
-    return dataclasses.replace(base, invoke=ExGauss(mu, sigma, tau), billed_overhead_ms=noop_ms,
+    return dataclasses.replace(base, invoke=ExGauss.fit(samples), billed_overhead_ms=noop_ms,
                                handling_ms=handling_ms(low_samples, samples, MEMORY_MB / LOW_MB))
 
 

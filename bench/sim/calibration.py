@@ -8,32 +8,14 @@ validation compares against enters a fit.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
+from bench.sim.simulator import SimPlan, SimPlatform, simulate
 
-from bench.sim.simulator import ExGaussDraw, SimPlan, SimPlatform, simulate
-
-__all__ = ["Fit", "calibrate", "calibrate_with_meter", "calibrate_workers", "fit_exgauss", "fit_spread", "fit_wake",
+__all__ = ["Fit", "calibrate", "calibrate_with_meter", "calibrate_workers", "fit_spread", "fit_wake",
            "sim_p50"]
-
-
-def fit_exgauss(samples_ms: list[float] | np.ndarray) -> ExGaussDraw:
-    """Method-of-moments ex-Gaussian fit (mean mu + tau, variance sigma^2 + tau^2, skewness
-    2 tau^3 / (sigma^2 + tau^2)^1.5), the skewness clipped to what the family can have."""
-    x = np.asarray(samples_ms, dtype=float)
-    m, s = float(np.mean(x)), float(np.std(x))
-    if len(x) < 3 or s <= 0:
-        return ExGaussDraw(m, 0.0, 0.0)
-    g = float(np.mean(((x - m) / s) ** 3))
-    g = min(max(g, 1e-3), 1.99)
-    tau = s * (g / 2) ** (1 / 3)
-    sigma = s * math.sqrt(max(0.0, 1 - (g / 2) ** (2 / 3)))
-    return ExGaussDraw(m - tau, sigma, tau)
-
 
 
 @dataclass(frozen=True)
@@ -139,7 +121,7 @@ def calibrate(plan: SimPlan, platform: SimPlatform, *, p50_ms: float, cpu_ms: fl
         client = platform.client_invoke or inv
         return replace(platform, invoke=replace(inv, mu=inv.mu + d), client_invoke=replace(client, mu=client.mu + d))
 
-    if method == "delay" and platform.cores is not None and p50(alpha, background) <= p50_ms:
+    if method == "delay" and platform.shared_host and p50(alpha, background) <= p50_ms:
         k = 1 + sum(1 for st in plan.stages if st.workers)  # invocations on a request's critical path
         hi = 2 * (p50_ms - p50(alpha, background)) / k + 1.0
         d = bisect(lambda x: p50(alpha, background, with_delay(x)), 0.0, hi, 0.01)
@@ -147,7 +129,7 @@ def calibrate(plan: SimPlan, platform: SimPlatform, *, p50_ms: float, cpu_ms: fl
                       how=f"scale from the measured CPU per request; the counted background as it is; the rest of the "
                           f"1-client p50 as {d:.2f} ms of delay per invocation on the critical path")
         return plan.scaled(alpha), replace(with_delay(d), background=background), fit
-    if platform.cores is not None and p50(alpha, 0.0) < p50_ms:
+    if platform.shared_host and p50(alpha, 0.0) < p50_ms:
         per = max(background, 0.0) if background >= 0.2 else 1.0
         hi = 1.0
         while p50(alpha, per * hi) < p50_ms and hi < 512:
@@ -159,7 +141,7 @@ def calibrate(plan: SimPlan, platform: SimPlatform, *, p50_ms: float, cpu_ms: fl
         else:
             fit = replace(fit, constant=x, how="scale from the measured CPU per request; a constant background "
                                                "(little was counted) fitted to the 1-client p50")
-    elif platform.cores is not None and p50(0.02, 0.0, off(0.02)) < p50_ms:
+    elif platform.shared_host and p50(0.02, 0.0, off(0.02)) < p50_ms:
         a = bisect(lambda a: p50(a, 0.0, off(a)), 0.02, alpha, 1e-3)
         platform = off(a)
         fit = replace(fit, compute_scale=a, offpath_cpu_ms=platform.offpath_cpu_ms,
@@ -213,7 +195,7 @@ def fit_wake(plan: SimPlan, platform: SimPlatform, *, p50_ms: float, think_ms: f
     """The platform with ``wake_ms`` fitted so that one client pausing ``think_ms`` after each response has
     the measured p50 (a core idle for half that or more counts as woken: none is in a back-to-back loop,
     both are after each pause). 0 if the pauses cost nothing; unchanged without time slices."""
-    if not platform.time_slice_ms or platform.cores is None:
+    if not platform.time_slice_ms or not platform.shared_host:
         return platform
     pf = replace(platform, wake_after_ms=think_ms / 2)
 

@@ -16,8 +16,7 @@ import numpy as np
 
 from bench.load.background import BackgroundSampler
 from bench.load.latency import Sample
-from bench.sim.calibration import fit_exgauss
-from bench.sim.simulator import ExGaussDraw
+from platforms import ExGauss
 
 __all__ = ["KERNEL_SHARE_MAX", "CpuAccount", "InvokeStats", "Probe", "ProbeChunk", "machine_busy_ms", "measure_invoke",
            "platform_pids", "probe", "warm_instances"]
@@ -96,7 +95,7 @@ class InvokeStats:
     cpu_ms_per_invocation: float
     instance_start_cpu_ms: float
     metered_ms_per_invocation: float
-    delay: ExGaussDraw
+    delay: ExGauss
 
     def to_json(self) -> dict[str, Any]:
         return {"n": self.n, "p50_ms": self.p50_ms, "mean_ms": self.mean_ms, "p99_ms": self.p99_ms,
@@ -141,7 +140,7 @@ def measure_invoke(pp: Any, work: Path, n: int = 80) -> InvokeStats:
     return InvokeStats(n=len(lat), p50_ms=float(np.median(lat)), mean_ms=float(np.mean(lat)),
                        p99_ms=float(np.percentile(lat, 99)), cpu_ms_per_invocation=cpu,
                        instance_start_cpu_ms=start_cpu, metered_ms_per_invocation=inside,
-                       delay=fit_exgauss([max(0.0, x - cpu) for x in lat]))
+                       delay=ExGauss.from_moments([max(0.0, x - cpu) for x in lat]))
 
 
 @dataclass(frozen=True)

@@ -19,27 +19,27 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.provenance import usable_cores
-from bench.sim.simulator import TIME_SLICE_MS, ExGaussDraw, SimPlan, SimPlatform, SimStage, SimWorker
+from bench.sim.simulator import TIME_SLICE_MS, SimPlan, SimPlatform, SimStage, SimWorker
 from partitioner.perfmodel import PerfModel, StageChoice
+from platforms import ExGauss
 
 __all__ = ["choices_from_bundle", "sim_plan", "sim_plan_for_choices", "sim_plan_from_bundle", "sim_platform"]
 
 
 def sim_platform(profile: Any, *, cores: float | None = None, background: float = 0.0,
                  idle_timeout_s: float = 300.0, cold_start_ms: float = 1000.0, concurrency: int | None = None,
-                 invoke: ExGaussDraw | None = None, client_invoke: ExGaussDraw | None = None,
+                 invoke: ExGauss | None = None, client_invoke: ExGauss | None = None,
                  time_slice_ms: float = TIME_SLICE_MS) -> SimPlatform:
     """The simulator's platform for a :class:`platforms.PlatformProfile`. A profile whose vCPU
     cap is this machine's cores (the local one) shares ``cores`` (default: this machine's) between every
     function, scheduled in time slices of ``time_slice_ms`` (0: processor sharing); the others give each
     function its own CPU."""
-    shared = profile.max_vcpu is None
-    lat = profile.invoke_latency
+    shared = profile.shared_host
     return SimPlatform(
         name=profile.name,
         cores=(cores or float(usable_cores())) if shared else None,
         background=background,
-        invoke=invoke or ExGaussDraw(lat.mu_ms, lat.sigma_ms, lat.tau_ms),
+        invoke=invoke or profile.invoke_latency,
         client_invoke=client_invoke,
         granularity_ms=float(profile.billing_granularity_ms),
         price_gb_s=profile.price_per_gb_s,

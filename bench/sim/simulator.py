@@ -42,12 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from platforms import billed_ms
+from platforms import ExGauss, billed_ms
 
 __all__ = [
     "CpuPool",
     "Event",
-    "ExGaussDraw",
     "Kernel",
     "SimFunction",
     "SimPlan",
@@ -382,25 +381,6 @@ class TimeSliceCpu:
         self._run(c, c.queue.popleft(), self.time_slice_ms)
 
 
-@dataclass(frozen=True)
-class ExGaussDraw:
-    """Invoke round-trip latency: N(mu, sigma) + Exp(tau), in ms, never negative."""
-
-    mu: float
-    sigma: float
-    tau: float
-
-    def draw(self, rng: np.random.Generator) -> float:
-        x = self.mu + (self.sigma * rng.standard_normal() if self.sigma > 0 else 0.0)
-        if self.tau > 0:
-            x += rng.exponential(self.tau)
-        return max(0.0, x)
-
-    @property
-    def mean(self) -> float:
-        return self.mu + self.tau
-
-
 @dataclass
 class _Instance:
     id: int
@@ -566,8 +546,8 @@ class SimPlatform:
     name: str = "local"
     cores: float | None = 2.0
     background: float = 0.0
-    invoke: ExGaussDraw = ExGaussDraw(1.0, 0.3, 0.5)  # the invoke round trip's delay (not CPU work)
-    client_invoke: ExGaussDraw | None = None  # the client's call to the master (default: ``invoke``)
+    invoke: ExGauss = ExGauss(1.0, 0.3, 0.5)  # the invoke round trip's delay (not CPU work)
+    client_invoke: ExGauss | None = None  # the client's call to the master (default: ``invoke``)
     granularity_ms: float = 1.0
     price_gb_s: float = 0.0000166667
     price_request: float = 0.0000002
@@ -590,6 +570,11 @@ class SimPlatform:
     # the spread of compute times: each invocation's compute work is its mean times a gamma-distributed
     # factor of mean 1 and this coefficient of variation (0: every invocation takes exactly its work)
     work_cv: float = 0.0
+
+    @property
+    def shared_host(self) -> bool:
+        """Whether every function shares ``cores`` (the local platform) rather than having CPU of its own."""
+        return self.cores is not None
 
     def billed_ms(self, ms: float) -> float:
         """One invocation's billed duration, as the platform's meter bills it (``platforms.billed_ms``)."""

@@ -112,7 +112,7 @@ def simulate_model(model: str | Path, *, mode: str = "mopar", slo_ms: float | No
     pm, profile, source = make_perfmodel(lg, req)
     say(f"planning {lg.name} ({mode}) for {platform}")
     result = solve(lg, req, pm=pm)
-    shared = profile.max_vcpu is None
+    shared = profile.shared_host
     plans = {mode: sim_plan_for_choices(pm, result.choices, result.master_mb, shared_cores=shared, name=mode)}
     whole = StageChoice(0, len(lg.units) - 1, Split(), True, 0)
     need = pm.master_need_mb([whole], pm.platform.memory_max_mb)

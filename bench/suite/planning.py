@@ -12,13 +12,13 @@ import numpy as np
 from bench.harness.provenance import usable_cores
 from bench.load.generators import alternate
 from bench.load.inputs import InputPool
-from bench.sim.simulator import ExGaussDraw
 from bench.suite.comparison import bad
 from bench.suite.config import MEMORY_MB, ModelSpec, label, model_path
 from bench.suite.deployments import deployments
 from partitioner.perfmodel import HOST_RESERVE_CORES
+from platforms import ExGauss
 
-__all__ = ["InvokeFacts", "invoke_facts", "lo_plan", "load_model", "max_degree", "measured_lo_plan",
+__all__ = ["InvokeFacts", "emulated_facts", "invoke_facts", "lo_plan", "load_model", "max_degree", "measured_lo_plan",
            "oversubscribed", "perfmodel", "shares_room"]
 
 
@@ -31,7 +31,7 @@ class InvokeFacts:
     direct_p50_ms: float
     fork_p50_ms: float
     fork_mean_ms: float
-    fit: ExGaussDraw
+    fit: ExGauss
     errors: int
     invoke: Any
 
@@ -46,9 +46,7 @@ def invoke_facts(pp: Any, work: Path, n: int = 60, *, memory_mb: int = MEMORY_MB
     communication the same way): a no-op part run by a worker, timed through the master, minus the same
     no-op run by the master itself."""
     from bench.harness.noop import noop_bundle
-    from bench.sim.calibration import fit_exgauss
     from partitioner.export import Placement, export_bundle
-    from partitioner.perfmodel import ExGauss
 
     direct = noop_bundle(work / f"noop-{memory_mb}", master_mb=memory_mb)
     forked = export_bundle(direct.parent / "noop.onnx", "0-:none", work / f"noop-fork-{memory_mb}",
@@ -60,22 +58,45 @@ def invoke_facts(pp: Any, work: Path, n: int = 60, *, memory_mb: int = MEMORY_MB
         samples = alternate(targets, pool, rounds=n)
     base = float(np.median([x.latency_ms for x in samples["direct"] if x.ok]))
     extra = [x.latency_ms - base for x in samples["forked"] if x.ok]
-    fit = fit_exgauss([max(0.0, e) for e in extra])
+    fit = ExGauss.from_moments([max(0.0, e) for e in extra])
     return InvokeFacts(base, float(np.median(extra)), float(np.mean(extra)), fit,
                        bad(samples["direct"]) + bad(samples["forked"]),
                        ExGauss(max(fit.mu, 0.0), max(fit.sigma, 0.05), max(fit.tau, 0.05)))
 
 
-def perfmodel(lg: Any, invoke: Any, *, platform: str = "local", transport: str = "shm") -> tuple[Any, str]:
+def perfmodel(lg: Any, invoke: Any, *, platform: str = "local", transport: str = "shm",
+              emulate: str | None = None) -> tuple[Any, str]:
     """The perf model of ``lg`` on ``platform`` with measured unit times, and ``invoke`` (if given) as its
-    invoke latency; and where its compute times came from."""
+    invoke latency; and where its compute times came from. ``emulate``: the profile the local platform
+    emulates (``platform start --platform NAME``): its facts on this host (:func:`emulated_facts`) and its
+    CPU model, in place of ``platform``'s."""
     from partitioner.perfmodel import PerfModel
     from partitioner.planner import PlanRequest, make_perfmodel
+    from platforms import load_profile
 
     pm, _, source = make_perfmodel(lg, PlanRequest(platform=platform, transport=transport, profile="measure"))
+    facts, cpu = pm.platform, pm.cpu
+    if emulate is not None:
+        profile = load_profile(emulate)
+        facts, cpu = emulated_facts(facts, profile), profile.cpu
     if invoke is not None:
-        pm = PerfModel(lg, replace(pm.platform, invoke=invoke), pm.compute, transport=transport)
+        facts = replace(facts, invoke=invoke)
+    if facts is not pm.platform or cpu is not pm.cpu:
+        pm = PerfModel(lg, facts, pm.compute, transport=transport, cpu=cpu)
     return pm, source
+
+
+def emulated_facts(local: Any, profile: Any) -> Any:
+    """The facts of ``profile`` as the local platform emulates it on this host (``local``: the local
+    profile's facts): the profile's memory sizes, vCPU cap (within this host's cores) and prices; this
+    host's cores, reserve, transfers, invoke latency and the meter's overhead per invocation (what the
+    platform process adds wherever the profile came from)."""
+    m = profile.memory
+    cap = float(profile.max_vcpu) if profile.max_vcpu is not None else local.max_vcpu
+    return replace(local, name=profile.name, memory_min_mb=m.min_mb, memory_max_mb=m.max_mb, memory_step_mb=m.step_mb,
+                   mb_per_vcpu=profile.mb_per_vcpu, max_vcpu=min(cap, local.max_vcpu),
+                   price_gb_s=profile.price_per_gb_s, price_request=profile.price_per_request,
+                   granularity_ms=float(profile.billing_granularity_ms))
 
 
 def load_model(spec: ModelSpec, invoke: Any) -> tuple[str, Any, Any, str]:

@@ -12,11 +12,12 @@ import numpy as np
 
 from partitioner.graph import LayerGraph
 from partitioner.parts import PartCost
-from partitioner.perf.platform import MB, cpu_stretch
+from partitioner.perf.platform import cpu_stretch
 from partitioner.tail import (
     DEFAULT_SIGMA,
     sigma_from_p95,
 )
+from platforms import MB
 
 __all__ = ["ComputeModel", "FUNCTION_RUNTIME_MB"]
 

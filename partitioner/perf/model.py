@@ -39,7 +39,7 @@ from partitioner.perf.options import (
     _StageParts,
     _Workers,
 )
-from partitioner.perf.platform import _REDIS_LOOPBACK_MS, MB, PlatformFacts, cpu_stretch
+from partitioner.perf.platform import _REDIS_LOOPBACK_MS, PlatformFacts, cpu_stretch
 from partitioner.stage_times import StageTimes, stage_key, with_measured
 from partitioner.tail import (
     StageShape,
@@ -48,7 +48,7 @@ from partitioner.tail import (
     stage_quantile,
     workers_quantile,
 )
-from platforms import CpuModel
+from platforms import MB, CpuModel
 
 __all__ = ["PerfModel", "PlanEstimate"]
 
@@ -113,7 +113,7 @@ class PerfModel:
             # calibrate timed this transport's puts and gets on the platform (caches evicted between them, as
             # a request's compute evicts them): that figure, not the published one
             platform = measured
-        elif platform.cores and transport == "redis":
+        elif platform.shared_host and transport == "redis":
             # on one host a Redis command adds a loopback TCP round trip to a shm file's cost
             platform = replace(platform, transfer_latency_ms=platform.transfer_latency_ms + _REDIS_LOOPBACK_MS)
         self.platform = platform
@@ -242,11 +242,11 @@ class PerfModel:
         n = len(parts.theirs)
         workers = self._workers_at(parts, key, worker_mb, first, last)
         # CPU contention on a shared machine: the parts running at once share its cores
-        if p.cores:
+        if p.shared_host:
             # each part is entitled to its share; only when the shares add up to more than this machine's
             # cores do they slow each other down (the scale model no longer holds: the platform reports it)
             demand = (v_master if mine is not None else 0.0) + n * self._cpu(worker_mb)
-            slow = max(1.0, demand / max(1.0, p.cores - p.reserve_cores))
+            slow = max(1.0, demand / max(1.0, p.host_cores - p.reserve_cores))
         else:
             slow = 1.0
         # a codec's time is one thread's: stretched below one vCPU, not sped up above it
@@ -280,12 +280,12 @@ class PerfModel:
             # latency), then runs its own part
             lag = (n - 1) * dispatch
             busy = t_master + n * dispatch
-            handling = put + get + join + n * dispatch if p.cores else 0.0
+            handling = put + get + join + n * dispatch if p.shared_host else 0.0
             floor = handling * cpu_m + t_master
             mean = max(put + max(busy, parts.expected_max + lag + slowest) + get + join, floor)
             tail = get + join
         else:
-            tail = join * (cpu_m if p.cores else 1.0)
+            tail = join * (cpu_m if p.shared_host else 1.0)
             mean = t_master + tail
             put = floor = 0.0
         shape = StageShape(put, t_master, worker_fixed, worker_compute, dispatch, tail, floor, parts.sigma)
@@ -337,7 +337,7 @@ class PerfModel:
             least = float(dispatch.min()) if dispatch.size else self.dispatch_ms
             path = np.asarray([parts.expected_max + (n - 1) * least + w.slowest for w in workers])
             busy = t_master + n * dispatch
-            handling = parts.put + parts.get + parts.join + n * dispatch if p.cores else 0.0
+            handling = parts.put + parts.get + parts.join + n * dispatch if p.shared_host else 0.0
             floor = handling * cpu_m + t_master
             gb_ms = np.asarray([w.billed_ms * mb / 1024.0 for w, mb in zip(workers, worker_mbs, strict=True)])
             if self.q_mode and self.hedge is None:  # tail.stage_quantile's workers' term
@@ -346,7 +346,7 @@ class PerfModel:
         else:  # the master's part and its joining, as the floor
             path = np.full(len(worker_mbs), -np.inf)
             busy = t_master
-            floor = t_master + parts.join * (cpu_m if p.cores else 1.0)
+            floor = t_master + parts.join * (cpu_m if p.shared_host else 1.0)
             gb_ms = np.zeros(len(worker_mbs))
             put = get = join = 0.0
         scale = None
@@ -410,8 +410,7 @@ class PerfModel:
         if not self.cpu.per_function:
             return p.vcpu(memory_mb)
         v = min(float(self.cpu.default_vcpu or 1.0), p.max_vcpu)
-        if p.cores:
-            v = min(v, float(p.cores))
+        v = min(v, p.host_cores)
         if v < 1.0 and p.share_factors:  # a calibrated share's slow-down below one vCPU, as PlatformFacts.vcpu
             xs, fs = zip(*p.share_factors, strict=True)
             v /= float(np.interp(v, xs, fs))
@@ -467,7 +466,7 @@ class PerfModel:
             p, c = self.platform, self.compute
             v_worker = self._cpu(worker_mb)
             cpu_w = cpu_stretch(v_worker)
-            io_w = cpu_w if p.cores else 1.0
+            io_w = cpu_w if p.shared_host else 1.0
             fixed = tuple(t * io_w + self.handling_ms * cpu_w for t in parts.transfers)
             codec = parts.codec_ms * cpu_stretch(v_worker)
             compute = tuple(t + codec for t in c.part_times(first, last, [x.flops for x in parts.theirs], v_worker))
@@ -491,7 +490,7 @@ class PerfModel:
         # the model's inputs and outputs add to it, not another fixed per-transfer latency
         nbytes = sum(lg.tensors[x].nbytes for x in (*lg.inputs, *lg.outputs))
         io = nbytes / (p.bandwidth_mb_s * MB) * 1e3
-        if p.cores and self.transport != "inline":
+        if p.shared_host and self.transport != "inline":
             # on the local platform the caller hands inputs and outputs through the deployment's transport
             # too: a put and a get each way (in the cloud they ride in the HTTP request and response)
             io += 4 * p.transfer_latency_ms
@@ -589,7 +588,7 @@ class PerfModel:
         (measured with a one-vCPU probe) already holds."""
         p = self.platform
         stretch = cpu_stretch(self._cpu(master_mb))
-        if stretch <= 1.0 or not p.cores:
+        if stretch <= 1.0 or not p.shared_host:
             return None
         return (master_cpu_ms + self.request_master_cpu_ms()) * stretch - self.handling_ms
 
@@ -598,7 +597,7 @@ class PerfModel:
         latency, which is measured with a one-vCPU function (calibrate's probe); 0 in the cloud profiles,
         whose invoke latencies the solvers' sums take as they are."""
         p = self.platform
-        if not p.cores:
+        if not p.shared_host:
             return 0.0
         return self.handling_ms * (cpu_stretch(self._cpu(master_mb)) - 1.0)
 
@@ -607,7 +606,7 @@ class PerfModel:
         own decoding and encoding."""
         p = self.platform
         nbytes = sum(self.lg.tensors[x].nbytes for x in (*self.lg.inputs, *self.lg.outputs))
-        moves = 2 * p.transfer_latency_ms if p.cores and self.transport != "inline" else 0.0
+        moves = 2 * p.transfer_latency_ms if p.shared_host and self.transport != "inline" else 0.0
         return nbytes / (p.bandwidth_mb_s * MB) * 1e3 + moves + self.handling_ms
 
     def master_need_mb(self, choices: Sequence[StageChoice], master_mb: int) -> float:

@@ -7,99 +7,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
-from functools import cached_property, lru_cache
-from typing import Any
 
 import numpy as np
-from scipy import special, stats
 
-from platforms import PlatformProfile, expected_billed_ms
+from platforms import MB, ExGauss, PlatformProfile, expected_billed_ms
 
-__all__ = ["ExGauss", "HOST_RESERVE_CORES", "MB", "PlatformFacts", "cpu_stretch"]
-
-MB = 2**20
-
-
-@dataclass(frozen=True)
-class ExGauss:
-    """Exponentially modified Gaussian in ms: N(mu, sigma) + Exp(mean tau)."""
-
-    mu: float
-    sigma: float
-    tau: float
-
-    @property
-    def mean(self) -> float:
-        return self.mu + self.tau
-
-    def _dist(self):
-        return self._frozen
-
-    @cached_property
-    def _frozen(self) -> Any:
-        # scipy builds a frozen distribution's docstrings on construction (milliseconds): once per instance
-        sigma = max(self.sigma, 1e-6)
-        return stats.exponnorm(max(self.tau, 1e-6) / sigma, loc=self.mu, scale=sigma)
-
-    @lru_cache(maxsize=8192)  # noqa: B019 - instances are frozen and few; a solver asks the same levels often
-    def quantile(self, q: float) -> float:
-        return float(self._dist().ppf(q))
-
-    @lru_cache(maxsize=256)  # noqa: B019 - instances are frozen and few; the cache is the point
-    def expected_max(self, n: int) -> float:
-        """E[max of n iid draws] = integral of (1 - F(x)^n), by quadrature on a fine grid."""
-        if n <= 0:
-            return 0.0
-        if n == 1:
-            return self.mean
-        d = self._dist()
-        lo, hi = float(d.ppf(1e-9)), float(d.ppf(1 - 1e-9 / n))
-        x = np.linspace(lo, hi, 4001)
-        cdf = d.cdf(x) ** n
-        return float(lo + np.trapezoid(1.0 - cdf, x))
-
-    def sf(self, x: np.ndarray) -> np.ndarray:
-        """The survival function at ``x`` (any shape), in closed form with numpy ufuncs: the solvers evaluate
-        it in their inner loops, where scipy's distribution machinery costs far more than the arithmetic."""
-        sigma = max(self.sigma, 1e-6)
-        z = (np.asarray(x, dtype=float) - self.mu) / sigma
-        inv_k = sigma / max(self.tau, 1e-6)  # lambda * sigma
-        with np.errstate(over="ignore", under="ignore"):
-            tail = np.exp(-z * inv_k + 0.5 * inv_k * inv_k + special.log_ndtr(z - inv_k))
-        return np.clip(special.ndtr(-z) + tail, 0.0, 1.0)
-
-    def hedged_quantile(self, hedge: float, level: float, run_ms: Any) -> np.ndarray:
-        """The ``level`` quantile, less the run, of a part that runs ``run_ms`` (any shape) after this
-        invocation latency, hedged at the ``hedge`` quantile d of invoke + run: the u where ``S(u) S(u - d)``
-        (both invocations still pending, S this survival function, d = Q(hedge) + run) falls to
-        ``1 - level``; at most the plain quantile. Interpolated in a table over the run, built once per
-        (hedge, level) (:meth:`_hedged_table`): the solvers ask for it per worker in their inner loops."""
-        top = self.quantile(level)
-        runs, us = self._hedged_table(hedge, level)
-        return np.minimum(np.interp(np.asarray(run_ms, dtype=float), runs, us, right=top), top)
-
-    @lru_cache(maxsize=256)  # noqa: B019 - instances are frozen and few; one table per (hedge, level)
-    def _hedged_table(self, hedge: float, level: float, points: int = 257) -> tuple[np.ndarray, np.ndarray]:
-        """(runs, u) for :meth:`hedged_quantile`: the root found by bisection, every run at once, on runs from
-        0 to where the second invocation can no longer finish first (its start past the plain quantile)."""
-        top = self.quantile(level)
-        q_h = self.quantile(hedge)
-        span = max(top - float(self._frozen.ppf(1e-9)), 1e-6)
-        runs = np.linspace(0.0, span, points)
-        lo = np.full(points, q_h)
-        hi = np.full(points, top)
-        for _ in range(60):
-            mid = 0.5 * (lo + hi)
-            pending = self.sf(mid) * self.sf(mid - q_h - runs) > 1.0 - level
-            lo = np.where(pending, mid, lo)
-            hi = np.where(pending, hi, mid)
-        return runs, hi
-
-    @lru_cache(maxsize=1024)  # noqa: B019
-    def quantile_of_max(self, n: int, q: float) -> float:
-        if n <= 0:
-            return 0.0
-        return self.quantile(q ** (1.0 / n))
+__all__ = ["HOST_RESERVE_CORES", "PlatformFacts", "cpu_stretch"]
 
 
 def cpu_stretch(vcpu: float) -> float:
@@ -124,7 +37,10 @@ class PlatformFacts:
     invoke: ExGauss
     bandwidth_mb_s: float  # per function, to/from the reference transport
     transfer_latency_ms: float  # per put or get
-    cores: int | None = None  # physical cores shared by every function (the local platform); None = unlimited
+    # every function shares one machine's cores (the local platform), rather than each computing with CPU of
+    # its own (a cloud): the scale model's contention, and the handling and transfers a host's CPU does
+    shared_host: bool = False
+    cores: int | None = None  # a shared host's cores, shared by every function; None (elsewhere) = unlimited
     # of those cores, what the platform process and the caller use while requests run (see HOST_RESERVE_CORES)
     reserve_cores: float = 0.0
     memcpy_gb_s: float = 4.0
@@ -144,6 +60,17 @@ class PlatformFacts:
     # calibrated: the lognormal sigma of a fixed computation's repeats in a function, the machine's speed as
     # one request sees it (partitioner.tail.jitter_factor); 0: only the units' own spreads
     jitter_sigma: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.shared_host != (self.cores is not None):
+            raise ValueError(f"platform {self.name!r}: cores={self.cores} with shared_host={self.shared_host}; a "
+                             "shared host shares its cores (give both), elsewhere each function has its own "
+                             "CPU (neither)")
+
+    @property
+    def host_cores(self) -> float:
+        """The cores every function's share comes out of: a shared host's, unlimited (inf) elsewhere."""
+        return float(self.cores) if self.cores is not None else math.inf
 
     def vcpu(self, memory_mb: float) -> float:
         """The CPU a function of ``memory_mb`` computes with: the platform's share, ``memory_mb /
@@ -195,11 +122,11 @@ class PlatformFacts:
 
     @classmethod
     def from_profile(cls, profile: PlatformProfile, *, transfer_latency_ms: float | None = None) -> PlatformFacts:
-        """The facts of a ``platforms.PlatformProfile``. A profile whose vCPU cap is this
-        machine's cores (``max_vcpu: null``, the local platform) also shares those cores between functions."""
+        """The facts of a ``platforms.PlatformProfile``. A shared host's profile (``PlatformProfile.shared_host``:
+        its vCPU cap is this machine's cores, ``max_vcpu: null``, the local platform) also shares those cores
+        between functions."""
         cpus = os.cpu_count() or 1
-        lat = profile.invoke_latency
-        shared_host = profile.max_vcpu is None
+        shared_host = profile.shared_host
         return cls(
             name=profile.name,
             memory_min_mb=profile.memory.min_mb,
@@ -211,13 +138,14 @@ class PlatformFacts:
             price_request=profile.price_per_request,
             granularity_ms=float(profile.billing_granularity_ms),
             payload_limit_bytes=profile.payload_limit_bytes,
-            invoke=ExGauss(lat.mu_ms, lat.sigma_ms, lat.tau_ms),
+            invoke=profile.invoke_latency,
             bandwidth_mb_s=profile.bandwidth_mb_s,
             # per put or get where calibrate measured none: on one host a shm file written or mapped by a
             # process whose caches the compute between transfers has just evicted (what a request pays; the
             # same calls back to back cost a fraction of it, so a probe without compute between its transfers
             # would understate it); elsewhere a network store's round trip
             transfer_latency_ms=(0.28 if shared_host else 1.0) if transfer_latency_ms is None else transfer_latency_ms,
+            shared_host=shared_host,
             cores=cpus if shared_host else None,
             reserve_cores=HOST_RESERVE_CORES if shared_host else 0.0,
             billed_overhead_ms=profile.billed_overhead_ms,

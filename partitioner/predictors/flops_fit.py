@@ -9,10 +9,9 @@ from typing import Any
 import numpy as np
 
 from partitioner.graph import LayerGraph
+from platforms import MB
 
 __all__ = ["FlopsFit"]
-
-MB = 2**20
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["WORK_TERMS", "TimePrior", "memory_prior_mb"]
+from platforms import MB
 
-MB = 2**20
+__all__ = ["WORK_TERMS", "TimePrior", "memory_prior_mb"]
 
 def memory_prior_mb(f: Mapping[str, float]) -> float:
     """Weights twice (the loaded initializer and onnxruntime's own, possibly pre-packed, copy), the input,

@@ -52,9 +52,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from functions.errors import TransportError
-from platforms import InvokeLatency, PlatformProfile, TransferCost
+from platforms import MB, ExGauss, PlatformProfile, TransferCost
 from platforms.profile import vcpus_for
-from serving.calibrate.fit import MIB, fit_ex_gaussian, fit_transfer
+from serving.calibrate.fit import fit_transfer
 from serving.calibrate.probes import (
     FORK_SPLITS,
     compute_model,
@@ -125,7 +125,7 @@ class CalibrationSettings:
     cpu_samples: int = 10
     dispatch_samples: int = 30
     handling_samples: int = 60
-    sizes: tuple[int, ...] = (4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB, 16 * MIB)
+    sizes: tuple[int, ...] = (4 * KIB, 64 * KIB, 1 * MB, 4 * MB, 16 * MB)
     transports: tuple[str, ...] = TRANSPORTS
     redis_url: str | None = None
     # the sizes a plan may choose, from the smallest function up: below one vCPU the share's real slow-down
@@ -135,7 +135,7 @@ class CalibrationSettings:
     cpu_share_mb: tuple[int, ...] = (128, 256, 512, 1024, 2048, 2560, 3538)
     compute_n: int = 256
     compute_layers: int = 48
-    evict_bytes: int = 64 * MIB
+    evict_bytes: int = 64 * MB
     shm_dir: Path | None = None
     timeout_s: float = 60.0
 
@@ -258,7 +258,7 @@ class Calibration:
     platform_url: str
     platform_profile: str  # the profile the platform said it runs
     probe_mb: int
-    invoke: InvokeLatency
+    invoke: ExGauss
     invoke_samples: int
     invoke_p50_ms: float
     invoke_p99_ms: float
@@ -280,8 +280,8 @@ class Calibration:
             "target": self.target,
             "platform_profile": self.platform_profile,
             "probe_mb": self.probe_mb,
-            "invoke_latency_ms": {"mu": self.invoke.mu_ms, "sigma": self.invoke.sigma_ms, "tau": self.invoke.tau_ms,
-                                  "mean": self.invoke.mean_ms, "p50": self.invoke_p50_ms, "p99": self.invoke_p99_ms,
+            "invoke_latency_ms": {"mu": self.invoke.mu, "sigma": self.invoke.sigma, "tau": self.invoke.tau,
+                                  "mean": self.invoke.mean, "p50": self.invoke_p50_ms, "p99": self.invoke_p99_ms,
                                   "samples": self.invoke_samples},
             "billed_overhead_ms": self.billed_overhead_ms,
             "transports": {k: v.to_json() for k, v in self.transfers.items()},
@@ -728,7 +728,10 @@ def calibrate_platform(target: CalibrationTarget, profile: PlatformProfile,
         invocations = after.invocations - before.invocations
         billed = ((after.duration_ms - before.duration_ms) / invocations
                   if after.metered and invocations > 0 else None)
-        invoke = fit_ex_gaussian(rtts)
+        try:
+            invoke = ExGauss.fit(rtts)
+        except ValueError as e:
+            raise ValueError(f"{e}; raise --samples") from e
 
         transfers, skipped = _transfers(target, noop, profile, settings, tmp, say)
         cold_extra, init_ms = _cold_starts(noop, settings.cold_starts, say)

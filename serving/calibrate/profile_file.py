@@ -74,7 +74,7 @@ def calibrated_profile_data(base: str | Path, cal: Calibration, where: Provenanc
     sources = {str(k): str(v) for k, v in (data.get("sources") or {}).items()}
     by = f"measured by flatpack calibrate on {where.host}, {where.date} (see calibration)"
     inv = cal.invoke
-    data["invoke_latency_ms"] = {"mu": _r(inv.mu_ms), "sigma": _r(inv.sigma_ms), "tau": _r(inv.tau_ms)}
+    data["invoke_latency_ms"] = {"mu": _r(inv.mu), "sigma": _r(inv.sigma), "tau": _r(inv.tau)}
     sources["invoke_latency_ms"] = (
         f"{by}; {cal.invoke_samples} warm round trips of a no-op function ({cal.probe_mb} MB) fitted as an "
         f"ex-Gaussian by maximum likelihood (scipy.stats.exponnorm); p50 {cal.invoke_p50_ms:.3f} ms, "

@@ -309,7 +309,7 @@ def solve_on_target(lg: Any, request: Any, pm: Any, *, progress: Any = None) -> 
     def plan() -> Any:
         return solve(lg, request, pm=pm)
 
-    if pm.platform.cores is None:
+    if not pm.platform.shared_host:
         return with_sampled_tail(pm, plan()), None
     if request.profile_budget_s <= 0:
         return with_sampled_tail(pm, plan().noted(_learned(lg, request, pm))), None

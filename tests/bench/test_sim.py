@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from bench.load.trace import poisson_arrivals
-from bench.sim.simulator import ExGaussDraw, Kernel, SimPlan, SimPlatform, SimStage, SimWorker, TimeSliceCpu, simulate
+from bench.sim.simulator import Kernel, SimPlan, SimPlatform, SimStage, SimWorker, TimeSliceCpu, simulate
+from platforms import ExGauss
 
-NO_DELAY = ExGaussDraw(0.0, 0.0, 0.0)
+NO_DELAY = ExGauss(0.0, 0.0, 0.0)
 
 
 def one_function(work_ms: float = 10.0, memory_mb: int = 1024) -> SimPlan:
@@ -170,7 +170,7 @@ def test_sim_plan_gives_local_functions_below_one_vcpu_their_share() -> None:
 
 
 def test_invoke_latency_adds_to_each_fork() -> None:
-    pf = platform(invoke=ExGaussDraw(2.0, 0.0, 0.0), client_invoke=NO_DELAY)
+    pf = platform(invoke=ExGauss(2.0, 0.0, 0.0), client_invoke=NO_DELAY)
     r = simulate(fork_join(), pf, arrivals_ms=[0.0])
     assert r.latencies_ms[0] == pytest.approx(17.0)  # the workers' 10 ms + a 2 ms round trip; master 10 meanwhile
 
@@ -234,7 +234,7 @@ def test_wake_up_work_is_fitted_to_the_paused_p50() -> None:
     from bench.sim.calibration import fit_wake
 
     plan, think = fork_join(), 40.0
-    pf = platform(cores=2.0, time_slice_ms=3.0, invoke=ExGaussDraw(1.0, 0.1, 0.5))
+    pf = platform(cores=2.0, time_slice_ms=3.0, invoke=ExGauss(1.0, 0.1, 0.5))
     truth = replace(pf, wake_ms=1.5, wake_after_ms=think / 2)
     p50 = simulate(plan, truth, clients=1, requests_per_client=100, warmup=1, think_ms=think).summary()["p50_ms"]
     assert fit_wake(plan, pf, p50_ms=p50, think_ms=think).wake_ms == pytest.approx(1.5, abs=0.1)
@@ -303,7 +303,7 @@ def test_work_spread_is_fitted_to_the_one_client_p95() -> None:
     from bench.sim.calibration import fit_spread
 
     plan = fork_join()
-    pf = platform(cores=2.0, time_slice_ms=3.0, invoke=ExGaussDraw(1.0, 0.1, 0.3))
+    pf = platform(cores=2.0, time_slice_ms=3.0, invoke=ExGauss(1.0, 0.1, 0.3))
     live = simulate(plan, replace(pf, work_cv=0.2), clients=1, requests_per_client=400, warmup=1, seed=7).summary()
     assert fit_spread(plan, pf, p50_ms=live["p50_ms"], p95_ms=live["p95_ms"]).work_cv == pytest.approx(0.2, abs=0.04)
     assert fit_spread(plan, pf, p50_ms=live["p50_ms"], p95_ms=live["p50_ms"]).work_cv == 0.0
@@ -329,23 +329,13 @@ def test_calibration_runs_pool_by_requests() -> None:
     assert b.cpu_ms_per_request == pytest.approx(24.0 * (1 + KERNEL_SHARE_MAX))  # other load: capped
 
 
-def test_exgauss_fit_recovers_parameters() -> None:
-    from bench.sim.calibration import fit_exgauss
-
-    rng = np.random.default_rng(0)
-    x = 3.0 + rng.normal(0, 0.5, 20000) + rng.exponential(2.0, 20000)
-    fit = fit_exgauss(x)
-    assert fit.mu == pytest.approx(3.0, abs=0.2) and fit.tau == pytest.approx(2.0, rel=0.1)
-    assert fit.sigma == pytest.approx(0.5, abs=0.2)
-
-
 def test_calibration_recovers_scale_and_background() -> None:
     """Measurements made by a simulated 'truth' (compute x 1.3, 3 background groups of which 2 were counted,
     i.e. weight 1.5) are fitted back by the weight method."""
     from bench.sim.calibration import calibrate, sim_p50
 
     plan = fork_join()
-    pf = platform(cores=2.0, invoke=ExGaussDraw(1.0, 0.1, 0.5), invoke_cpu_ms=0.8)
+    pf = platform(cores=2.0, invoke=ExGauss(1.0, 0.1, 0.5), invoke_cpu_ms=0.8)
     truth_plan, truth_pf = plan.scaled(1.3), replace(pf, background=3.0)
     p50 = sim_p50(truth_plan, truth_pf, 200, 0)
     cpu = truth_plan.total_work_ms() + 3 * pf.invoke_cpu_ms  # master + 2 workers: 3 invocations
@@ -363,8 +353,8 @@ def test_calibration_recovers_an_unexplained_delay() -> None:
     from bench.sim.calibration import calibrate, sim_p50
 
     plan = fork_join()
-    pf = platform(cores=2.0, invoke=ExGaussDraw(1.0, 0.1, 0.5), invoke_cpu_ms=0.8)
-    truth_pf = replace(pf, background=2.0, invoke=ExGaussDraw(2.5, 0.1, 0.5))  # 1.5 ms more per invocation
+    pf = platform(cores=2.0, invoke=ExGauss(1.0, 0.1, 0.5), invoke_cpu_ms=0.8)
+    truth_pf = replace(pf, background=2.0, invoke=ExGauss(2.5, 0.1, 0.5))  # 1.5 ms more per invocation
     p50 = sim_p50(plan.scaled(1.3), truth_pf, 200, 0)
     cpu = plan.scaled(1.3).total_work_ms() + 3 * pf.invoke_cpu_ms
     _, fitted_pf, fit = calibrate(plan, pf, p50_ms=p50, cpu_ms=cpu, background=2.0, method="delay")
@@ -380,7 +370,7 @@ def test_calibration_puts_cpu_the_p50_cannot_hold_beside_the_path() -> None:
     from bench.sim.calibration import calibrate, sim_p50
 
     plan = fork_join()
-    pf = platform(cores=2.0, invoke=ExGaussDraw(1.0, 0.1, 0.5), invoke_cpu_ms=0.8)
+    pf = platform(cores=2.0, invoke=ExGauss(1.0, 0.1, 0.5), invoke_cpu_ms=0.8)
     truth_pf = replace(pf, offpath_cpu_ms=4.0)
     p50 = sim_p50(plan, truth_pf, 200, 0)
     cpu = plan.total_work_ms() + 3 * pf.invoke_cpu_ms + 4.0
@@ -505,7 +495,7 @@ def test_validation_result_prints_the_json_it_always_printed() -> None:
     fit = Fit("delay", 1.1, "scale from the measured CPU", weight=1.0, worker_scales={"w1": 0.9, "w2": 1.0},
               offpath_cpu_ms=0.5)
     alt = Fit("weight", 1.1, "weight fitted", weight=0.8, worker_scales={"w1": 0.9, "w2": 1.0}, offpath_cpu_ms=0.5)
-    calibration = Calibration(InvokeStats(80, 1.0, 1.1, 2.0, 0.5, 120.0, 0.3, ExGaussDraw(0.4, 0.1, 0.2)), 300.0,
+    calibration = Calibration(InvokeStats(80, 1.0, 1.1, 2.0, 0.5, 120.0, 0.3, ExGauss(0.4, 0.1, 0.2)), 300.0,
                               120.0, Probe.pooled(list(probes)), probes, 12.0, 20.0, sim, pf, fit, alt, 15.0, 150.0)
     samples = [Sample(i, 0, i * 0.01, i * 0.01, 12.0, 12.0, None, True, 0.0) for i in range(10)]
     meter = {f: {"invocations": 10, "errors": 0, "cold_starts": 0, "duration_ms": 50.0, "billed_ms": 60.0,

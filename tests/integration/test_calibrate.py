@@ -17,7 +17,7 @@ import yaml
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-from platforms import PlatformProfile, load_profile, load_profile_data
+from platforms import MB, PlatformProfile, load_profile, load_profile_data
 
 pytest.importorskip("fastapi", reason="calibrate runs the local platform: flatpack[server]")
 
@@ -28,7 +28,6 @@ from serving.calibrate import (  # noqa: E402
     calibrated_profile,
     calibrated_profile_path,
 )
-from serving.calibrate.fit import MIB  # noqa: E402
 from serving.cli import main  # noqa: E402
 
 KIB = 2**10
@@ -40,8 +39,8 @@ def calibrated(platform: object, shm_root: Path, tmp_path_factory: pytest.TempPa
     hide the bytes' time), inline and shm, a small compute probe."""
     settings = CalibrationSettings(invoke_samples=60, transfer_samples=7, cold_starts=1, cpu_samples=3,
                                    dispatch_samples=10,
-                                   sizes=(4 * KIB, 1 * MIB, 4 * MIB), transports=("inline", "shm"), compute_n=64,
-                                   compute_layers=4, evict_bytes=4 * MIB, shm_dir=shm_root, cpu_share_mb=(512,))
+                                   sizes=(4 * KIB, 1 * MB, 4 * MB), transports=("inline", "shm"), compute_n=64,
+                                   compute_layers=4, evict_bytes=4 * MB, shm_dir=shm_root, cpu_share_mb=(512,))
     out = tmp_path_factory.mktemp("calibrate") / "local-test.yaml"
     return calibrate("local", output=out, url=platform.url, settings=settings)  # type: ignore[attr-defined]
 
@@ -51,10 +50,10 @@ def test_the_profile_loads_and_says_what_was_measured(calibrated: CalibrationRes
     base = load_profile("local")
     assert prof.name == "local"
     inv = prof.invoke_latency
-    assert all(math.isfinite(v) for v in (inv.mu_ms, inv.sigma_ms, inv.tau_ms))
-    assert inv.mean_ms > 0 and inv.sigma_ms >= 0 and inv.tau_ms >= 0
+    assert all(math.isfinite(v) for v in (inv.mu, inv.sigma, inv.tau))
+    assert inv.mean > 0 and inv.sigma >= 0 and inv.tau >= 0
     # the fit describes the round trips it was fitted to
-    assert 0.2 * calibrated.calibration.invoke_p50_ms < inv.mean_ms < 5 * calibrated.calibration.invoke_p50_ms
+    assert 0.2 * calibrated.calibration.invoke_p50_ms < inv.mean < 5 * calibrated.calibration.invoke_p50_ms
     assert prof.billed_overhead_ms > 0
     assert set(prof.transports) == {"inline", "shm"}, calibrated.calibration.skipped
     assert all(t.latency_ms >= 0 and t.bandwidth_mb_s > 0 for t in prof.transports.values())
@@ -151,7 +150,7 @@ def test_plan_takes_the_calibrated_file(calibrated: CalibrationResult, tmp_path:
                                                                    profile="flops"))
     inv = prof.invoke_latency
     assert (pm.platform.invoke.mu, pm.platform.invoke.sigma, pm.platform.invoke.tau) == (
-        inv.mu_ms, inv.sigma_ms, inv.tau_ms)
+        inv.mu, inv.sigma, inv.tau)
     assert pm.platform.billed_overhead_ms == prof.billed_overhead_ms
     assert pm.platform.bandwidth_mb_s == prof.bandwidth_mb_s == prof.transports["shm"].bandwidth_mb_s
     # the master's CPU per worker and a function's per invocation: measured, not the defaults
@@ -177,7 +176,7 @@ def test_a_recalibration_starts_from_a_calibrated_file(calibrated: CalibrationRe
                                                        shm_root: Path, tmp_path: Path) -> None:
     """--platform FILE of an earlier calibration: measured fields replaced again, the rest kept."""
     settings = CalibrationSettings(invoke_samples=5, transfer_samples=3, cold_starts=0, cpu_samples=3,
-                                   dispatch_samples=3, sizes=(4 * KIB, 4 * MIB), transports=("inline",),
+                                   dispatch_samples=3, sizes=(4 * KIB, 4 * MB), transports=("inline",),
                                    cpu_share_mb=(), evict_bytes=0, shm_dir=shm_root)
     again = calibrate(calibrated.path, output=tmp_path / "again.yaml", url=platform.url,  # type: ignore[attr-defined]
                       settings=settings)

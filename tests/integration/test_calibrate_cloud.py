@@ -42,7 +42,7 @@ def _assert_measured(result: CalibrationResult, base: str, where: str) -> None:
     prof, default = load_profile(result.path), load_profile(base)
     assert prof.name == base
     inv = prof.invoke_latency
-    assert inv.mean_ms > 0 and inv.sigma_ms >= 0 and inv.tau_ms >= 0
+    assert inv.mean > 0 and inv.sigma >= 0 and inv.tau >= 0
     assert inv != default.invoke_latency
     for field in ("invoke_latency_ms", "cold_start_ms"):
         assert prof.sources[field].startswith("measured by flatpack calibrate on "), field

@@ -22,8 +22,6 @@ from partitioner.profile import profile_graph
 from platforms import PlatformProfile, load_profile, load_profile_data
 from tests.onnx_builders import conv_stack
 
-MB = 2**20
-
 
 @pytest.fixture(scope="module")
 def convs(tmp_path_factory: pytest.TempPathFactory) -> LayerGraph:
@@ -255,3 +253,15 @@ def test_a_calibrated_handling_is_the_requests_own_cpu_stretched_by_the_masters_
     low = dear.estimate(whole, 512).latency_ms - cheap.estimate(whole, 512).latency_ms
     assert low == pytest.approx(1.0 * (1769 / 512 - 1), rel=0.05)  # beyond the one-vCPU probe's invoke latency
     assert dear.estimate(whole, 1769).latency_ms == pytest.approx(cheap.estimate(whole, 1769).latency_ms, abs=1e-9)
+
+
+def test_the_platform_kind_comes_from_the_profile() -> None:
+    """The local platform's functions share this machine's cores; a cloud's each compute with their own. Facts
+    that say one thing of the kind and another of the cores are refused."""
+    local, cloud = (PlatformFacts.from_profile(load_profile(n)) for n in ("local", "aws-lambda"))
+    assert local.shared_host and local.cores is not None and local.host_cores == local.cores
+    assert not cloud.shared_host and cloud.cores is None and cloud.host_cores == float("inf")
+    with pytest.raises(ValueError, match="shared_host"):
+        replace(local, cores=None)
+    with pytest.raises(ValueError, match="shared_host"):
+        replace(cloud, cores=2)

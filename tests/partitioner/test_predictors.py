@@ -29,9 +29,9 @@ from partitioner.predictors import (
     stage_features,
 )
 from partitioner.profile import GraphProfile, profile_graph
+from platforms import MB
 from tests.onnx_builders import conv_stack, mlp
 
-MB = 2**20
 xgboost = pytest.importorskip("xgboost")
 
 

@@ -28,9 +28,8 @@ from partitioner.profile import (
     profile_options,
     runtime_base_mb,
 )
+from platforms import MB
 from tests.onnx_builders import conv_stack
-
-MB = 2**20
 
 
 def matmul_model(weight_mb: float, k: int = 256) -> onnx.ModelProto:

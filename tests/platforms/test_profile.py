@@ -57,7 +57,7 @@ def test_a_profile_written_inline_loads_with_its_defaults(tmp_path: Path) -> Non
     p = load_profile(_write(tmp_path, MINIMAL))
     assert p.memory == MemoryRange(128, 1024, 64)
     assert p.async_payload_limit_bytes == 1000  # defaults to the synchronous limit
-    assert p.invoke_latency.mean_ms == 15.0
+    assert p.invoke_latency.mean == 15.0
     assert (p.transports, p.cold_start_ms, p.cpu_share, p.dispatch_ms, p.handling_ms) == ({}, None, {}, {}, None)
     assert p.vcpus(512) == 0.5 and p.vcpus(4096) == 2.0  # capped at max_vcpu
     assert p.billed_ms(130) == 200 and p.billed_ms(0) == 100

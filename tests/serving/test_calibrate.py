@@ -9,8 +9,9 @@ import onnxruntime as ort
 import pytest
 
 from functions.bundle import Bundle
+from platforms import MB
 from serving.calibrate import CalibrationSettings
-from serving.calibrate.fit import MIB, fit_ex_gaussian, fit_transfer
+from serving.calibrate.fit import fit_transfer
 from serving.calibrate.probes import (
     FORK_SPLITS,
     compute_model,
@@ -22,35 +23,19 @@ from serving.calibrate.probes import (
 )
 
 
-def test_ex_gaussian_fit_recovers_its_parameters() -> None:
-    rng = np.random.default_rng(7)
-    x = rng.normal(1.0, 0.1, 4000) + rng.exponential(0.5, 4000)
-    fit = fit_ex_gaussian(x.tolist())
-    assert fit.mu_ms == pytest.approx(1.0, rel=0.05)
-    assert fit.sigma_ms == pytest.approx(0.1, rel=0.15)
-    assert fit.tau_ms == pytest.approx(0.5, rel=0.08)
-
-
-def test_ex_gaussian_fit_needs_samples() -> None:
-    with pytest.raises(ValueError, match="at least 3 round trips"):
-        fit_ex_gaussian([1.0, 1.1])
-    same = fit_ex_gaussian([2.0] * 5)
-    assert (same.mu_ms, same.sigma_ms, same.tau_ms) == (2.0, 0.0, 0.0)
-
-
 def test_transfer_fit_recovers_latency_and_bandwidth() -> None:
-    sizes = [4096, 65536, MIB, 4 * MIB, 16 * MIB]
-    ms = [0.1 + s / (5000 * MIB) * 1e3 for s in sizes]
+    sizes = [4096, 65536, MB, 4 * MB, 16 * MB]
+    ms = [0.1 + s / (5000 * MB) * 1e3 for s in sizes]
     cost = fit_transfer(sizes, ms)
     assert cost.latency_ms == pytest.approx(0.1, rel=1e-6)
     assert cost.bandwidth_mb_s == pytest.approx(5000, rel=1e-6)
 
 
 def test_transfer_fit_keeps_latency_non_negative_and_refuses_nonsense() -> None:
-    cost = fit_transfer([4096, MIB, 4 * MIB], [0.0, 0.9, 4.2])
+    cost = fit_transfer([4096, MB, 4 * MB], [0.0, 0.9, 4.2])
     assert cost.latency_ms == 0.0 and cost.bandwidth_mb_s > 0
     with pytest.raises(ValueError, match="does not grow with size"):
-        fit_transfer([4096, MIB], [1.0, 0.5])
+        fit_transfer([4096, MB], [1.0, 0.5])
     with pytest.raises(ValueError, match="at least two sizes"):
         fit_transfer([4096, 4096], [1.0, 1.1])
 

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 from partitioner.graph import LayerGraph
 from partitioner.predictors.aggregate import LayerCost, aggregate
+from platforms import MB
 
 __all__ = ["SIMILARITY", "Layer", "LayerDag", "edge_elimination", "layer_dag", "node_elimination", "segments",
            "simplify_dag"]
 
 SIMILARITY = 0.05
-MB = 2**20
 SOURCE, SINK = -1, -2
 
 

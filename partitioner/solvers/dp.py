@@ -221,7 +221,7 @@ class _Catalogue:
             mems = []
         # choices only workers run are priced once, with the first master they are priced with: the smallest
         # where a larger master could slow its workers down (a shared host's cores), else the largest
-        first_mb = min(masters) if pm.platform.cores else max(masters)
+        first_mb = min(masters) if pm.platform.shared_host else max(masters)
         entries: list[tuple[_Entry, ...]] = [()]
         for j in range(1, space.n + 1):
             row: list[_Entry] = []

@@ -303,14 +303,15 @@ def solve_on_target(lg: Any, request: Any, pm: Any, *, progress: Any = None) -> 
     """Plan ``lg`` as ``request`` says; planning for the local platform with a profile budget, refined by
     timing the plans' stages there (:func:`refine_on_target`); its percentile sampled from the model. Returns
     the solver result and the refinement (None where nothing was measured: another platform, or a zero
-    budget). Raises what ``solve`` raises."""
+    budget). Every platform's plan starts from what the live checks of earlier deployments of ``lg`` there
+    measured (``deploy --slo``, :func:`save_live_correction`). Raises what ``solve`` raises."""
     from partitioner.planner import solve, with_sampled_tail
 
     def plan() -> Any:
         return solve(lg, request, pm=pm)
 
-    if not pm.platform.shared_host:
-        return with_sampled_tail(pm, plan()), None
+    if not pm.platform.shared_host:  # a cloud: nothing to time here, but what its live checks measured
+        return with_sampled_tail(pm, plan().noted(_learned(lg, request, pm))), None
     if request.profile_budget_s <= 0:
         return with_sampled_tail(pm, plan().noted(_learned(lg, request, pm))), None
     note = scale_to_function(lg, request, pm, progress)

@@ -23,7 +23,7 @@ from functions.compare import DEFAULT_TOLERANCE
 from functions.plan import JOIN_KINDS, Function, ModelInfo, Part, Plan, Stage, TensorSpec
 from partitioner.errors import ExportError, NotSplittable, SpecError
 from partitioner.graph import LayerGraph
-from partitioner.model_file import save_model
+from partitioner.model_file import PROTOBUF_LIMIT_BYTES, save_model, serialized_bytes
 from partitioner.normalize import fixed_dims
 from partitioner.parts import PartModel, StageCut, cut_stage
 from partitioner.spec import StageSpec, parse_stages
@@ -179,7 +179,8 @@ def export_bundle(
     if lg.source_path is not None:
         source_sha = sha256_file(lg.source_path)
     else:
-        source_sha = hashlib.sha256(lg.model.SerializeToString()).hexdigest() if lg.model.ByteSize() < 2**31 else ""
+        small = serialized_bytes(lg.model) < PROTOBUF_LIMIT_BYTES
+        source_sha = hashlib.sha256(lg.model.SerializeToString()).hexdigest() if small else ""
     specs = parse_stages(stages, len(lg.units)) if isinstance(stages, str) else list(stages)
     plan, files = build_plan(lg, specs, source_sha256=source_sha, placements=placements, master_mb=master_mb,
                              platform=platform, transport=transport, mode=mode, predicted=predicted,

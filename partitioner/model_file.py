@@ -13,12 +13,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
+from google.protobuf.message import EncodeError
 from onnx import external_data_helper
 
-__all__ = ["EXTERNAL_DATA_THRESHOLD_BYTES", "save_model"]
+__all__ = ["EXTERNAL_DATA_THRESHOLD_BYTES", "PROTOBUF_LIMIT_BYTES", "save_model", "serialized_bytes"]
 
 #: Above this serialised size a model's tensors go to ``<file name>.data`` (protobuf's limit is 2 GB).
 EXTERNAL_DATA_THRESHOLD_BYTES = 1_800_000_000
+#: The largest message protobuf serialises.
+PROTOBUF_LIMIT_BYTES = 2**31
+
+
+def serialized_bytes(model: onnx.ModelProto) -> int:
+    """``model``'s serialised size, or :data:`PROTOBUF_LIMIT_BYTES` where it is larger (protobuf then cannot
+    even measure it: ``ByteSize`` raises)."""
+    try:
+        return min(model.ByteSize(), PROTOBUF_LIMIT_BYTES)
+    except EncodeError:
+        return PROTOBUF_LIMIT_BYTES
 
 
 def save_model(model: onnx.ModelProto, path: str | Path, *, threshold_bytes: int | None = None) -> Path:
@@ -34,7 +46,7 @@ def save_model(model: onnx.ModelProto, path: str | Path, *, threshold_bytes: int
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     limit = EXTERNAL_DATA_THRESHOLD_BYTES if threshold_bytes is None else threshold_bytes
-    if model.ByteSize() <= limit:
+    if serialized_bytes(model) <= limit:
         onnx.save_model(model, str(path))
         return path
     data = path.with_name(path.name + ".data")

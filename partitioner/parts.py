@@ -551,12 +551,17 @@ def _contraction_fraction(lg: LayerGraph, node: onnx.NodeProto, bw: Backward) ->
 
 
 def _ctx(lg: LayerGraph, ni: int, opset: int) -> NodeCtx:
+    out = lg.nodes[ni].output[0] if lg.nodes[ni].output else ""
+    info = lg.tensors.get(out)
+    exact = (info is not None and info.dtype.kind in "iub") or any(
+        lg.nodes[c].op_type == "QuantizeLinear" for c in lg.consumers.get(out, []))
     return NodeCtx(
         lg.nodes[ni],
         shapes=lambda n: lg.tensors[n].shape,
         const=lambda n: lg.initializer(n) if lg.is_initializer(n) else None,
         opset=opset,
         attrs=lg.attrs(ni),
+        exact=exact,
     )
 
 

@@ -32,7 +32,7 @@ from onnx import helper
 from partitioner.errors import NotSplittable
 from partitioner.regions import Box, full
 
-__all__ = ["RULES", "Backward", "EmitConst", "NodeCtx", "rule_for"]
+__all__ = ["MS_RULES", "RULES", "Backward", "EmitConst", "NodeCtx", "rule_for"]
 
 EmitConst = Callable[[str, np.ndarray], str]
 
@@ -46,6 +46,9 @@ class NodeCtx:
     const: Callable[[str], np.ndarray | None]
     opset: int
     attrs: dict[str, object] = field(default_factory=dict)
+    # the output must come out bit-equal: it holds integers, or a QuantizeLinear rounds it to integers next
+    # (where a float rounding difference becomes a whole quantisation step)
+    exact: bool = False
 
     def __post_init__(self) -> None:
         if not self.attrs:
@@ -426,17 +429,74 @@ def _dynamic_quantize_linear(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
 
 
 def _gemm(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    return _gemm_like(ctx, outs, a=0, b=1, c=2, b_params=())
+
+
+def _qgemm(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    """com.microsoft QGemm (a, a_scale, a_zp, b, b_scale, b_zp, C, y_scale, y_zp): a Gemm on integers whose
+    int32 bias C broadcasts like Gemm's; b's scale and zero point are one value or one per output column.
+    y_scale and y_zp are one value (absent: the output is float)."""
+    return _gemm_like(ctx, outs, a=0, b=3, c=6, b_params=(4, 5))
+
+
+def _gemm_like(ctx: NodeCtx, outs: list[Box | None], *, a: int, b: int, c: int, b_params: Sequence[int]
+               ) -> Backward:
     box = _only_first_output(outs, ctx)
     (m, n) = box
     ta, tb = ctx.int_attr("transA", 0), ctx.int_attr("transB", 0)
-    a_shape, b_shape = ctx.shape(0), ctx.shape(1)
+    a_shape, b_shape = ctx.shape(a), ctx.shape(b)
     k_a = a_shape[0] if ta else a_shape[1]
-    a_box = ((0, k_a), m) if ta else (m, (0, k_a))
-    b_box = (n, (0, b_shape[1])) if tb else ((0, b_shape[0]), n)
-    ins: list[Box | None] = [a_box, b_box]
-    if len(ctx.node.input) > 2 and ctx.node.input[2]:
-        ins.append(_broadcast_box(box, ctx.shape(2), ctx.out_shape()))
+    ins: list[Box | None] = [None] * len(ctx.node.input)
+    ins[a] = ((0, k_a), m) if ta else (m, (0, k_a))
+    ins[b] = (n, (0, b_shape[1])) if tb else ((0, b_shape[0]), n)
+    if c < len(ctx.node.input) and ctx.node.input[c]:
+        ins[c] = _broadcast_box(box, ctx.shape(c), ctx.out_shape())
+    for i in b_params:
+        ins[i] = _param_box(ctx, i, n, ctx.out_shape()[1])
     return Backward(ins, [box])
+
+
+def _qlinear_binary(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    """com.microsoft QLinearAdd / QLinearMul (a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp): element-wise
+    with broadcasting, every scale and zero point one value."""
+    box = _only_first_output(outs, ctx)
+    oshape = ctx.out_shape()
+    ins: list[Box | None] = [None] * len(ctx.node.input)
+    for i in (0, 3):
+        ins[i] = _broadcast_box(box, ctx.shape(i), oshape)
+    _scalar_params(ctx, (1, 2, 4, 5, 6, 7))
+    return Backward(ins, [box])
+
+
+def _qlinear_unary(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    """com.microsoft QLinearSigmoid / QLinearLeakyRelu (x, x_scale, x_zp, y_scale, y_zp): element-wise, every
+    scale and zero point one value."""
+    box = _only_first_output(outs, ctx)
+    _scalar_params(ctx, range(1, len(ctx.node.input)))
+    return Backward([box] + [None] * (len(ctx.node.input) - 1), [box])
+
+
+def _qlinear_softmax(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    """com.microsoft QLinearSoftmax (x, x_scale, x_zp, y_scale, y_zp): a softmax whose ``opset`` attribute says
+    which ONNX Softmax it means (before 13: over every axis from ``axis`` on)."""
+    box = _only_first_output(outs, ctx)
+    _scalar_params(ctx, range(1, len(ctx.node.input)))
+    shape = ctx.out_shape()
+    rank = len(shape)
+    opset = ctx.int_attr("opset", ctx.opset)
+    axis = ctx.int_attr("axis", -1 if opset >= 13 else 1)
+    axis = axis + rank if axis < 0 else axis
+    axes = [axis] if opset >= 13 else list(range(axis, rank))
+    computed = tuple((0, shape[i]) if i in axes else box[i] for i in range(rank))
+    return Backward([computed] + [None] * (len(ctx.node.input) - 1), [computed])
+
+
+def _scalar_params(ctx: NodeCtx, indices: Sequence[int] | range) -> None:
+    """Refuse a split where a quantisation parameter the op reads whole is not one value."""
+    for i in indices:
+        if i < len(ctx.node.input) and ctx.node.input[i] and math.prod(ctx.shape(i)) > 1:
+            raise NotSplittable(f"{ctx.node.op_type} {ctx.node.name!r}: input {i} has shape {ctx.shape(i)}, not "
+                                f"one value")
 
 
 def _concat(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
@@ -467,6 +527,32 @@ def _concat(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
 
 # An input box that means "this input is not read by the part" (e.g. a Concat operand outside the tile).
 _SKIP: Box = ((-1, -1),)
+
+
+def _qlinear_concat(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
+    """com.microsoft QLinearConcat (y_scale, y_zp, then x, x_scale, x_zp per operand): a Concat that requantises
+    each operand to y's parameters (every one a single value); operands outside the tile are not read."""
+    box = _only_first_output(outs, ctx)
+    rank = len(box)
+    axis = ctx.int_attr("axis", 0)
+    axis = axis + rank if axis < 0 else axis
+    _scalar_params(ctx, [0, 1, *(i for i in range(2, len(ctx.node.input)) if (i - 2) % 3)])
+    lo, hi = box[axis]
+    ins: list[Box | None] = [None, None]
+    offset = 0
+    for k in range(2, len(ctx.node.input), 3):
+        size = ctx.shape(k)[axis]
+        a, b = max(lo, offset), min(hi, offset + size)
+        read = a < b
+        ins += [box[:axis] + ((a - offset, b - offset),) + box[axis + 1:] if read else _SKIP,
+                None if read else _SKIP, None if read else _SKIP]
+        offset += size
+
+    def rewrite(node: onnx.NodeProto, i: list[str], o: list[str], ib: Sequence[Box | None],
+                ob: Sequence[Box | None], emit: EmitConst) -> list[onnx.NodeProto]:
+        return [_copy(node, [x for x, b in zip(i, ins, strict=True) if b != _SKIP], o)]
+
+    return Backward(ins, [box], rewrite)
 
 
 def _slice_params(ctx: NodeCtx) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -891,6 +977,13 @@ def _resize(ctx: NodeCtx, outs: list[Box | None]) -> Backward:
         if n_in == n_out and factors[ax] in (1, 1.0, n_in) and (kind == "sizes" or factors[ax] == 1.0):
             continue
         maps[ax] = _resize_axis_map(ctx.opset, attrs, kind, factors[ax], n_in, n_out)
+    if kind == "scales" and all(box[ax] == (0, out_shape[ax]) for ax in maps):
+        # no resized axis is cut (a split by channel): the op itself, exact whatever the data type
+        whole = tuple((0, in_shape[ax]) if ax in maps else box[ax] for ax in range(len(box)))
+        return Backward([whole] + [None] * (len(ctx.node.input) - 1), [box])
+    if ctx.exact and any(m.weight is not None for ax, m in maps.items() if box[ax] != (0, out_shape[ax])):
+        raise NotSplittable(f"Resize {ctx.node.name!r} interpolates quantised values: a part's weighted sum "
+                            f"would not round as onnxruntime's kernel does; split it by channel or keep it whole")
     in_box = list(box)
     for ax, m in maps.items():
         o0, o1 = box[ax]
@@ -984,7 +1077,21 @@ RULES.update({
 })
 
 
+#: Rules for onnxruntime's contrib ops (domain ``com.microsoft``) that its quantiser writes in QOperator form.
+MS_RULES: dict[str, Rule] = {
+    "QGemm": _qgemm,
+    "QLinearAdd": _qlinear_binary,
+    "QLinearMul": _qlinear_binary,
+    "QLinearSigmoid": _qlinear_unary,
+    "QLinearLeakyRelu": _qlinear_unary,
+    "QLinearSoftmax": _qlinear_softmax,
+    "QLinearConcat": _qlinear_concat,
+}
+
+
 def rule_for(node: onnx.NodeProto) -> Rule:
+    if node.domain == "com.microsoft" and node.op_type in MS_RULES:
+        return MS_RULES[node.op_type]
     if node.domain not in ("", "ai.onnx"):
         raise NotSplittable(f"{node.domain}.{node.op_type} {node.name!r} has no split rule")
     try:

@@ -138,7 +138,11 @@ def sklearn_model() -> HelperModel:
 
 def make_variant(model: onnx.ModelProto, variant: str) -> onnx.ModelProto:
     """``model`` (float32) as ``variant`` (one of :data:`VARIANTS`); quantisation is calibrated on a few
-    seeded random inputs of the model's static shapes."""
+    seeded random inputs of the model's static shapes, with int8 weights in 7 bits (``reduce_range``).
+
+    Full-range int8 weights are not refused by flatpack, but on a CPU without VNNI onnxruntime's own
+    result for an output then depends on the tile it is computed in, and ``export`` refuses the bundle
+    (its parts do not reproduce the model)."""
     if variant == "fp32":
         return copy.deepcopy(model)
     if variant == "fp16":
@@ -148,11 +152,15 @@ def make_variant(model: onnx.ModelProto, variant: str) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory(prefix="flatpack-quant-") as tmp:
         src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "q.onnx"
         onnx.save_model(model, str(src))
+        # reduce_range (7-bit weights), as onnxruntime advises for x86: its u8s8 kernels on AVX2 without VNNI
+        # sum pairs of products in saturating int16, and a tile of a full-range model's output can then
+        # differ from the whole by whole quantisation steps (7-bit weights cannot saturate)
         if variant == "int8-dynamic":
-            quantize_dynamic(str(src), str(dst))
+            quantize_dynamic(str(src), str(dst), reduce_range=True)
         elif variant in ("int8-qdq", "int8-qop"):
             fmt = QuantFormat.QDQ if variant == "int8-qdq" else QuantFormat.QOperator
-            quantize_static(str(src), str(dst), _Calibration(model), quant_format=fmt, per_channel=True)
+            quantize_static(str(src), str(dst), _Calibration(model), quant_format=fmt, per_channel=True,
+                            reduce_range=True)
         else:
             raise ValueError(f"unknown variant {variant!r}; use one of {', '.join(VARIANTS)}")
         return onnx.load(str(dst))
@@ -175,17 +183,22 @@ class _Calibration:
 
 def _to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
     """Every float32 initializer, input, output and Cast-to-float becomes float16 (attributes that are
-    float tensors of ops that take them, e.g. ConstantOfShape's value, too)."""
+    float tensors of ops that take them, e.g. ConstantOfShape's value, too), except the parameters ONNX
+    types as float32 whatever the data is: Resize's (and Upsample's) roi and scales."""
     out = copy.deepcopy(model)
     g = out.graph
+    keep = {n.input[i] for n in g.node if n.op_type in ("Resize", "Upsample") for i in (1, 2)
+            if i < len(n.input) and n.input[i]}
     for t in g.initializer:
-        if t.data_type == TensorProto.FLOAT:
+        if t.data_type == TensorProto.FLOAT and t.name not in keep:
             t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), t.name))
     for vi in [*g.input, *g.output]:
         if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
             vi.type.tensor_type.elem_type = TensorProto.FLOAT16
     del g.value_info[:]
     for node in g.node:
+        if node.op_type == "Constant" and node.output[0] in keep:
+            continue
         for a in node.attribute:
             if a.name == "to" and node.op_type == "Cast" and a.i == TensorProto.FLOAT:
                 a.i = TensorProto.FLOAT16

@@ -8,7 +8,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from partitioner.errors import ModelError
+from functions.plan import Split
+from partitioner.errors import ModelError, NotSplittable
 from partitioner.graph import LayerGraph
 from partitioner.normalize import ShapeFixes, normalize_model
 from partitioner.options import unit_families, unit_refusals
@@ -136,3 +137,140 @@ def test_normalisation_does_not_fold_weight_dequantisation() -> None:
     model = normalize_model(make_variant(_conv_gemm(), "int8-qdq"))
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("DequantizeLinear") >= 6  # weights and biases of three ops, and the activations
+
+
+def _mixer() -> onnx.ModelProto:
+    """MatMul -> Add (residual) -> Sigmoid -> Mul -> LeakyRelu -> Concat (along the sequence) -> MatMul -> Softmax
+    on [1, 8, 16]: what the quantiser writes as com.microsoft QLinearAdd, QLinearSigmoid, QLinearMul,
+    QLinearLeakyRelu, QLinearConcat and QLinearSoftmax."""
+    rng = np.random.default_rng(1)
+
+    def w(name: str, *shape: int) -> onnx.TensorProto:
+        return onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Add", ["h", "x"], ["r"]),
+             helper.make_node("Sigmoid", ["r"], ["s"]),
+             helper.make_node("Mul", ["s", "r"], ["g"]),
+             helper.make_node("LeakyRelu", ["g"], ["l"], alpha=0.1),
+             helper.make_node("Concat", ["l", "s"], ["c"], axis=1),
+             helper.make_node("MatMul", ["c", "w2"], ["o"]),
+             helper.make_node("Softmax", ["o"], ["y"], axis=-1)]
+    g = helper.make_graph(nodes, "mixer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16])],
+                          [w("w1", 16, 16), w("w2", 16, 16)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_qoperator_gemm_splits_by_output_features_bit_equal() -> None:
+    lg = LayerGraph.load(make_variant(_conv_gemm(), "int8-qop"))
+    (gemm,) = [u.index for u in lg.units if "QGemm" in u.ops]
+    assert "channel" in unit_families(lg, gemm)
+    report, results = verify_options(lg, [(gemm, gemm, Split("channel", (d,))) for d in (2, 3)])
+    assert report.checked == 2 and report.failed == 0, report.failures
+    assert all(r.rel_err == 0.0 for r in results)  # per-column scales sliced with their columns
+
+
+def test_qoperator_contrib_element_wise_ops_split_bit_equal() -> None:
+    from partitioner.rules import MS_RULES
+
+    lg = LayerGraph.load(make_variant(_mixer(), "int8-qop"))
+    contrib = {n.op_type for n in lg.nodes if n.domain == "com.microsoft"}
+    assert {"QLinearAdd", "QLinearSigmoid", "QLinearMul", "QLinearLeakyRelu", "QLinearConcat",
+            "QLinearSoftmax"} <= contrib
+    assert contrib <= set(MS_RULES)
+    assert all(unit_families(lg, u.index) for u in lg.units)
+    report, _ = verify_options(lg)
+    assert report.checked > 5 and report.failed == 0, report.failures
+    assert report.max_rel_err == 0.0
+
+
+def test_a_contrib_op_without_a_rule_says_so() -> None:
+    from partitioner.rules import rule_for
+
+    node = helper.make_node("QLinearAveragePool", ["x", "x_s", "x_zp", "y_s", "y_zp"], ["y"], domain="com.microsoft",
+                            name="pool", kernel_shape=[2, 2])
+    with pytest.raises(NotSplittable, match=r"com.microsoft.QLinearAveragePool 'pool' has no split rule"):
+        rule_for(node)
+
+
+def test_fp16_variant_keeps_resize_scales_float32_and_splits() -> None:
+    rng = np.random.default_rng(2)
+    scales = helper.make_node("Constant", [], ["scales"], value=onnx.numpy_helper.from_array(
+        np.array([1, 1, 2, 2], np.float32), "scales"))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), scales,
+             helper.make_node("Resize", ["c", "", "scales"], ["y"], mode="linear")]
+    w = onnx.numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32), "w")
+    g = helper.make_graph(nodes, "up", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    half = make_variant(m, "fp16")
+    onnx.checker.check_model(half, full_check=True)  # Resize takes its scales as float32 only
+    assert half.graph.node[1].attribute[0].t.data_type == TensorProto.FLOAT
+    assert half.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT16
+    lg = LayerGraph.load(half)
+    assert "spatial" in unit_families(lg, 0)
+    report, _ = verify_options(lg, tolerance=1e-2)
+    assert report.checked > 0 and report.failed == 0, report.failures
+
+
+def _upsampler(mode: str) -> onnx.ModelProto:
+    """Conv -> Resize (x2, ``mode``) -> Conv on [1, 3, 8, 8]: a decoder step for the quantiser."""
+    rng = np.random.default_rng(3)
+
+    def w(name: str, *shape: int) -> onnx.TensorProto:
+        return onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    scales = onnx.numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["c", "", "scales"], ["u"], mode=mode),
+             helper.make_node("Conv", ["u", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "up", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])],
+                          [w("w1", 4, 3, 3, 3), scales, w("w2", 4, 4, 3, 3)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("variant", ["int8-qdq", "int8-qop"])
+def test_a_quantised_linear_resize_is_not_cut_where_it_interpolates(variant: str) -> None:
+    lg = LayerGraph.load(make_variant(_upsampler("linear"), variant))
+    (unit,) = [u.index for u in lg.units if any(lg.nodes[i].op_type == "Resize" for i in u.nodes)]
+    refusals = unit_refusals(lg, unit)
+    assert "interpolates quantised values" in refusals["spatial"], refusals
+    report, _ = verify_options(lg)
+    assert report.checked > 0 and report.failed == 0, report.failures
+
+
+@pytest.mark.parametrize("variant", ["int8-qdq", "int8-qop"])
+def test_a_quantised_nearest_resize_splits_spatially_bit_equal(variant: str) -> None:
+    lg = LayerGraph.load(make_variant(_upsampler("nearest"), variant))
+    (unit,) = [u.index for u in lg.units if any(lg.nodes[i].op_type == "Resize" for i in u.nodes)]
+    assert "spatial" in unit_families(lg, unit)
+    report, results = verify_options(lg, [(unit, unit, Split("spatial", g)) for g in ((2, 1), (2, 2), (3, 3))])
+    assert report.checked == 3 and report.failed == 0, report.failures
+    assert all(r.rel_err == 0.0 for r in results)
+
+
+def test_a_split_whose_integers_differ_is_listed_among_the_failures(monkeypatch: pytest.MonkeyPatch) -> None:
+    import partitioner.parts as parts
+    from partitioner.rules import NodeCtx
+
+    ctx = parts._ctx
+
+    def lenient(lg: LayerGraph, ni: int, opset: int) -> NodeCtx:  # as if no output had to be bit-equal
+        c = ctx(lg, ni, opset)
+        c.exact = False
+        return c
+
+    monkeypatch.setattr(parts, "_ctx", lenient)
+    lg = LayerGraph.load(make_variant(_upsampler("linear"), "int8-qdq"))
+    report, _ = verify_options(lg)
+    assert report.failed > 0
+    listed = [f for f in report.failures if "rel_err" in f]
+    assert len(listed) == report.failed  # every failure says which option failed
+    assert any(f["rel_err"] == float("inf") for f in listed)  # the quantised tensors that differ among them

@@ -80,3 +80,47 @@ def test_exporting_a_big_graph_keeps_the_loaded_graphs_weights(tmp_path: Path,
     shutil.rmtree(tmp_path / "bundle")
     assert _in_memory(lg.model)
     np.testing.assert_array_equal(_run(lg.model), want)
+
+
+def _over_the_limit(path: Path, rows: int = 525_000, width: int = 1024) -> Path:
+    """ids [1, 4] -> Gather(table [rows, width]) -> MatMul -> Relu, the table (2.15 GB at the defaults) written
+    to ``<path>.data`` in chunks, so the test never holds it twice."""
+    from onnx import TensorProto, helper
+
+    data = path.with_name(path.name + ".data")
+    chunk = 1 << 14
+    block = np.tile(np.linspace(-1, 1, width, dtype=np.float32), (chunk, 1))
+    with data.open("wb") as f:
+        for r in range(0, rows, chunk):
+            f.write(block[: min(chunk, rows - r)].tobytes())
+    table = TensorProto(name="table", data_type=TensorProto.FLOAT, dims=[rows, width],
+                        data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", data.name), ("offset", "0"), ("length", str(rows * width * 4))):
+        entry = table.external_data.add()
+        entry.key, entry.value = key, value
+    w = numpy_helper.from_array(np.eye(width, 8, dtype=np.float32), "w")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], axis=0),
+             helper.make_node("MatMul", ["e", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    g = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])], [table, w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save_model(m, str(path))
+    return path
+
+
+@pytest.mark.slow
+def test_a_model_over_2_gb_loads_splits_and_saves_again(tmp_path: Path) -> None:
+    from partitioner.model_file import PROTOBUF_LIMIT_BYTES, serialized_bytes
+    from partitioner.options import unit_families
+
+    lg = LayerGraph.load(_over_the_limit(tmp_path / "big.onnx"))
+    assert serialized_bytes(lg.model) == PROTOBUF_LIMIT_BYTES  # protobuf cannot serialise it whole
+    (lookup,) = [u.index for u in lg.units if "Gather" in u.ops]
+    assert "embedding" in unit_families(lg, lookup)
+    path = save_model(lg.model, tmp_path / "copy" / "big.onnx")
+    assert path.with_name("big.onnx.data").stat().st_size > PROTOBUF_LIMIT_BYTES
+    assert _in_memory(lg.model)  # the loaded graph keeps its weights
+    del lg
+    table = onnx.load(str(path), load_external_data=False).graph.initializer[0]
+    assert table.data_location == onnx.TensorProto.EXTERNAL

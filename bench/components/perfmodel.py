@@ -202,6 +202,7 @@ class PerfModelResult:
     plans: tuple[PlanCheck, ...]
     invoke_samples_ms: tuple[float, ...]
     tails: tuple[TailCheck, ...] = ()
+    skipped: tuple[dict[str, Any], ...] = ()  # (model, plan, memory) that do not fit, and why
 
     @property
     def mean_latency_error(self) -> float:
@@ -242,6 +243,9 @@ class PerfModelResult:
             "p99_error": max((t.error for t in self.tails), default=None),
             "tails": [t.to_json() for t in self.tails],
             "plans": [r.to_json() for r in self.plans],
+            "rows": [r.to_json() for r in self.plans],  # the name for them
+            "memories_mb": sorted({r.memory_mb for r in self.plans}),
+            "skipped": list(self.skipped),
         }
 
 
@@ -256,6 +260,7 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
     from partitioner.inputs import random_inputs
     from partitioner.perfmodel import PerfModel, PlatformFacts, StageChoice
     from partitioner.planner import PlanRequest, compute_model, export_solution, scale_to_whole, solve
+    from partitioner.solvers.common import Infeasible
     from partitioner.spec import parse_stages
     from serving.calibrate import LOCAL, calibrate, calibrated_profile
     from serving.platform.config import PlatformConfig
@@ -269,6 +274,7 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
     cores = os.cpu_count() or 1
     memories = [m for m in memories if m <= cores * MEMORY_MB]
     rows: list[PlanCheck] = []
+    skipped: list[dict[str, Any]] = []
     tails: list[TailCheck] = []
     tails_done = False
     with contextlib.ExitStack() as stack:
@@ -313,12 +319,28 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
                 out = tmp / f"{model}-{label}-{mb}"
                 if spec == "lo":
                     req = PlanRequest(mode="lo", platform="local", memory=mb, max_group=4, transport=transport)
-                    result = solve(lg, req, pm=PerfModel(lg, facts, cm, transport=transport))
+                    try:
+                        result = solve(lg, req, pm=PerfModel(lg, facts, cm, transport=transport))
+                    except Infeasible as e:
+                        skipped.append({"model": model, "plan": label, "memory_mb": mb, "why": str(e)})
+                        say(f"{model} {label} at {mb} MB: skipped ({e})")
+                        continue
                     choices = list(result.choices)
-                    export_solution(lg, result, req, out)
                 else:
                     stages = parse_stages(spec, len(lg.units))
                     choices = [StageChoice(a, b, s, True, mb) for a, b, s in stages]
+                # a plan whose functions the model says need more than their memory would only show the
+                # platform refusing it (out of memory), not a latency: it is left out at that size
+                need = PerfModel(lg, facts, cm, transport=transport).estimate(choices, mb).memory_mb
+                over = {k: v for k, v in need.items() if v > mb}
+                if over:
+                    why = ", ".join(f"{k} needs {v:.0f} MB" for k, v in over.items())
+                    skipped.append({"model": model, "plan": label, "memory_mb": mb, "why": why})
+                    say(f"{model} {label} at {mb} MB: skipped, it does not fit ({why})")
+                    continue
+                if spec == "lo":
+                    export_solution(lg, result, req, out)
+                else:
                     export_bundle(lg, stages, out, placements=[Placement(True, mb)] * len(stages), master_mb=mb)
                 say(f"{model} {label} at {mb} MB: deploying {len(choices)} stage(s)")
                 dep = deploy_bundle(local.client, out, transport=transport)
@@ -367,7 +389,7 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
                 tails = [_tail_check(local, lg, model, facts, cm, tmp / f"{model}-p99-{mb}", mb,
                                      requests=max(10 * n, 300), say=say)
                          for mb in TAIL_MEMORIES if mb in memories]
-    return PerfModelResult(tuple(rows), tuple(all_samples), tuple(tails))
+    return PerfModelResult(tuple(rows), tuple(all_samples), tuple(tails), tuple(skipped))
 
 
 def _tail_check(local: Any, lg: Any, model: str, facts: Any, cm: Any, out: Path, memory_mb: int, *, requests: int,

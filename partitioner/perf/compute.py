@@ -121,16 +121,16 @@ class ComputeModel:
         return max(t1 * (s + (1.0 - s) / threads), t1 * self.quota_cpu(vcpu) / vcpu)
 
     def quota_cpu(self, vcpu: float) -> float:
-        """The CPU ``vcpu``'s threads spend for one thread's work (see ``quota_factors``). A quota of whole
-        cores binds nothing (1); between them the calibrated figures are interpolated by the share's
-        fraction of its last core, the same at 2.45 as at 1.45 vCPU."""
+        """The CPU ``vcpu``'s threads spend for one thread's work (see ``quota_factors``), by the share's
+        fraction of its last core, the same at 2.45 as at 1.45 vCPU. A whole number of cores runs as many
+        threads, which the quota never stops (1). Just past it one thread more than the quota can keep busy
+        is throttled most: below the smallest calibrated fraction its figure holds; towards the next whole
+        core the waste falls to nothing."""
         frac = vcpu - math.floor(vcpu)
         if vcpu <= 1.0 or not self.quota_factors or frac < 1e-9:
             return 1.0
         points = sorted((v - math.floor(v), c) for v, c in self.quota_factors)
-        xs = [0.0, *(f for f, _ in points), 1.0]
-        fs = [1.0, *(c for _, c in points), 1.0]
-        return float(np.interp(frac, xs, fs))
+        return float(np.interp(frac, [f for f, _ in points] + [1.0], [c for _, c in points] + [1.0]))
 
     def sigma(self, first: int, last: int) -> float:
         """The compute spread of units ``first..last``: their sigmas weighted by their one-thread times."""

@@ -146,6 +146,10 @@ def test_a_fractional_share_above_one_vcpu_is_priced_by_the_cpu_its_threads_spen
     assert cm.unit_time(0, 1.0) == pytest.approx(10.0)
     assert cm.unit_time(0, 2.0) == pytest.approx(5.75)  # two threads unthrottled: as measured
     assert cm.unit_time(0, v) == pytest.approx(10.0 * cpu / v)  # the quota binds
+    # just past one vCPU two threads are throttled most: the smallest fraction's figure holds; the waste falls
+    # to nothing towards two whole cores
+    assert cm.quota_cpu(1.03) == pytest.approx(cpu) and cm.unit_time(0, 1.03) > 10.0
+    assert 1.0 < cm.quota_cpu(1.8) < cpu
     ideal = ComputeModel(({1: 10.0, 2: 5.75},), (1,))
     assert ideal.unit_time(0, v) == pytest.approx(10.0 / v)  # nothing calibrated: no CPU wasted
     assert ideal.unit_time(0, 1.9) == pytest.approx(5.75)  # the threads, not the quota, bound it

@@ -53,8 +53,10 @@ class FunctionConfig:
         worker's unpublished ``$LATEST`` is never what serves); empty: the unqualified function.
     invoke_timeout_ms: deadline of one invocation attempt (the request's deadline caps it).
     max_retries: further attempts after a retryable failure (crash, timeout, transport hiccup).
-    hedge_percentile: re-invoke a part still running past this percentile of its recent durations
-        (None: no hedging); ``hedge_min_samples`` durations are needed first.
+    hedge_percentile: re-invoke a part still running past this percentile of its recent durations, in
+        the stages whose parts are cheap to duplicate (:func:`functions.master.cheap_to_duplicate`: split
+        stages of small parts); on by default at p95 (None: no hedging); ``hedge_min_samples`` durations
+        are needed first.
     intra_op_threads: onnxruntime threads, from the function's vCPU share (0: onnxruntime decides).
     memory_mb: the function's memory size (informational inside the function; the platform enforces it).
     backend: what runs the parts: ``onnxruntime`` (default) or ``mxnet`` (MXNet 1.9, in its own
@@ -85,7 +87,7 @@ class FunctionConfig:
     invoke_qualifier: str = ""
     invoke_timeout_ms: int = 60_000
     max_retries: int = 2
-    hedge_percentile: float | None = None
+    hedge_percentile: float | None = 95.0
     hedge_min_samples: int = 20
     intra_op_threads: int = 0
     memory_mb: int | None = None

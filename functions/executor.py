@@ -96,7 +96,9 @@ def execute_plan(
     missing = [t.name for t in plan.model.inputs if t.name not in inputs]
     if missing:
         raise ValueError(f"missing model input(s) {missing}; the model takes {[t.name for t in plan.model.inputs]}")
-    env: Tensors = {k: np.asarray(v) for k, v in inputs.items()}
+    # a runner may hand in tensors of its own kind (the master's inputs left in shared memory): anything with
+    # a shape and a dtype is kept as it is and cut into regions by indexing
+    env: Tensors = {k: v if hasattr(v, "shape") and hasattr(v, "dtype") else np.asarray(v) for k, v in inputs.items()}
     given = dict(env)
     last_use = _last_uses(plan)
     final = {t.name for t in plan.model.outputs}
@@ -128,7 +130,8 @@ def bad_input(error: BaseException, inputs: Mapping[str, np.ndarray]) -> BadInpu
     text = str(error)
     if not _OUT_OF_RANGE.search(text):
         return None
-    integer = {n: v for n, v in inputs.items() if np.asarray(v).dtype.kind in "iu"}
+    integer = {n: np.asarray(v) for n, v in inputs.items()
+               if np.dtype(v.dtype if hasattr(v, "dtype") else np.asarray(v).dtype).kind in "iu"}
     if not integer:
         return None
     m = _RANGE.search(text)

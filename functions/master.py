@@ -10,7 +10,10 @@ transport: the master holds a :class:`RemoteTensor` (a ref plus dtype and shape)
 the next stage's parts, so the tensor goes worker to worker without passing through the master's
 memory. A remote tensor is fetched only where its values are needed here (a join, an epilogue, a part
 the master runs, the model outputs) or where a part needs a region of it and the transport cannot read
-regions in place (only shared memory can).
+regions in place (only shared memory can). On shared memory the request's float inputs are remote tensors
+from the start (the caller stored them: the first stage's parts read their regions there), and a tensor
+the master holds whose regions several parts take (a spatial split of a joined tensor) is stored once,
+whole, with each part's event naming its region.
 
 Trace: the master records a span per step of the request (:mod:`functions.trace`): per stage, per part the
 scatter of its inputs, its invocation, the worker's read / compute / write (from its reply's timings), the
@@ -44,7 +47,7 @@ from functions.errors import BadRequest, FunctionError, PartError
 from functions.event import Event, Reply, TensorEntry
 from functions.executor import execute_plan, region_slices
 from functions.invoker.policy import CallKey, PolicyInvoker
-from functions.plan import Part, Plan, Region, Stage, full_region
+from functions.plan import Part, Plan, Region, Stage, full_region, region_shape
 from functions.procstat import peak_rss_mb
 from functions.trace import TraceRecorder, breakdown
 from functions.transport.base import TensorKey, scheme_of
@@ -52,7 +55,7 @@ from functions.transport.channel import TensorChannel
 from functions.transport.factory import TransportSet
 from functions.worker import output_key
 
-__all__ = ["Master", "RemoteRegion", "RemoteTensor"]
+__all__ = ["CHEAP_PART_BYTES", "Master", "RemoteRegion", "RemoteTensor", "cheap_to_duplicate"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +110,35 @@ class RemoteRegion:
         return self.region == full_region(self.tensor.shape)
 
 
+#: a part whose file (its weights, mostly) is larger is not cheap to duplicate: a hedge usually lands on a
+#: fresh instance of its function (one request per instance), which loads the part before it runs
+CHEAP_PART_BYTES = 16 * 1024 * 1024
+
+
+def cheap_to_duplicate(stage: Stage, bundle_dir: str | Path, *, max_part_bytes: int = CHEAP_PART_BYTES) -> bool:
+    """Whether a straggling part of ``stage`` is worth a second invocation (hedging, where the function's
+    ``hedge_percentile`` is set, the default).
+
+    A split stage (two parts or more) of small parts is: a duplicate re-runs one part, a 1/degree share of
+    the stage's work, on inputs already stored (the hedge sends the same references), while a straggler
+    holds up every other part of the stage. A stage of one part is not: a duplicate costs the whole stage
+    again. Nor is a part over ``max_part_bytes`` (the fully connected layers' weights of a channel or
+    reduction split, a vertical slice of the model): the instance a hedge starts loads them first, at its
+    CPU share, and rarely answers before the straggler.
+    """
+    if len(stage.parts) < 2:
+        return False
+    root = Path(bundle_dir)
+    for part in stage.parts:
+        try:
+            size = (root / part.file).stat().st_size
+        except OSError:
+            return False  # a part this function cannot see (a bundle fetched per function): not judged cheap
+        if size > max_part_bytes:
+            return False
+    return True
+
+
 class Master:
     """The master role of a function: ``infer`` runs the whole plan for one request.
 
@@ -154,6 +186,7 @@ class Master:
         for stage in plan.stages:
             for name in stage.inputs:
                 self.last_use[name] = stage.index
+        self.hedged_stages = frozenset(st.index for st in plan.stages if cheap_to_duplicate(st, bundle_dir))
         # reference schemes a worker may have written outputs with (for cleaning up lost attempts)
         self.output_schemes = sorted(
             {n for n in (config.transport, config.fallback_transport) if n and n != "inline"}
@@ -167,9 +200,13 @@ class Master:
             )
         rec = TraceRecorder()
         t0 = rec.t0
-        inputs = reply_channel.receive(event.inputs, delete=True)
-        rec.add("inputs", None, None, t0, time.perf_counter())
         run = _RequestRun(self, event, rec)
+        passed = self._passed_on(event.inputs)
+        inputs: dict[str, Any] = reply_channel.receive([e for e in event.inputs if e.name not in passed], delete=True)
+        for name, e in passed.items():
+            assert e.ref is not None and e.dtype is not None and e.shape is not None
+            inputs[name] = run.remote[name] = RemoteTensor(name, e.ref, e.dtype, e.shape)
+        rec.add("inputs", None, None, t0, time.perf_counter())
         try:
             outs = execute_plan(self.plan, inputs, run, run.run_epilogue)
             run.joined()
@@ -193,6 +230,25 @@ class Master:
         for category, ms in breakdown(spans, total_ms).by_category().items():
             timings[f"trace_{category}_ms"] = ms
         return Reply(outputs=tuple(entries), timings=timings, peak_rss_mb=peak_rss_mb(), trace=tuple(spans))
+
+    def _passed_on(self, entries: Sequence[TensorEntry]) -> dict[str, TensorEntry]:
+        """The request's inputs the master leaves where the caller stored them: whole float tensors, by
+        reference, in a transport parts read regions of in place (shared memory), with the plan's dtype and
+        shape. The parts then read their regions straight from the caller's tensor (no copy in the master,
+        no store per part); the master deletes it after its last use."""
+        specs = {t.name: t for t in self.plan.model.inputs}
+        out: dict[str, TensorEntry] = {}
+        for e in entries:
+            spec = specs.get(e.name)
+            if (e.ref is None or e.region is not None or spec is None or e.dtype != spec.dtype
+                    or e.shape != tuple(spec.shape) or np.dtype(spec.dtype).kind != "f"):
+                continue  # integer inputs stay here: an index out of range is told apart as the client's error
+            try:
+                if self.transports.transport(scheme_of(e.ref)).zero_copy:
+                    out[e.name] = e
+            except FunctionError:
+                continue  # a scheme this function has no transport for: receiving it says so
+        return out
 
     def close(self) -> None:
         self._fanout.shutdown(wait=False, cancel_futures=True)
@@ -319,7 +375,11 @@ class _RequestRun:
     ) -> list[TensorEntry]:
         """The event inputs of one part: refs passed on where possible, the rest sent through the channel.
 
-        A tensor region several parts need (a channel split's whole input) is stored once per stage.
+        A tensor region several parts need (a channel split's whole input) is stored once per stage. Where
+        the transport reads regions in place (shared memory), a tensor the parts take regions of (a spatial
+        split's tiles with their halos) is stored once, whole, and each part gets the reference and its
+        region: one contiguous write in the master instead of a strided copy and a write per part (the master
+        does this at its CPU share for every part; each worker cuts its own region, all at once).
         """
         m = self.m
         region_of = {pi.name: pi.region for pi in part.inputs}
@@ -331,6 +391,15 @@ class _RequestRun:
             if hit is not None:
                 entries.append(hit)
                 continue
+            if self._regions_in_place and isinstance(value, np.ndarray):
+                whole = _whole_of(value, region_of[name])
+                if whole is not None and whole.nbytes > m.channel.inline_max_bytes:
+                    e = self._put_whole(stage, name, whole, cache, stage_puts)
+                    if region_of[name] != full_region(whole.shape):
+                        e = TensorEntry(name, ref=e.ref, region=region_of[name], dtype=e.dtype, shape=e.shape)
+                    cache[ck] = e
+                    entries.append(e)
+                    continue
             if isinstance(value, RemoteRegion) and value.tensor.array is None:
                 rt = value.tensor
                 if value.whole or m.transports.transport(scheme_of(rt.ref)).zero_copy:
@@ -358,6 +427,29 @@ class _RequestRun:
                 self.sent_bytes += int(np.asarray(to_send[e.name]).nbytes)
             entries += sent
         return entries
+
+    @property
+    def _regions_in_place(self) -> bool:
+        """Whether the channel stores tensors where a part can read a region of them without a copy."""
+        m = self.m
+        ch = m.channel
+        return ch.transport != "inline" and m.transports.transport(ch.transport).zero_copy
+
+    def _put_whole(self, stage: Stage, name: str, whole: np.ndarray, cache: dict[tuple[str, Region], TensorEntry],
+                   stage_puts: list[str]) -> TensorEntry:
+        """``whole`` stored once per stage (the entry for all of it, cached under its full region)."""
+        ck = (name, full_region(whole.shape))
+        hit = cache.get(ck)
+        if hit is not None and hit.ref is not None:
+            return hit
+        n = next(self._puts)
+        e = self.m.channel.send_by_ref(
+            name, whole, TensorKey(self.event.deployment, self.event.request_id, f"s{stage.index}.w{n}"))
+        assert e.ref is not None
+        stage_puts.append(e.ref)
+        self.sent_bytes += int(whole.nbytes)
+        cache[ck] = e
+        return e
 
     def _call(self, stage: Stage, part: Part, entries: list[TensorEntry], keep_remote: bool) -> dict[str, Any]:
         """Invoke one part (with retries / hedging) and return its outputs: arrays, or remote tensors."""
@@ -392,6 +484,7 @@ class _RequestRun:
             discard=self._discard_reply,
             lost=lambda attempt: self._discard_attempt(stage.index, part.index, attempt),
             failed=failed,
+            hedge=stage.index in m.hedged_stages,
         )
         received = time.perf_counter()
         self._trace_call(stage.index, part.index, sent, received, reply.timings)
@@ -508,6 +601,23 @@ class _RequestRun:
             for a in attempts:
                 refs += self._attempt_refs(s, p, a)
         self._delete(refs)
+
+
+def _whole_of(view: np.ndarray, region: Region) -> np.ndarray | None:
+    """The array ``view`` was cut from as ``whole[region]`` (what :func:`functions.executor.part_inputs`
+    does), or None where that cannot be told for sure: the candidate (``view.base``) must have the view's
+    dtype, rank and strides, hold the region, and start the region where the view starts in memory."""
+    base = view.base
+    if not isinstance(base, np.ndarray) or base.dtype != view.dtype or base.ndim != view.ndim:
+        return None
+    if len(region) != base.ndim or any(b > d for (_, b), d in zip(region, base.shape, strict=True)):
+        return None
+    if view.strides != base.strides or view.shape != region_shape(region) or not base.flags.c_contiguous:
+        return None
+    offset = sum(a * st for (a, _), st in zip(region, base.strides, strict=True))
+    if view.__array_interface__["data"][0] != base.__array_interface__["data"][0] + offset:
+        return None
+    return base
 
 
 def _idx(part: Part, name: str) -> int:

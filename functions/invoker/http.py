@@ -1,14 +1,177 @@
-"""Keep-alive HTTP POSTs from many threads (one connection per thread and host), standard library only."""
+"""Keep-alive HTTP POSTs from many threads (one connection per thread and host), standard library only.
+
+A master pays for every invocation with its own CPU, and at 512 MB a function has 0.29 of a core: the
+standard library's ``http.client`` parses each response's headers through the ``email`` package, which
+took about a third of a master's CPU per worker invocation. So plain ``http://`` URLs (the local platform,
+an OpenFaaS gateway inside the cluster) go through :class:`_PlainConnection`, a small HTTP/1.1 client on
+a socket: one ``sendmsg`` per request (head and body, no copy of the body), the status line and headers
+split as bytes, bodies framed by ``Content-Length`` or chunked (or read to the close). ``https://`` URLs
+keep ``http.client`` (TLS, proxies and their corner cases are not worth owning).
+"""
 
 from __future__ import annotations
 
 import http.client
+import socket
 import threading
 from urllib.parse import urlsplit
 
 from functions.errors import InvokeError, InvokeTimeout
 
 __all__ = ["HttpPoster"]
+
+_MAX_HEAD = 64 * 1024  # a response head longer than this is not from a server we talk to
+
+
+class _ProtocolError(OSError):
+    """The server's reply is not HTTP/1.x as this client reads it."""
+
+
+class _PlainConnection:
+    """One keep-alive HTTP/1.1 connection over TCP (no TLS)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.sock: socket.socket | None = None
+        self._buf = bytearray()  # bytes read past the last response
+
+    def close(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            finally:
+                self.sock = None
+                self._buf.clear()
+
+    def post(self, path: str, body: bytes, headers: dict[str, str], timeout_s: float
+             ) -> tuple[int, dict[str, str], bytes, bool]:
+        """Status, headers (lower-case names), body, and whether the server keeps the connection open."""
+        if self.sock is None:
+            self.sock = socket.create_connection((self.host, self.port), timeout=timeout_s)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = self.sock
+        sock.settimeout(timeout_s)
+        lines = [f"POST {path} HTTP/1.1", f"Host: {self.host}:{self.port}", f"Content-Length: {len(body)}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        _send_all(sock, head, body)
+        while True:
+            status, out_headers, keep = self._read_head(sock)
+            if status >= 200:
+                break  # 1xx: informational, the real response follows
+        data = self._read_body(sock, out_headers)
+        return status, out_headers, data, keep
+
+    def _read_head(self, sock: socket.socket) -> tuple[int, dict[str, str], bool]:
+        buf = self._buf
+        start = 0
+        while True:
+            end = buf.find(b"\r\n\r\n", max(0, start - 3))
+            if end >= 0:
+                break
+            if len(buf) > _MAX_HEAD:
+                raise _ProtocolError(f"response head longer than {_MAX_HEAD} bytes")
+            start = len(buf)
+            self._recv(sock)
+        head = bytes(buf[:end]).decode("latin-1")
+        del buf[: end + 4]
+        status_line, _, rest = head.partition("\r\n")
+        version, _, tail = status_line.partition(" ")
+        code = tail[:3]
+        if not version.startswith("HTTP/1.") or not code.isdigit():
+            raise _ProtocolError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
+        out: dict[str, str] = {}
+        for line in rest.split("\r\n") if rest else ():
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise _ProtocolError(f"malformed response header line {line[:80]!r}")
+            key = name.strip().lower()
+            value = value.strip()
+            out[key] = f"{out[key]}, {value}" if key in out else value
+        conn = out.get("connection", "").lower()
+        keep = "close" not in conn if version == "HTTP/1.1" else "keep-alive" in conn
+        return int(code), out, keep
+
+    def _read_body(self, sock: socket.socket, headers: dict[str, str]) -> bytes:
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            return self._read_chunked(sock)
+        length = headers.get("content-length")
+        if length is None:
+            while self._recv(sock, eof_ok=True):
+                pass
+            data = bytes(self._buf)
+            self._buf.clear()
+            return data
+        try:
+            n = int(length)
+        except ValueError as e:
+            raise _ProtocolError(f"bad Content-Length {length!r}") from e
+        return self._take(sock, n)
+
+    def _take(self, sock: socket.socket, n: int) -> bytes:
+        buf = self._buf
+        if len(buf) >= n:
+            data = bytes(buf[:n])
+            del buf[:n]
+            return data
+        out = bytearray(n)
+        view = memoryview(out)
+        got = len(buf)
+        view[:got] = buf
+        buf.clear()
+        while got < n:
+            k = sock.recv_into(view[got:])
+            if k == 0:
+                raise ConnectionError(f"connection closed after {got} of {n} body bytes")
+            got += k
+        return bytes(out)
+
+    def _read_chunked(self, sock: socket.socket) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            line = self._line(sock)
+            try:
+                n = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError as e:
+                raise _ProtocolError(f"bad chunk size line {line[:40]!r}") from e
+            if n == 0:
+                while self._line(sock):  # trailers, up to the empty line
+                    pass
+                return b"".join(parts)
+            parts.append(self._take(sock, n))
+            if self._take(sock, 2) != b"\r\n":
+                raise _ProtocolError("chunk not followed by CRLF")
+
+    def _line(self, sock: socket.socket) -> bytes:
+        buf = self._buf
+        while (i := buf.find(b"\r\n")) < 0:
+            if len(buf) > _MAX_HEAD:
+                raise _ProtocolError("line too long in a chunked body")
+            self._recv(sock)
+        line = bytes(buf[:i])
+        del buf[: i + 2]
+        return line
+
+    def _recv(self, sock: socket.socket, *, eof_ok: bool = False) -> int:
+        data = sock.recv(256 * 1024)
+        if not data and not eof_ok:
+            raise ConnectionError("connection closed by the server before its response ended")
+        self._buf += data
+        return len(data)
+
+
+def _send_all(sock: socket.socket, head: bytes, body: bytes) -> None:
+    views = [memoryview(head), memoryview(body).cast("B")] if body else [memoryview(head)]
+    while views:
+        n = sock.sendmsg(views)
+        while n and views:
+            if n >= views[0].nbytes:
+                n -= views[0].nbytes
+                views.pop(0)
+            else:
+                views[0] = views[0][n:]
+                n = 0
 
 
 class HttpPoster:
@@ -24,14 +187,18 @@ class HttpPoster:
         self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
         self._local = threading.local()
+        self._conns: list[_PlainConnection | http.client.HTTPConnection] = []  # every thread's, for close()
+        self._lock = threading.Lock()
 
-    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+    def _connection(self) -> tuple[_PlainConnection | http.client.HTTPConnection, bool]:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             return conn, True
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port)
+        conn = http.client.HTTPSConnection(self._host, self._port) if self._https else _PlainConnection(
+            self._host, self._port)
         self._local.conn = conn
+        with self._lock:
+            self._conns.append(conn)
         return conn, False
 
     def _drop(self) -> None:
@@ -39,6 +206,9 @@ class HttpPoster:
         if conn is not None:
             conn.close()
             self._local.conn = None
+            with self._lock:
+                if conn in self._conns:
+                    self._conns.remove(conn)
 
     def post(
         self, path: str, body: bytes, *, timeout_s: float, headers: dict[str, str] | None = None, what: str = ""
@@ -47,17 +217,14 @@ class HttpPoster:
         hdrs = {"Content-Type": "application/octet-stream", **(headers or {})}
         for attempt in range(2):
             conn, reused = self._connection()
-            conn.timeout = timeout_s
             try:
-                if conn.sock is not None:
-                    conn.sock.settimeout(timeout_s)
-                conn.request("POST", self._prefix + path, body=body, headers=hdrs)
-                resp = conn.getresponse()
-                data = resp.read()
-                out_headers = {k.lower(): v for k, v in resp.getheaders()}
-                if resp.getheader("connection", "").lower() == "close":
+                if isinstance(conn, _PlainConnection):
+                    status, out_headers, data, keep = conn.post(self._prefix + path, body, hdrs, timeout_s)
+                else:
+                    status, out_headers, data, keep = _post_https(conn, self._prefix + path, body, hdrs, timeout_s)
+                if not keep:
                     self._drop()
-                return resp.status, out_headers, data
+                return status, out_headers, data
             except TimeoutError as e:
                 self._drop()
                 raise InvokeTimeout(f"no reply from {what or self.base_url} within {timeout_s:.3g} s") from e
@@ -71,4 +238,21 @@ class HttpPoster:
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        self._drop()
+        """Close every thread's connection (a thread that posts again opens a new one)."""
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+
+
+def _post_https(conn: http.client.HTTPConnection, path: str, body: bytes, headers: dict[str, str],
+                timeout_s: float) -> tuple[int, dict[str, str], bytes, bool]:
+    conn.timeout = timeout_s
+    if conn.sock is not None:
+        conn.sock.settimeout(timeout_s)
+    conn.request("POST", path, body=body, headers=headers)
+    resp = conn.getresponse()
+    data = resp.read()
+    out_headers = {k.lower(): v for k, v in resp.getheaders()}
+    return resp.status, out_headers, data, resp.getheader("connection", "").lower() != "close"

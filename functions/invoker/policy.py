@@ -124,6 +124,7 @@ class PolicyInvoker:
         discard: Callable[[Reply], None] | None = None,
         lost: Callable[[int], None] | None = None,
         failed: Callable[[int, FunctionError], None] | None = None,
+        hedge: bool = True,
     ) -> Reply:
         """Invoke ``function`` with ``payload_for(attempt_number)`` until a reply succeeds.
 
@@ -132,6 +133,8 @@ class PolicyInvoker:
         attempt that ended in an error after the call was over (its instance may have stored outputs
         before it died, which no reply names). ``failed`` hears of every attempt that failed while the
         call waited, with its error (a crash the platform reported, a timeout, ...), before it is retried.
+        ``hedge``: whether this call may be hedged at all (the policy's percentile decides when); a caller
+        turns it off for parts that are not cheap to duplicate.
         """
         pol = self.policy
         allowed = 1 + pol.max_retries
@@ -154,7 +157,7 @@ class PolicyInvoker:
             pending.clear()
 
         hedge_after = None
-        if pol.hedge_percentile is not None and key is not None:
+        if hedge and pol.hedge_percentile is not None and key is not None:
             hedge_after = self.stats.percentile(key, pol.hedge_percentile, pol.hedge_min_samples)
 
         launch()

@@ -102,6 +102,12 @@ class TensorChannel:
             for name in tensors
         ]
 
+    def send_by_ref(self, name: str, array: np.ndarray, key: TensorKey) -> TensorEntry:
+        """``array`` stored under ``key`` through the channel's reference transport, whatever its size."""
+        if self.transport == "inline":
+            raise BadRequest(f"tensor {name!r}: the inline channel stores nothing by reference")
+        return self._put(self.transport, name, np.asarray(array), key)
+
     def _put(self, transport: str, name: str, a: np.ndarray, key: TensorKey) -> TensorEntry:
         ref = self.transports.transport(transport).put(key, a, compression=self.compression)
         return TensorEntry(name, ref=ref, dtype=a.dtype.name, shape=tuple(int(d) for d in a.shape))

@@ -263,14 +263,16 @@ class _Live:
 
     def _deploy(self, bundle: str) -> tuple[Deployment, PlatformBackend, float]:
         from partitioner.inputs import random_inputs
-        from serving.platform.deploy import deploy_bundle
+        from serving.platform.deploy import ConfigOverrides, deploy_bundle
 
         r = self.record
+        # hedging: what the deployment chose (a percentile, or None for off), else the functions' default
+        config: ConfigOverrides = {"compression": r.options.get("compression", "none")}
+        if "hedge_percentile" in r.options:  # chosen (a percentile, or None: off); else the functions' default
+            config["hedge_percentile"] = r.options["hedge_percentile"]
         dep = deploy_bundle(self.platform.client, bundle, transport=r.transport,
                             deployment=f"{r.name}-{uuid.uuid4().hex[:6]}",
-                            compression=r.options.get("compression", "none"),
-                            backend=r.options.get("backend", "onnxruntime"),
-                            hedge_percentile=r.options.get("hedge_percentile"))
+                            backend=r.options.get("backend", "onnxruntime"), **config)
         try:
             backend = PlatformBackend(dep, self.platform.url, name=r.name, meter=self.platform.client.meter)
             source = Bundle.load(bundle).source

@@ -11,8 +11,10 @@ the request with the part's error; and nothing the request put in the transport 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from functions.config import FunctionConfig
 from functions.errors import PartError
 from functions.event import Event, Reply, TensorEntry, now_ms
 from functions.invoker.base import Invoker
+from functions.master import cheap_to_duplicate
 from functions.plan import Plan
 from functions.runtime import FunctionRuntime
 from functions.transport.shm import ShmTransport
@@ -50,14 +53,14 @@ class InProcessInvoker(Invoker):
 
 
 class Deployed:
-    def __init__(self, bundle: Path, shm: Path) -> None:
+    def __init__(self, bundle: Path, shm: Path, invoker: InProcessInvoker | None = None, **config: Any) -> None:
         self.bundle = bundle
         self.plan = Plan.load(bundle / "plan.json")
         self.shm = ShmTransport(shm)
-        self.invoker = InProcessInvoker()
+        self.invoker = invoker or InProcessInvoker()
         for f in self.plan.functions:
             cfg = FunctionConfig(bundle_dir=bundle, deployment=DEPLOYMENT, function=f.name, transport="shm",
-                                 function_prefix=f"{DEPLOYMENT}-", shm_dir=shm)
+                                 function_prefix=f"{DEPLOYMENT}-", shm_dir=shm, **config)
             self.invoker.runtimes[f"{DEPLOYMENT}-{f.name}"] = FunctionRuntime(cfg, invoker=self.invoker)
         self.master = self.invoker.runtimes[f"{DEPLOYMENT}-{self.plan.master}"]
 
@@ -82,8 +85,8 @@ class Deployed:
 def deployed(shm_root: Path, tmp_path: Path) -> Iterator:
     made: list[Deployed] = []
 
-    def _deploy(bundle: Path) -> Deployed:
-        d = Deployed(bundle, shm_root / tmp_path.name)
+    def _deploy(bundle: Path, invoker: InProcessInvoker | None = None, **config: Any) -> Deployed:
+        d = Deployed(bundle, shm_root / tmp_path.name, invoker, **config)
         made.append(d)
         return d
 
@@ -159,3 +162,137 @@ def test_a_failing_part_fails_the_request_and_leaves_no_tensors(bundles, deploye
     d.invoker.failing = set()
     reply, _ = d.infer(d.inputs(4), request_id="r2")  # the next request on the same instances runs
     assert reply.error is None, reply.error
+
+
+class _Stalling(InProcessInvoker):
+    """Also records each call's attempt number; attempt 0 of the parts in ``stall`` of request ``slow``
+    waits ``stall_s`` first (a straggler)."""
+
+    def __init__(self, stall: set[tuple[int, int]], stall_s: float) -> None:
+        super().__init__()
+        self.stall, self.stall_s = stall, stall_s
+        self.attempts: list[tuple[str, int | None, int | None, int]] = []
+
+    def invoke(self, function: str, payload: bytes, *, timeout_s: float) -> bytes:
+        ev = Event.decode(payload)
+        with self._lock:
+            self.attempts.append((ev.request_id, ev.stage, ev.part, ev.attempt))
+        if ev.request_id == "slow" and ev.attempt == 0 and (ev.stage, ev.part) in self.stall:
+            time.sleep(self.stall_s)
+        return super().invoke(function, payload, timeout_s=timeout_s)
+
+
+def test_hedging_is_on_by_default_for_split_stages_only(bundles, reference, deployed) -> None:
+    """chain: stages 0 and 1 each run whole on one worker (a duplicate would cost the stage again), stage 2
+    is a 2x1 spatial split (a duplicate re-runs half of it). With the default config the master hedges
+    stage 2's straggler and waits for stage 0's."""
+    assert FunctionConfig(bundle_dir=bundles.chain, deployment="d", function="master").hedge_percentile == 95.0
+    inv = _Stalling({(0, 0), (2, 0)}, stall_s=1.0)
+    d = deployed(bundles.chain, inv, hedge_min_samples=3)
+    plan = d.plan
+    assert [cheap_to_duplicate(st, d.bundle) for st in plan.stages] == [False, False, True]
+    assert not cheap_to_duplicate(plan.stages[2], d.bundle, max_part_bytes=16)  # parts too big to load twice
+    for i in range(4):  # the durations the percentile is taken from
+        reply, _ = d.infer(d.inputs(i), request_id=f"w{i}")
+        assert reply.error is None, reply.error
+    x = d.inputs(9)
+    reply, got = d.infer(x, request_id="slow")
+    assert reply.error is None, reply.error
+    _check_outputs(d, got, x, reference)
+    slow = [(s, p, a) for r, s, p, a in inv.attempts if r == "slow"]
+    assert (2, 0, 1) in slow, f"stage 2's straggler was not hedged: {slow}"
+    assert [a for s, p, a in slow if (s, p) == (0, 0)] == [0], "a whole-stage part was hedged"
+    t_end = time.monotonic() + 10  # the straggler that lost still finishes; its outputs are deleted then
+    while d.shm.count(DEPLOYMENT) and time.monotonic() < t_end:
+        time.sleep(0.01)
+    assert d.shm.count(DEPLOYMENT) == 0
+
+
+def test_hedging_can_be_turned_off(bundles, deployed) -> None:
+    inv = _Stalling({(2, 0)}, stall_s=0.3)
+    d = deployed(bundles.chain, inv, hedge_min_samples=3, hedge_percentile=None)
+    for i in range(4):
+        assert d.infer(d.inputs(i), request_id=f"w{i}")[0].error is None
+    assert d.infer(d.inputs(9), request_id="slow")[0].error is None
+    assert [a for r, s, p, a in inv.attempts if r == "slow" and (s, p) == (2, 0)] == [0]
+
+
+CNN = [{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 6}, {"op": "MaxPool", "k": (2, 2), "s": (2, 2)},
+       {"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 4}]
+
+
+@pytest.fixture(scope="module")
+def two_spatial(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """conv+pool split 2x2, then a conv split 2x1 (tiles with halos) of the joined tensor, every part on a
+    worker of its own."""
+    from partitioner.export import Placement, export_bundle
+    from tests.onnx_builders import conv_stack
+
+    d = tmp_path_factory.mktemp("spatial")
+    return export_bundle(conv_stack(CNN, cin=3, h=16, w=16), "0:spatial=2x2,1:spatial=2x1", d / "bundle",
+                         placements=[Placement(master_part=False), Placement(master_part=False)])
+
+
+def test_a_spatial_split_stores_the_tensor_once_and_each_part_reads_its_region(two_spatial, reference,
+                                                                              deployed) -> None:
+    """Stage 1's tiles (with halos) of the joined tensor: one stored tensor, each part's event naming it with
+    its own region; the outputs equal the in-process executor's bit for bit, and nothing is left."""
+    from functions.executor import InProcessRunner
+
+    d = deployed(two_spatial)
+    assert [len(st.parts) for st in d.plan.stages] == [4, 2]
+    x = d.inputs(5)
+    reply, got = d.infer(x)
+    assert reply.error is None, reply.error
+    _check_outputs(d, got, x, reference)
+    want = InProcessRunner(two_spatial).execute(d.plan, x)
+    assert all(np.array_equal(got[k], v) for k, v in want.items())
+    refs = {p: r for f, s, p, r in d.invoker.calls if s == 1}
+    assert len(refs) == 2 and refs[0] == refs[1] and refs[0][0] is not None
+    assert d.shm.count(DEPLOYMENT) == 0
+
+
+def test_whole_of_tells_a_region_view_from_anything_else() -> None:
+    from functions.master import _whole_of
+
+    whole = np.arange(2 * 3 * 8 * 6, dtype=np.float32).reshape(2, 3, 8, 6).copy()  # owns its data, as a join's
+    region = ((0, 2), (0, 3), (2, 7), (1, 6))
+    assert _whole_of(whole[0:2, 0:3, 2:7, 1:6], region) is whole
+    full = ((0, 2), (0, 3), (0, 8), (0, 6))
+    assert _whole_of(whole[:, :, :, :], full) is whole
+    assert _whole_of(whole[0:2, 0:3, 2:7, 1:6], ((0, 2), (0, 3), (3, 8), (1, 6))) is None  # another region
+    assert _whole_of(whole[:, :, ::2, :], ((0, 2), (0, 3), (0, 4), (0, 6))) is None  # strided
+    assert _whole_of(whole.copy(), full) is None  # owns its data
+    assert _whole_of(whole.reshape(-1)[:10], ((0, 10),)) is None  # cut from a tensor of another shape
+    assert _whole_of(np.arange(48.0).reshape(8, 6)[2:5], ((2, 5), (0, 6))) is None  # the owner is 1-d
+    assert _whole_of(whole.transpose(0, 1, 3, 2)[:, :, :6, :8], ((0, 2), (0, 3), (0, 6), (0, 8))) is None
+
+
+def test_inputs_in_shared_memory_are_read_by_the_parts_where_the_caller_put_them(two_spatial, reference,
+                                                                                 deployed) -> None:
+    """The caller stores the input in shared memory (as the endpoint does): stage 0's parts get the caller's
+    reference with their regions, the master copies nothing, and deletes it after its last use."""
+    from functions.executor import InProcessRunner
+    from functions.transport.base import TensorKey
+
+    d = deployed(two_spatial)
+    x = d.inputs(6)
+    (name, arr), = x.items()
+    ref = d.shm.put(TensorKey(DEPLOYMENT, "r1", "in.x"), arr)
+    ev = Event("infer", "r1", DEPLOYMENT, now_ms() + 30_000,
+               (TensorEntry(name, ref=ref, dtype=arr.dtype.name, shape=arr.shape),))
+    reply = Reply.decode(d.master.handle(ev.encode())[0])
+    assert reply.error is None, reply.error
+    got = d.master.channel("binary").receive(reply.outputs, delete=True)
+    want = InProcessRunner(two_spatial).execute(d.plan, x)
+    assert all(np.array_equal(got[k], v) for k, v in want.items())
+    _check_outputs(d, got, x, reference)
+    assert {r for f, s, p, r in d.invoker.calls if s == 0} == {(ref,)}
+    assert d.shm.count(DEPLOYMENT) == 0
+    # an input whose declared shape is not the plan's is received as before (and refused there, clearly)
+    ref = d.shm.put(TensorKey(DEPLOYMENT, "r2", "in.x"), arr[:, :, :8])
+    ev = Event("infer", "r2", DEPLOYMENT, now_ms() + 30_000,
+               (TensorEntry(name, ref=ref, dtype=arr.dtype.name, shape=arr[:, :, :8].shape),))
+    reply = Reply.decode(d.master.handle(ev.encode())[0])
+    assert reply.error is not None
+    assert d.shm.count(DEPLOYMENT) == 0

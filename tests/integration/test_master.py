@@ -166,6 +166,10 @@ def test_a_killed_worker_is_retried_and_the_request_succeeds(platform: LocalPlat
     assert reply.timings.get("attempts_failed_Crashed") == 1, reply.timings
     assert not any(k.startswith("attempts_failed_") and k != "attempts_failed_Crashed" for k in reply.timings)
     pool = platform.service.pool(d.names["worker-1"])
+    # a spare counts as started at once, its cold start when it is up: wait for the spares started so far
+    t_end = time.monotonic() + 60
+    while pool._spares and time.monotonic() < t_end:
+        time.sleep(0.01)
     u = platform.client.meter()["functions"][d.names["worker-1"]]
     # cold starts: the first instance and the dead one's replacement, which the retry waits for (no third
     # for the retry; a spare the pool keeps for the next death, if a cold start is slow here, is no wait)
@@ -191,9 +195,15 @@ def test_a_killed_master_is_sent_again_and_leaves_no_tensors(platform: LocalPlat
     t.join(120)
     got = result["out"]["y"]  # type: ignore[index]
     assert rel_err(got, reference(bundle, x)["y"]) <= 1e-4
+    pool = platform.service.pool(d.master)
+    t_end = time.monotonic() + 60  # a spare counts as started at once, its cold start when it is up
+    while pool._spares and time.monotonic() < t_end:
+        time.sleep(0.01)
     m = platform.client.meter()["functions"][d.master]
-    # sent again at once, to the dead instance's replacement: one cold start for the death, not two
-    assert m["errors_by_type"] == {"Crashed": 1} and m["invocations"] == 2 and m["cold_starts"] == 2
+    # sent again at once, to the dead instance's replacement: one cold start for the death, not two (and
+    # the spares the pool keeps while its instances die, which no request waited for)
+    assert m["errors_by_type"] == {"Crashed": 1} and m["invocations"] == 2, m
+    assert m["cold_starts"] - pool.spares_started == 2, (m["cold_starts"], pool.spares_started)
 
     # The dead attempt's worker invocation may still be running; once it has ended (its output stored
     # after the discard, and dropped), nothing of either attempt is left.
@@ -433,6 +443,18 @@ def test_hedging_re_invokes_a_straggler_and_discards_the_loser() -> None:
     assert reply.timings["attempt"] == 1 and time.monotonic() - t0 < 0.5  # the hedge won
     time.sleep(1.2)
     assert [r.timings["attempt"] for r in discarded] == [0]  # the straggler's reply was handed back
+
+
+def test_a_call_that_may_not_be_hedged_waits_for_its_straggler() -> None:
+    key = CallKey("f", 0, 0)
+    policy = InvokePolicy(hedge_percentile=90, hedge_min_samples=5, backoff_s=0)
+    pinv = PolicyInvoker(ScriptedInvoker([(0.01, None)]), policy)
+    for _ in range(5):
+        pinv.call("f", lambda a: str(a).encode(), deadline=time.time() + 5, key=key)
+    slow_then_fast = ScriptedInvoker([(0.3, None), (0.01, None)])
+    pinv.invoker = slow_then_fast
+    reply = pinv.call("f", lambda a: str(a).encode(), deadline=time.time() + 5, key=key, hedge=False)
+    assert reply.timings["attempt"] == 0 and slow_then_fast.calls == [0]
 
 
 def test_a_lost_attempt_that_fails_later_is_reported_with_its_number() -> None:

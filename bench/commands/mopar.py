@@ -14,33 +14,44 @@ __all__ = ["mopar_cmd"]
 
 @click.command("mopar")
 @click.option("--model", "models", multiple=True, help="NAME[/wDIV][@SIZE]; repeat (default: vgg16/w2@224, "
-              "resnet50/w2@224, lstm-2/w2, bert/w2, gcn/w4).")
+              "resnet50/w2@224, lstm-2/w2, bert/w2, gcn/w4, and dlrm where CPU follows memory).")
+@click.option("--platform", "platform", default="local", show_default=True,
+              help="The platform the local platform emulates, by profile name: local (Lambda's CPU model, CPU "
+                   "follows memory) or openfaas (CPU per function, apart from memory: MOPAR's testbed).")
 @click.option("--rounds", type=int, default=20, show_default=True, help="Interleaved requests per plan.")
 @click.option("--quick", is_flag=True, help="A tiny run: vgg16/w8@64 (unless --model is given), 5 rounds.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also save the JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def mopar_cmd(models: tuple[str, ...], rounds: int, quick: bool, out: Path | None, as_json: bool) -> None:
-    """MOPAR's plan against Unsplit and Uniform slicing, live on the local platform with each function's CPU share
-    emulated: billed GB-s per request (MC), memory utilisation and p50, with the MC the plan predicted."""
+def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int, quick: bool, out: Path | None,
+              as_json: bool) -> None:
+    """MOPAR's plan against Unsplit and Uniform slicing, live on the local platform with each function's CPU
+    emulated as --platform sells it: billed GB-s per request (MC), memory utilisation and p50, with the MC the
+    plan predicted."""
     from bench.harness.provenance import machine
-    from bench.suite.mopar_live import MODELS, QUICK_MODELS, rows
+    from bench.suite.mopar_live import QUICK_MODELS, default_models, rows
+    from platforms import load_profile
     from serving.console import err_console
 
     if rounds < 1:
         raise click.BadParameter(f"{rounds}: give at least 1 round", param_hint="--rounds")
-    specs = tuple(_spec(m) for m in models) or (QUICK_MODELS if quick else MODELS)
+    try:
+        load_profile(platform)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--platform") from e
+    specs = tuple(_spec(m) for m in models) or (QUICK_MODELS if quick else default_models(platform))
     n = min(rounds, 5) if quick else rounds
     with err_console.status("bench mopar") as st:
-        result, cpu = rows(specs, rounds=n, say=st.update)
-    doc = {"cpu_limit": cpu.get("cpu_limit"), "cpu": cpu, "machine": machine(), "rounds": n,
-           "rows": [r.to_json() for r in result]}
+        result, cpu = rows(specs, rounds=n, say=st.update, platform=platform)
+    doc = {"platform": platform, "cpu_model": cpu.get("cpu_model", "follows_memory"), "cpu_limit": cpu.get("cpu_limit"),
+           "cpu": cpu, "machine": machine(), "rounds": n, "rows": [r.to_json() for r in result]}
     if emit(doc, out=out, as_json=as_json):
         return
     from rich.table import Table
 
     from serving.console import console
 
-    t = Table(title=f"MOPAR vs Unsplit vs Uniform, live on the local platform ({cpu.get('cpu_limit')}), {n} rounds")
+    t = Table(title=f"MOPAR vs Unsplit vs Uniform, live on the local platform emulating {platform} "
+                    f"({cpu.get('cpu_model', 'follows_memory')}, {cpu.get('cpu_limit')}), {n} rounds")
     for c in ("model", "plan", "slices", "functions", "MC GB-s", "predicted", "memory util.", "p50 ms"):
         t.add_column(c, justify="left" if c in ("model", "plan") else "right")
     for r in result:

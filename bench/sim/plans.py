@@ -55,7 +55,7 @@ def _threads_vcpu_share(pm: PerfModel, memory_mb: int, shared: bool) -> tuple[in
     """A function's threads, the vCPU its work is priced at, and the share of its threads' time the
     simulator lets it use. On shared cores (the local platform) its work is CPU time at whole threads and
     the quota is the share; with its own CPU (the cloud) the work is already stretched by the share."""
-    v = pm.platform.vcpu(memory_mb)
+    v = pm.function_vcpu(memory_mb)
     threads = max(1, min(int(pm.platform.max_vcpu), math.ceil(v - 1e-9)))
     if shared:
         return threads, float(threads), min(1.0, v / threads)

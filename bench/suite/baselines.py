@@ -31,7 +31,10 @@ def unsplit_memory_mb(pm: PerfModel) -> int:
 
 def uniform_choices(pm: PerfModel, slices: int) -> tuple[list[StageChoice], int]:
     """``slices`` vertical slices with equal numbers of units (the first ones get one more when the
-    count does not divide), each on its own worker sized to its need; and the master's memory."""
+    count does not divide), each on its own worker sized to its need as MOPAR sizes a slice (with the
+    footprint's margin where CPU is per function); and the master's memory."""
+    from partitioner.solvers.mopar import slice_memory_mb
+
     n = len(pm.lg.units)
     k = max(1, min(slices, n))
     bounds = [round(i * n / k) for i in range(k + 1)]
@@ -39,9 +42,9 @@ def uniform_choices(pm: PerfModel, slices: int) -> tuple[list[StageChoice], int]
     for a, b in zip(bounds, bounds[1:], strict=False):
         costs = pm.part_costs(a, b - 1, Split())
         assert costs is not None
-        mb = pm.platform.round_memory(pm.compute.memory_mb(costs[0]))
+        mb = slice_memory_mb(pm, pm.compute.memory_mb(costs[0], a, b - 1, costs[0].weight_bytes))
         choices.append(StageChoice(a, b - 1, Split(), False, mb))
-    master_mb = pm.platform.round_memory(pm.master_need_mb(choices, pm.platform.memory_min_mb))
+    master_mb = slice_memory_mb(pm, pm.master_need_mb(choices, pm.platform.memory_min_mb))
     return choices, master_mb
 
 

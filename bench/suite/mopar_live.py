@@ -1,12 +1,16 @@
-"""MOPAR's claim, live: the HyPAD plan against Unsplit and Uniform slicing on the local platform, each
-function with the CPU share its memory buys (M MB -> M/1769 of a core), as on Lambda.
+"""MOPAR's claim, live: the HyPAD plan against Unsplit and Uniform slicing on the local platform, emulating a
+platform's CPU model: by default Lambda's (each function gets the CPU share its memory buys, M MB -> M/1769 of
+a core), with ``platform="openfaas"`` OpenFaaS's (each function its own CPU, the profile's default vCPU,
+apart from its memory limit: MOPAR's testbed, where memory sized per slice pays).
 
 Per model: its units are profiled (cached), the platform's invoke path is timed, ``--mode mopar`` plans,
 and three bundles are deployed: the MOPAR plan, Unsplit (the whole model in one function at the smallest
 memory that holds it) and Uniform (as many slices as MOPAR's, at least two, with equal numbers of units, each
 on a worker sized to its need). Interleaved sequential requests go to the three; the platform's meter gives
 each one's billed GB-s per request (MC) and memory utilisation (peak RSS / allocated, time-weighted), the
-client its p50. ``predicted_mc_gb_s`` is the performance model's billed GB-s per request for the same plan.
+client its p50. ``predicted_mc_gb_s`` is the performance model's billed GB-s per request for the same plan,
+``cpu_model`` the emulated platform's CPU model. Where MOPAR's plan is the unsplit plan (one function, the
+same memory) it is deployed once, and both rows are that deployment's (:func:`same_plans`).
 """
 
 from __future__ import annotations
@@ -19,13 +23,16 @@ from typing import Any
 
 from bench.suite.config import ModelSpec, label, model_path
 
-__all__ = ["MODELS", "QUICK_MODELS", "MoparRow", "plans_of", "predicted_gb_s", "rows"]
+__all__ = ["DLRM", "MODELS", "QUICK_MODELS", "MoparRow", "default_models", "plans_of", "predicted_gb_s", "rows",
+           "same_plans"]
 
 # sizes that need more than the smallest function (128 MB), so that memory per slice could matter, and whose
 # unsplit request takes 0.1-2 s at the CPU share that memory buys (0.1-0.3 vCPU), on 2 cores
 MODELS: tuple[ModelSpec, ...] = (("vgg16", 2, 224), ("resnet50", 2, 224), ("lstm-2", 2, None), ("bert", 2, None),
                                  ("gcn", 4, None))
 QUICK_MODELS: tuple[ModelSpec, ...] = (("vgg16", 8, 64),)
+# where slicing pays though CPU follows memory: 2 GB of embedding tables that a function must hold, small MLPs
+DLRM: ModelSpec = ("dlrm", 1, None)
 PLANS = ("mopar", "unsplit", "uniform")
 
 
@@ -42,6 +49,7 @@ class MoparRow:
     predicted_p50_ms: float
     stages: list[str]
     errors: int
+    cpu_model: str = "follows_memory"
 
     def to_json(self) -> dict[str, Any]:
         return {k: round(v, 8) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -69,16 +77,40 @@ def plans_of(pm: Any) -> dict[str, tuple[list[Any], int]]:
             "uniform": (uni, uni_master)}
 
 
-def _export(lg: Any, choices: Sequence[Any], master_mb: int, out: Path) -> Path:
+def same_plans(plans: dict[str, tuple[list[Any], int]]) -> dict[str, str]:
+    """The plans that are another's exactly (the same stages and master): plan -> the one deployed for both.
+    One plan deployed twice would measure only the machine's drift between two deployments (run to run on a
+    loaded 2-core host, 10-20 % on the same plan), not a difference between plans."""
+    out: dict[str, str] = {}
+    for k in PLANS:
+        twin = next((j for j in PLANS if j != k and j not in out and plans[j][1] == plans[k][1]
+                     and list(plans[j][0]) == list(plans[k][0])), None)
+        if twin is not None and k not in out.values():
+            out[k] = twin
+    return out
+
+
+def default_models(platform: str) -> tuple[ModelSpec, ...]:
+    """The models ``bench mopar`` runs on ``platform`` by default: MOPAR's five, and where CPU follows memory
+    the DLRM too (the case where slicing pays there)."""
+    from platforms import load_profile
+
+    return MODELS if load_profile(platform).cpu.per_function else (*MODELS, DLRM)
+
+
+def _export(lg: Any, choices: Sequence[Any], master_mb: int, out: Path, platform: str) -> Path:
     from partitioner.export import Placement, export_bundle
 
     return export_bundle(lg, [(c.first, c.last, c.split) for c in choices], out, master_mb=master_mb,
                          placements=[Placement(c.master_part, c.worker_mb or master_mb) for c in choices],
-                         transport="shm", platform="local", mode="mopar")
+                         transport="shm", platform=platform, mode="mopar")
 
 
-def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None]) -> tuple[list[MoparRow], dict]:
-    """The live rows, and the platform's CPU description (``cpu_limit``, cores)."""
+def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None], platform: str = "local"
+         ) -> tuple[list[MoparRow], dict]:
+    """The live rows, and the platform's CPU description (``cpu_limit``, ``cpu_model``, cores). ``platform``:
+    the profile the local platform emulates (``local``: Lambda's CPU model; ``openfaas``: CPU per function);
+    the plans are made on its facts on this host (:func:`bench.suite.planning.emulated_facts`)."""
     from bench.load.inputs import InputPool
     from bench.suite.comparison import bad, p50
     from bench.suite.deployments import deployments, interleaved
@@ -88,24 +120,31 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None])
     from serving.platform.process import PlatformProcess
 
     out: list[MoparRow] = []
-    with tempfile.TemporaryDirectory(prefix="flatpack-bench-mopar-") as tmp, PlatformProcess(idle_timeout_s=1800) as pp:
+    emulate = None if platform == "local" else platform
+    with (tempfile.TemporaryDirectory(prefix="flatpack-bench-mopar-") as tmp,
+          PlatformProcess(idle_timeout_s=1800, profile=platform) as pp):
         work = Path(tmp)
         cpu = dict(pp.client.health().get("cpu") or {})
+        cpu_model = str(cpu.get("cpu_model") or "follows_memory")
         say("timing the platform's invoke path")
         invoke = invoke_facts(pp, work, n=40, memory_mb=512).invoke
         for spec in specs:
             name = label(spec)
             say(f"{name}: profiling its units (cached) and planning")
             lg = LayerGraph.load(model_path(spec))
-            pm, _ = perfmodel(lg, invoke)
+            pm, _ = perfmodel(lg, invoke, emulate=emulate)
             plans = plans_of(pm)
+            same = same_plans(plans)
             slug = name.replace("/", "_").replace("@", "-")
-            bundles = {k: _export(lg, ch, mb, work / f"{k}-{slug}") for k, (ch, mb) in plans.items()}
+            bundles = {k: _export(lg, ch, mb, work / f"{k}-{slug}", platform) for k, (ch, mb) in plans.items()
+                       if k not in same}
             pool = InputPool.from_bundle(bundles["unsplit"], 4)
             with deployments(pp) as st:
                 targets = {k: st.deploy(b, k) for k, b in bundles.items()}
                 say(f"{name}: {rounds} interleaved rounds")
                 samples, usage, _ = interleaved(targets, pool, rounds)
+            for k, twin in same.items():
+                samples[k], usage[k], bundles[k] = samples[twin], usage[twin], bundles[twin]
             for k in PLANS:
                 ch, mb = plans[k]
                 out.append(MoparRow(
@@ -113,6 +152,6 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None])
                     mc_gb_s=usage[k].mc_gb_s_per_request, memory_utilisation=usage[k].memory_utilisation,
                     p50_ms=p50(samples[k]), predicted_mc_gb_s=predicted_gb_s(pm, ch, mb),
                     predicted_p50_ms=pm.estimate(ch, mb).latency_ms, stages=[str(c) for c in ch],
-                    errors=bad(samples[k])))
+                    errors=bad(samples[k]), cpu_model=cpu_model))
             say(f"{name}: MC mopar {out[-3].mc_gb_s:.5f} vs unsplit {out[-2].mc_gb_s:.5f} GB-s")
     return out, cpu

@@ -23,6 +23,9 @@ SPLITS: tuple[Split, ...] = (
     Split("channel", (2,)), Split("channel", (4,)), Split("channel", (8,)),
     Split("reduction", (2,)), Split("reduction", (4,)), Split("reduction", (8,)),
     Split("heads", (2,)), Split("heads", (4,)), Split("heads", (12,)),
+    # embedding tables' rows sharded across parts (partitioner.embedding): where a function holds more
+    # memory than its threads compute with (a recommendation model's tables), each shard holds its share
+    Split("embedding", (2,)), Split("embedding", (4,)), Split("embedding", (8,)),
 )
 
 

@@ -145,7 +145,7 @@ class ChoiceTable:
             space = self.space
             # a larger worker is never slower (more CPU share, and it admits every part a smaller one does),
             # except where functions share one machine's cores: then every size is tried
-            mems = None if space.pm.platform.cores else [max(self.worker_memories)]
+            mems = None if space.pm.platform.shared_host else [max(self.worker_memories)]
             hit = min((_metric(space, oc) for split in self.splits(first, last)
                        for _, oc in space.split_options(first, last, split, master_mb, mems)), default=math.inf)
             self._fastest_group[key] = hit
@@ -195,7 +195,7 @@ class Scoring:
         pm = space.pm
         refs = []
         for mb in master_memories:
-            lat = pm.compute.stage_time(0, space.n - 1, pm.platform.vcpu(mb))
+            lat = pm.compute.stage_time(0, space.n - 1, pm.function_vcpu(mb))
             refs.append(pm.cost_usd(lat, mb, 0.0, 0))
         return cls(slo_ms, min(refs), **kw)
 

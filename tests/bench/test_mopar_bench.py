@@ -29,3 +29,61 @@ def test_the_three_plans_and_their_predicted_gb_s() -> None:
     ch, mb = plans["uniform"]
     fees = (1 + sum(pm.option(c, mb).invocations for c in ch)) * pm.platform.price_request
     assert abs(gb_s["uniform"] * pm.platform.price_gb_s + fees - pm.estimate(ch, mb).cost_usd) < 1e-15
+
+
+def test_the_default_models_add_the_dlrm_where_cpu_follows_memory() -> None:
+    from bench.suite.mopar_live import DLRM, MODELS, default_models
+
+    assert default_models("openfaas") == MODELS
+    assert default_models("local") == (*MODELS, DLRM) and DLRM[0] == "dlrm"
+
+
+def test_a_row_names_its_cpu_model() -> None:
+    from bench.suite.mopar_live import MoparRow
+
+    row = MoparRow("m", "mopar", 2, 3, 0.1, 0.5, 10.0, 0.1, 10.0, ["0-1:none[m+w]"], 0, cpu_model="per_function")
+    assert row.to_json()["cpu_model"] == "per_function"
+
+
+def test_the_emulated_facts_take_the_profiles_cpu_memory_and_prices_and_this_hosts_figures() -> None:
+    from bench.suite.planning import emulated_facts
+
+    local = PlatformFacts.from_profile(load_profile("local"))
+    openfaas = load_profile("openfaas")
+    facts = emulated_facts(local, openfaas)
+    assert facts.name == "openfaas" and facts.memory_min_mb == openfaas.memory.min_mb
+    assert facts.price_request == openfaas.price_per_request
+    assert facts.cores == local.cores and facts.reserve_cores == local.reserve_cores
+    assert facts.invoke == local.invoke and facts.billed_overhead_ms == local.billed_overhead_ms
+    assert facts.max_vcpu <= local.max_vcpu  # within this host's cores
+
+
+def test_on_an_emulated_per_function_platform_mopar_sizes_slices_and_uniform_alike() -> None:
+    """Uniform's slices are sized as MOPAR's (the footprint and its margin where CPU is per function), so the
+    comparison is of the slicing, not of the sizing."""
+    from bench.suite.baselines import uniform_choices
+    from bench.suite.planning import emulated_facts
+    from partitioner.solvers.mopar import slice_memory_mb
+
+    lg = LayerGraph.load(conv_stack(CNN, cin=3, h=64, w=64))
+    openfaas = load_profile("openfaas")
+    pm = PerfModel(lg, emulated_facts(PlatformFacts.from_profile(load_profile("local")), openfaas), transport="shm",
+                   cpu=openfaas.cpu)
+    choices, _ = uniform_choices(pm, 2)
+    for ch in choices:
+        costs = pm.part_costs(ch.first, ch.last, ch.split)
+        assert costs is not None
+        need = pm.compute.memory_mb(costs[0], ch.first, ch.last, costs[0].weight_bytes)
+        assert ch.worker_mb == slice_memory_mb(pm, need) > pm.platform.round_memory(need) - 1
+
+
+def test_a_plan_that_is_the_unsplit_one_is_measured_once() -> None:
+    from bench.suite.mopar_live import same_plans
+
+    lg = LayerGraph.load(conv_stack(CNN, cin=3, h=64, w=64))
+    pm = PerfModel(lg, PlatformFacts.from_profile(load_profile("local")), transport="shm")
+    plans = plans_of(pm)
+    whole = plans["unsplit"]
+    assert same_plans({**plans, "mopar": (list(whole[0]), whole[1])}) == {"mopar": "unsplit"}
+    sliced = plans["uniform"]
+    assert same_plans({**plans, "mopar": (list(sliced[0]), sliced[1] + 1)}) == {}

@@ -160,3 +160,33 @@ def test_lo_on_lambda_keeps_the_size_that_is_fastest(lg: LayerGraph) -> None:
     top = solve(lg, PlanRequest(mode="lo", memory=pm.platform.memory_max_mb), pm=pm)
     assert r.estimate.latency_ms == pytest.approx(top.estimate.latency_ms, rel=LO_MEMORY_TOLERANCE + 1e-9)
     assert r.master_mb > 5 * pm.platform.mb_per_vcpu  # six threads' speed-up is more than the model's error
+
+
+def test_the_solvers_offer_an_embedding_split_where_a_stage_looks_rows_up() -> None:
+    """A table's rows sharded across parts (partitioner.embedding) is one of the candidates every solver
+    searches, offered only for the stage that looks rows up."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from functions.plan import Split
+    from partitioner.graph import LayerGraph
+    from partitioner.perfmodel import PerfModel, PlatformFacts
+    from partitioner.solvers.common import SPLITS, SearchSpace
+    from platforms import load_profile
+
+    table = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4096, 16)).astype(np.float32), "table")
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((16, 8)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0),
+         helper.make_node("ReduceSum", ["rows", "axes"], ["bag"], keepdims=0),
+         helper.make_node("MatMul", ["bag", "w"], ["y"])],
+        "bag", [helper.make_tensor_value_info("idx", TensorProto.INT64, [1, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], initializer=[table, axes, w])
+    lg = LayerGraph.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert {s for s in SPLITS if s.family == "embedding"} == {Split("embedding", (k,)) for k in (2, 4, 8)}
+    space = SearchSpace(PerfModel(lg, PlatformFacts.from_profile(load_profile("aws-lambda"))))
+    lookup = next(u.index for u in lg.units if "Gather" in u.ops)
+    assert Split("embedding", (4,)) in space.splits_for(lookup, lookup)
+    others = [u.index for u in lg.units if u.index != lookup]
+    assert all(s.family != "embedding" for u in others for s in space.splits_for(u, u))

@@ -318,7 +318,8 @@ class _RequestRun:
                 raise
         finally:
             self._delete(stage_puts)
-            self._retire(stage.index)
+            if stage.epilogue is None:  # else its inputs go once the epilogue has read them (a residual, say)
+                self._retire(stage.index)
         for res in results:
             for name, v in res.items():
                 if isinstance(v, RemoteTensor):
@@ -340,6 +341,7 @@ class _RequestRun:
         try:
             out = self.m.sessions.run(path, {n: self.materialize(env[n]) for n in names})
             self.trace.add("epilogue", stage.index, None, ts, time.perf_counter())
+            self._retire(stage.index)
             return out
         except KeyError as e:
             raise PartError(f"epilogue {stage.epilogue} needs tensor {e}, which no stage produced") from e

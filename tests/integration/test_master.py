@@ -521,3 +521,36 @@ def test_lambda_and_openfaas_handlers(bundles, reference, monkeypatch: pytest.Mo
     np.testing.assert_array_equal(decode(Reply.decode(res["body"]).outputs[0].data), want)  # type: ignore[arg-type]
     bad = faas.handle(type("R", (), {"body": b"garbage"})(), None)
     assert bad["statusCode"] == 500 and Reply.decode(bad["body"]).error["type"] == "BadRequest"  # type: ignore[index]
+
+
+def test_an_epilogue_reads_a_tensor_an_earlier_worker_left_by_reference(platform: LocalPlatform, deploy,
+                                                                         tmp_path: Path) -> None:
+    """Every stage on workers: the embeddings' worker leaves its output in shared memory, the attention stage's
+    two head workers read it by reference, and the master's epilogue adds it back (the residual) after the
+    heads' sum. The master keeps the tensor until that epilogue has read it: the answer equals the model's,
+    and nothing is left in shared memory."""
+    import onnxruntime as ort
+
+    from partitioner.export import Placement, export_bundle
+    from partitioner.graph import LayerGraph
+    from partitioner.inputs import random_inputs
+    from partitioner.spec import parse_stages
+    from zoo import build_to_file
+
+    path = build_to_file("bert", tmp_path / "bert.onnx", layers=1, hidden=32, heads=2, seq_len=8, vocab=64)
+    lg = LayerGraph.load(path)
+    stages = parse_stages("0-1:none,2:heads=2,3:none", len(lg.units))
+    bundle = tmp_path / "bundle"
+    export_bundle(lg, stages, bundle, placements=[Placement(False, 256)] * len(stages), master_mb=256)
+    d = deploy(bundle, "shm")
+    client = MasterClient(d, platform.url, timeout_s=60)
+    x = random_inputs(lg.model, 0)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, x)
+    try:
+        for _ in range(2):
+            got = client.infer(x)
+            (y,) = got.values()
+            assert np.abs(y - want[0]).max() <= 1e-4 * max(1.0, float(np.abs(want[0]).max()))
+    finally:
+        client.close()
+    assert not list((platform.config.shm_dir / d.id).glob("[!.]*")), "request files left in shared memory"

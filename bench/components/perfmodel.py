@@ -242,8 +242,7 @@ class PerfModelResult:
             "max_memory_under_prediction": self.max_memory_under_prediction,
             "p99_error": max((t.error for t in self.tails), default=None),
             "tails": [t.to_json() for t in self.tails],
-            "plans": [r.to_json() for r in self.plans],
-            "rows": [r.to_json() for r in self.plans],  # the name for them
+            "rows": [r.to_json() for r in self.plans],  # a row per plan and memory size
             "memories_mb": sorted({r.memory_mb for r in self.plans}),
             "skipped": list(self.skipped),
         }

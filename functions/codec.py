@@ -26,6 +26,7 @@ import numpy as np
 
 __all__ = [
     "ALIGN",
+    "advance_views",
     "Buffer",
     "Compression",
     "CodecError",
@@ -212,3 +213,15 @@ def decode(buf: Buffer) -> np.ndarray:
     if len(raw) != h.nbytes:
         raise CodecError(f"decompressed {len(raw)} bytes, {h.dtype}{list(h.shape)} needs {h.nbytes}")
     return np.frombuffer(raw, dtype=h.dtype).reshape(h.shape)
+
+
+def advance_views(views: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes from ``views`` in place, as a vectored write (``sendmsg``, ``writev``) that
+    wrote ``n`` of them leaves the rest to send."""
+    while n and views:
+        if n >= views[0].nbytes:
+            n -= views[0].nbytes
+            views.pop(0)
+        else:
+            views[0] = views[0][n:]
+            n = 0

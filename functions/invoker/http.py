@@ -16,6 +16,7 @@ import socket
 import threading
 from urllib.parse import urlsplit
 
+from functions.codec import advance_views
 from functions.errors import InvokeError, InvokeTimeout
 
 __all__ = ["HttpPoster"]
@@ -165,13 +166,7 @@ def _send_all(sock: socket.socket, head: bytes, body: bytes) -> None:
     views = [memoryview(head), memoryview(body).cast("B")] if body else [memoryview(head)]
     while views:
         n = sock.sendmsg(views)
-        while n and views:
-            if n >= views[0].nbytes:
-                n -= views[0].nbytes
-                views.pop(0)
-            else:
-                views[0] = views[0][n:]
-                n = 0
+        advance_views(views, n)
 
 
 class HttpPoster:

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from functions.codec import advance_views
+
 __all__ = ["RespConnection", "RespError", "resp_address"]
 
 _CRLF = b"\r\n"
@@ -78,13 +80,7 @@ class RespConnection:
         views = [v for v in views if v.nbytes]
         while views:
             n = self._sock.sendmsg(views[:512])
-            while n:
-                if n >= views[0].nbytes:
-                    n -= views[0].nbytes
-                    views.pop(0)
-                else:
-                    views[0] = views[0][n:]
-                    n = 0
+            advance_views(views, n)
 
     def call(self, *args: bytes, value: Sequence[Any] | None = None, tail: Sequence[bytes] = ()) -> Any:
         """Send ``args`` (then ``value``, one argument made of several buffers, then ``tail``); return the

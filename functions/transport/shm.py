@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from functions.codec import Buffer, Compression, decode, encode_parts
+from functions.codec import Buffer, Compression, advance_views, decode, encode_parts
 from functions.errors import TransportError
 from functions.transport.base import TensorKey, Transport
 
@@ -400,10 +400,4 @@ def _write_all(fd: int, bufs: Iterable[Buffer]) -> None:
             continue
         if n == 0:
             raise OSError(errno.ENOSPC, "short write")
-        while n and views:
-            if n >= views[0].nbytes:
-                n -= views[0].nbytes
-                views.pop(0)
-            else:
-                views[0] = views[0][n:]
-                n = 0
+        advance_views(views, n)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from serving.deploy.promise import Probed
+from serving.deploy.promise import Probed, export_round
 
 if TYPE_CHECKING:
     from partitioner.graph import LayerGraph
@@ -136,7 +136,6 @@ class LambdaSwap:
     def __call__(self, result: SolverResult, round_no: int) -> None:
         import dataclasses
 
-        from autoencoder import export_planned
         from functions.plan import Plan
         from serving.deploy.aws_lambda import LambdaDeployer, LambdaDeployment
         from serving.deploy.lambda_service import LambdaService, render_lambda_service
@@ -144,8 +143,8 @@ class LambdaSwap:
 
         record = DeploymentRecord.load(self.name)
         deployment = f"{self.name}-r{round_no}"
-        bundle = state_dir() / "bundles" / f"{self.name}@r{round_no}-{time.time_ns() % 10**6}"
-        export_planned(self.lg, result, self.request, bundle, source=self.source, progress=self.progress)
+        bundle = export_round(self.name, self.lg, self.request, result, round_no, source=self.source,
+                              progress=self.progress)
         old = LambdaService.load(record.options["rendered"])
         options = dataclasses.replace(old.options, api_token=self.token)
         service = render_lambda_service(bundle, state_dir() / "lambda" / deployment, deployment=deployment,

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from partitioner.solvers.common import SolverResult
 
 __all__ = ["EndpointProbe", "LiveFigure", "LocalSwap", "Probe", "Probed", "PromiseResult", "Round", "Swap",
-           "default_probe_requests", "function_count", "is_cheapest", "keep_promise", "live_figure",
+           "default_probe_requests", "export_round", "function_count", "is_cheapest", "keep_promise", "live_figure",
            "replan_with_live"]
 
 log = logging.getLogger(__name__)
@@ -366,6 +366,18 @@ class EndpointProbe:
         self._client.close()
 
 
+def export_round(name: str, lg: LayerGraph, request: PlanRequest, result: SolverResult, round_no: int, *,
+                 source: str, progress: Callable[[str], None] | None = None) -> Path:
+    """``result``, a re-plan of deployment ``name`` in round ``round_no``, exported as a verified bundle beside
+    the deployment's own (named ``NAME@rN-...``: "@" is in no deployment's name), for a swap to take."""
+    from autoencoder import export_planned
+    from serving.deploy.state import state_dir
+
+    out = state_dir() / "bundles" / f"{name}@r{round_no}-{time.time_ns() % 10**6}"
+    export_planned(lg, result, request, out, source=source, progress=progress)
+    return out
+
+
 class LocalSwap:
     """A :class:`Swap` on the local target: exports the plan next to the deployment's bundle and asks its
     serving process to switch to it (:func:`serving.deploy.local.request_swap`), waiting until it has."""
@@ -380,13 +392,12 @@ class LocalSwap:
         self.timeout_s = timeout_s
 
     def __call__(self, result: SolverResult, round_no: int) -> None:
-        from autoencoder import export_planned
         from functions.bundle import Bundle
         from serving.deploy.local import request_swap
-        from serving.deploy.state import DeploymentRecord, state_dir
+        from serving.deploy.state import DeploymentRecord
 
-        out = state_dir() / "bundles" / f"{self.name}@r{round_no}-{time.time_ns() % 10**6}"  # "@": no name has it
-        export_planned(self.lg, result, self.request, out, source=self.source, progress=self.progress)
+        out = export_round(self.name, self.lg, self.request, result, round_no, source=self.source,
+                           progress=self.progress)
         predicted = dict(Bundle.load(out, check_hashes=False).plan.predicted)
         before = DeploymentRecord.load(self.name)
         generation = int(before.options.get("generation", 0)) + 1

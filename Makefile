@@ -30,7 +30,7 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n 2 -q --leak-check
+	$(BIN)/python -m pytest -n 2 -q --leak-check --durations=25
 
 clean:
 	rm -rf $(BUILD) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache

@@ -512,12 +512,16 @@ class PerfModel:
         mean, _ = self.request_ms()
         inv = self.platform.invoke
         q = self.q if q is None else q
-        offset = mean - inv.mean + self._handling_slower(master_mb)
+        factor = self.live.at(master_mb)  # as under the mean (see _request_total)
+        offset = mean - inv.mean + self._handling_slower(master_mb) * factor
         jitter = self.jitter_at(master_mb)
         sampled = plan_quantile(shapes, inv, inv, offset, q, hedge=self.hedge, cold_p=self.cold_p,
                                 cold_ms=self.cold_start_ms, jitter_sigma=jitter)
-        floor = self._cpu_floor(cpu, master_mb)  # as under the mean (see _request_total)
-        return sampled if floor is None else max(sampled, inv.quantile(q) + floor * jitter_factor(jitter, q))
+        floor = self._cpu_floor(cpu / factor, master_mb)
+        if floor is None:
+            return sampled
+        fixed_q = inv.quantile(q) + mean - inv.mean
+        return max(sampled, fixed_q + factor * (inv.quantile(q) + floor * jitter_factor(jitter, q) - fixed_q))
 
     def evaluate(self, choices: Sequence[StageChoice], master_mb: int) -> tuple[float, float, float, bool]:
         """The hot-loop form of :meth:`estimate`: (mean ms, percentile ms, USD, fits in memory)."""
@@ -573,14 +577,20 @@ class PerfModel:
         # target for this master memory widens them alike
         jitter_q = jitter_factor(self.jitter_at(master_mb), self.q)
         lat_q *= jitter_q / self._jitter_q
-        floor = self._cpu_floor(master_cpu_ms, master_mb)
+        # a live correction scales what the request spends beyond ``fixed`` (partitioner.live): the stages'
+        # figures carry it already (their master CPU too); the master's handling at its share and the floor
+        # take it here, so that every plan with this master is predicted at fixed + factor x (model - fixed)
+        factor = self.live.at(master_mb)
+        floor = self._cpu_floor(master_cpu_ms / factor, master_mb)
         if floor is None:  # measured on the local platform (its top-up); the solvers' sums hold
             return lat + fixed, lat_q + fixed_q, lat
         inv = self.platform.invoke
-        slower = self._handling_slower(master_mb)
-        mean = max(lat + fixed + slower, inv.mean + floor)
-        quantile = max(lat_q + fixed_q + slower, inv.quantile(self.q) + floor * jitter_q)
-        return mean, quantile, max(lat, floor + self.handling_ms)
+        slower = self._handling_slower(master_mb) * factor
+        whole = fixed + factor * (inv.mean + floor - fixed)
+        whole_q = fixed_q + factor * (inv.quantile(self.q) + floor * jitter_q - fixed_q)
+        mean = max(lat + fixed + slower, whole)
+        quantile = max(lat_q + fixed_q + slower, whole_q)
+        return mean, quantile, max(lat, whole - inv.mean + self.handling_ms)
 
     def _cpu_floor(self, master_cpu_ms: float, master_mb: int) -> float | None:
         """The request's floor beside the invoke latency where the master's share throttles it (see

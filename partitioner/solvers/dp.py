@@ -434,50 +434,13 @@ def slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl:
     cost/latency Pareto frontier (over the discretised latencies up to the SLO) of the sizes searched.
 
     The DP bounds the sum of its stages' latencies; the plan's estimate also has a whole-request floor (the
-    master's CPU over its share, :meth:`PerfModel.estimate`), which can lift a plan at the SLO's edge past
-    it. Such a plan is not returned. From each search whose plan lands over the SLO, two more follow (at
-    most :data:`_SLO_SEARCHES` in all): one with the SLO lowered by the excess (a margin for the floor),
-    one at the SLO without that plan's master size (whose floor may keep every plan of it over: a small
-    master's CPU at a small share). The cheapest plan that meets the SLO under the whole estimate wins.
+    master's CPU over its share, :meth:`PerfModel.estimate`), which can lift a plan within the stages' budget
+    past the SLO (a small master computing the whole model at a small share). Each size's plans are
+    therefore taken in the order of their DP cost and checked under the whole estimate: the first that meets
+    the SLO is that size's candidate, and the scan stops where the DP cost (a lower bound: the floor only
+    raises a plan's billed time) reaches the best candidate's whole cost. A size none of whose plans meets
+    the SLO yields none, and the search goes on to the next size.
     """
-    target = slo_ms
-    # the searches over the same sizes share one catalogue, built by the first that needs it
-    catalogues: dict[tuple[int, ...], list[_Catalogue]] = {}
-    queue: list[tuple[float, frozenset[int]]] = [(slo_ms, frozenset())]
-    best: SolverResult | None = None
-    searches = 0
-    while queue and searches < _SLO_SEARCHES:
-        slo, left_out = queue.pop(0)
-        masters = [m for m in master_memories if m not in left_out]
-        if not masters:
-            continue
-        searches += 1
-        try:
-            result = _slo_dp(space, slo, masters, nl=nl, nb=nb, catalogues=catalogues.setdefault(tuple(masters), []))
-        except Infeasible:
-            if searches == 1:
-                raise  # at the SLO with every size: no plan's stages fit it, so none meets it
-            continue
-        est = result.estimate
-        over = (est.latency_q_ms if space.pm.q_mode else est.latency_ms) - target
-        if over <= 1e-9:
-            if best is None or (est.cost_usd, result.master_mb) < (best.estimate.cost_usd, best.master_mb):
-                best = result
-            continue
-        queue.append((slo - over - (slo - space.pm.request_ms()[1 if space.pm.q_mode else 0]) / nl, left_out))
-        queue.append((target, left_out | {result.master_mb}))
-    if best is not None:
-        return best
-    raise Infeasible(f"no plan the search found meets the {target:g} ms SLO with the master's whole-request CPU "
-                     "floor counted", proven=False)
-
-
-_SLO_SEARCHES = 8
-
-
-def _slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl: int, nb: int,
-            catalogues: list[_Catalogue] | None = None) -> SolverResult:
-    """:func:`slo_dp`'s search, once (with the catalogue in ``catalogues``, or one it puts there)."""
     t0 = time.perf_counter()
     pm = space.pm
     fixed = pm.request_ms()[1 if pm.q_mode else 0]
@@ -486,44 +449,65 @@ def _slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl
         raise Infeasible(f"invoking the master alone takes {fixed:.1f} ms, more than the {slo_ms:g} ms SLO")
     delta = budget_ms / nl
     masters = sorted(set(master_memories))
-    best_result: tuple[float, list[StageChoice], int] | None = None
+    best: tuple[float, int, list[StageChoice]] | None = None  # (whole cost, master MB, choices)
     frontier = np.full(nl + 1, _INF)
-    tried = 0
-    if catalogues is None:
-        catalogues = []
-    if not catalogues:
-        catalogues.append(_Catalogue.of(space, masters))
-    catalogue = catalogues[0]
+    tried = over = 0
+    catalogue = _Catalogue.of(space, masters)
+
+    def whole_cost(choices: list[StageChoice], master_mb: int) -> float | None:
+        """The plan's cost where its whole estimate meets the SLO and fits, else None."""
+        lat, lat_q, usd, fits = pm.evaluate(choices, master_mb)
+        if not fits or (lat_q if pm.q_mode else lat) > slo_ms + 1e-9:
+            return None
+        return usd if not pm.estimate(choices, master_mb).warnings else None
+
     # the most promising sizes first, so that a cheap plan found early rules out the rest; of plans alike in
     # cost the one with the smallest master, as a search from the smallest finds
     for floor, master_mb, k in sorted(zip(catalogue.floors(delta, nl), masters, range(len(masters)), strict=True)):
-        if best_result is not None and floor >= best_result[0]:
+        if best is not None and floor >= best[0]:
             break  # no plan with this master, or any after it, can be cheaper
         tried += 1
-        for final, choices in _cheapest_at(catalogue, k, delta, nl, nb):
+        for final, walk in _cheapest_at(catalogue, k, delta, nl, nb):
             frontier = np.minimum(frontier, np.minimum.accumulate(final))  # index ell: stages within ell*delta
-            cost = float(np.min(final))
-            if best_result is None or cost < best_result[0] or (cost == best_result[0] and master_mb < best_result[2]):
-                best_result = (cost, choices, master_mb)
-    if best_result is None:
+            seen: set[tuple[StageChoice, ...]] = set()
+            for ell in np.argsort(final, kind="stable"):
+                dp_cost = float(final[ell])
+                if not np.isfinite(dp_cost) or (best is not None and (dp_cost, master_mb) >= (best[0], best[1])):
+                    break  # neither this plan nor any after it is cheaper than the best
+                choices = walk(int(ell))
+                if tuple(choices) in seen:
+                    continue
+                seen.add(tuple(choices))
+                usd = whole_cost(choices, master_mb)
+                if usd is None:
+                    over += 1
+                    continue
+                if best is None or (usd, master_mb) < (best[0], best[1]):
+                    best = (usd, master_mb, choices)
+    if best is None:
+        if over:
+            raise Infeasible(f"no plan meets the {slo_ms:g} ms SLO with the master's whole-request CPU floor "
+                             "counted")
         raise Infeasible(f"no plan meets the {slo_ms:g} ms SLO")
-    _, choices, master_mb = best_result
+    _, master_mb, choices = best
     choices, master_mb = shrink_memory(space, choices, master_mb, slo_ms, masters)
     tried_note = f"{tried} of {len(masters)} master sizes searched (the rest cannot be cheaper)"
     est = pm.estimate(choices, master_mb)
     points = tuple((lat + fixed, c) for lat, c in _pareto(frontier, delta))
-    notes = (f"latency discretised in steps of {delta:.3g} ms: the plan meets the SLO; no plan of latency <= "
-             f"SLO - stages x {delta:.3g} ms is cheaper",
-             tried_note)
+    notes: tuple[str, ...] = (f"latency discretised in steps of {delta:.3g} ms: the plan meets the SLO; no plan "
+                              f"of latency <= SLO - stages x {delta:.3g} ms is cheaper", tried_note)
+    if over:
+        notes += (f"{over} plan(s) within the stages' budget left out: the master's whole-request CPU at its "
+                  "share takes them over the SLO",)
     return SolverResult(tuple(choices), master_mb, est, "exact", time.perf_counter() - t0, frontier=points,
                         notes=notes)
 
 
 def _cheapest_at(catalogue: _Catalogue, k: int, delta: float, nl: int, nb: int,
-                 ) -> Iterator[tuple[np.ndarray, list[StageChoice]]]:
+                 ) -> Iterator[tuple[np.ndarray, Callable[[int], list[StageChoice]]]]:
     """For each cap on the working set of master ``catalogue.masters[k]`` (:func:`_caps`): the cheapest cost
-    per latency budget (index ell: stages within ell x delta, the master's invocation fee included) and the
-    cheapest plan."""
+    per latency budget (index ell: stages within ell x delta, the master's invocation fee included) and a
+    walk from an index to its plan."""
     space, master_mb = catalogue.space, catalogue.masters[k]
     if _budget(space, master_mb) < 0:
         return
@@ -535,7 +519,7 @@ def _cheapest_at(catalogue: _Catalogue, k: int, delta: float, nl: int, nb: int,
 
 
 def _cheapest_within(space: SearchSpace, master_mb: int, options: list[list[_SloOption]], cap: int, wb: int,
-                     nl: int) -> tuple[np.ndarray, list[StageChoice]] | None:
+                     nl: int) -> tuple[np.ndarray, Callable[[int], list[StageChoice]]] | None:
     n = space.n
     cost = [np.full((nl + 1, wb + 1), _INF) for _ in range(n + 1)]
     cost[0][0, :] = 0.0
@@ -557,8 +541,7 @@ def _cheapest_within(space: SearchSpace, master_mb: int, options: list[list[_Slo
     final = cost[n][:, wb] + master_fixed_usd(space, master_mb)
     if not np.isfinite(final).any():
         return None
-    ell = int(np.argmin(final))
-    return final, _walk_back_slo(back, chosen, n, ell, wb)
+    return final, lambda ell: _walk_back_slo(back, chosen, n, ell, wb)
 
 
 def shrink_memory(space: SearchSpace, choices: list[StageChoice], master_mb: int, slo_ms: float,

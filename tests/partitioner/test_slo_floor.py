@@ -78,3 +78,29 @@ def test_an_slo_a_plan_meets_is_never_refused(unit_ms: float) -> None:
         assert r.estimate.latency_ms <= slo + 1e-9
         met.append(float(slo))
     assert len(met) >= 15
+
+
+def test_a_looser_slo_never_costs_more() -> None:
+    """Every plan that meets an SLO meets a looser one, so the cheapest plan's cost cannot rise as the SLO
+    loosens. The whole-request floor once broke this: the search dropped a small master whose cheapest plan
+    was over under the floor, and settled on a size far above the one that was cheapest and met the SLO."""
+    import dataclasses
+
+    from partitioner.perfmodel import ExGauss
+    from partitioner.solvers.common import memory_options
+
+    lg = LayerGraph.load(conv_stack(CNN[:2], cin=3, h=32, w=32))
+    facts = dataclasses.replace(PlatformFacts.from_profile(load_profile("local")), invoke=ExGauss(1.0, 0.3, 0.5),
+                                transfer_latency_ms=0.28, bandwidth_mb_s=4000.0, billed_overhead_ms=1.0)
+    # a model whose compute is small beside the master's handling of a request (units of 0.03 ms)
+    compute = ComputeModel(tuple({1: 0.03, 2: 0.04} for _ in lg.units), tuple(u.flops for u in lg.units))
+    pm = PerfModel(lg, facts, compute, transport="shm")
+    mems = memory_options(pm.platform)
+    space = SearchSpace(pm, worker_memories=mems)
+    fastest = latency_dp(space, max(mems)).estimate.latency_ms
+    costs = []
+    for k in (1.2, 1.5, 2.0, 3.0, 4.0, 6.0):
+        r = slo_dp(space, fastest * k, mems)
+        assert r.estimate.latency_ms <= fastest * k + 1e-9
+        costs.append(r.estimate.cost_usd)
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(costs, costs[1:], strict=False)), costs

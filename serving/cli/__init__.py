@@ -30,6 +30,7 @@ _COMMANDS: dict[str, str] = {
     "invoke": "serving.cli.deploy:invoke_cmd",
     "trace": "serving.cli.trace:trace_cmd",
     "undeploy": "serving.cli.deploy:undeploy_cmd",
+    "watch": "serving.cli.watch:watch_cmd",
     "run": "serving.cli.run:run_cmd",
     "platform": "serving.cli.platform:platform",
     "backend": "serving.cli.backend:backend",

@@ -186,8 +186,11 @@ def calibrated_local(recalibrate: bool) -> str:
               help="Keep the deployment running when no plan measured live meets the SLO (default: remove it and "
                    "exit 2).")
 @click.option("--watch", is_flag=True,
-              help="local, with --slo: keep watching the SLO on the endpoint's recent requests, and re-plan "
-                   "(blue/green) when it stays missed for several checks; FLATPACK_WATCH_* tune it (docs/slo.md).")
+              help="With --slo: keep the SLO after deploy, re-planning (blue/green) when it stays missed for several "
+                   "checks. local: the endpoint watches its own recent requests. lambda/openfaas: deploy, then run "
+                   "`flatpack watch NAME` in the foreground (probe requests every 30 s, each a billed invocation; "
+                   "Ctrl-C stops watching and leaves the deployment); on openfaas a miss is reported, not re-planned "
+                   "(a plan there is an image to build). FLATPACK_WATCH_* tune it (docs/slo.md).")
 def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None, solver: str | None, memory: str,
                max_group: int | None, profile_mode: str, profile_budget: float | None, shapes: ShapeFixes,
                target: str,
@@ -221,9 +224,8 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     if backend != "onnxruntime":  # parts written in the form that backend imports
         request = dataclasses.replace(request, extra={**request.extra, "backend": backend})
     request = dataclasses.replace(request, hedge=_hedge(hedge, request.percentile, target))
-    if watch and (target != "local" or request.slo_ms is None or autoencoders is not None):
-        raise click.UsageError("--watch keeps an SLO on the local target: give --slo, --target local, and no "
-                               "--compress ae")
+    if watch and (request.slo_ms is None or autoencoders is not None or dry_run):
+        raise click.UsageError("--watch keeps a deployment's SLO: give --slo, no --compress ae, and no --dry-run")
     path = resolve_model(model)
     name = name or _name_for(str(path))
     if target == "local" or not dry_run:
@@ -252,8 +254,16 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
         record = _deploy_cloud(target, name, path, bundle, transport=transport, mode=mode, dry_run=dry_run,
                                out_dir=out_dir, region=region, endpoint_url=endpoint_url, gateway=gateway,
                                vendor=not no_vendor, backend=backend)
-        if record is not None and request.slo_ms is not None and not no_verify:
+        if record is None or request.slo_ms is None:
+            return
+        _record_slo(record, request, str(path), shapes, replannable=autoencoders is None)
+        if not no_verify:
             _verify_cloud(record, lg, request, result, pm, source, verify, max_rounds, keep_on_miss)
+        if watch:
+            from functions.settings import api_token
+            from serving.cli.watch import run_watch
+
+            run_watch(name, token=api_token())
         return
     from functions.bundle import Bundle
 
@@ -268,12 +278,13 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     elif hedge.strip().lower() == "off":
         record.options["hedge_percentile"] = None  # recorded, so the functions get it (their default hedges)
     if request.slo_ms is not None:
-        record.options["slo"] = {"slo_ms": request.slo_ms, "percentile": request.percentile}
-    if watch:
         from serving.deploy.watch import plan_request_options
 
+        record.options["slo"] = {"slo_ms": request.slo_ms, "percentile": request.percentile}
+        if autoencoders is None:  # how to plan it again: the serving process's watch, or `flatpack watch`
+            record.options["plan"] = plan_request_options(request, str(path), shapes)
+    if watch:
         record.options["watch"] = {"state": "watching" if no_verify else "waiting", "replans": 0}
-        record.options["plan"] = plan_request_options(request, str(path), shapes)
     if request.slo_ms is None or no_verify:
         _start(record, detach, keep_warm)
         return
@@ -494,6 +505,17 @@ def _deploy_cloud(target: str, name: str, model: Path, bundle: Path, *, transpor
                   f"(Open Inference Protocol v2); rendered in {res.rendered}")
     console.print(f"stop: flatpack undeploy {name}")
     return res.record
+
+
+def _record_slo(record: DeploymentRecord, request: Any, model: str, shapes: ShapeFixes, *, replannable: bool) -> None:
+    """What a cloud deployment's record keeps of its SLO (``options["slo"]``), and of how to plan it again
+    (``options["plan"]``, where it can be: not with autoencoders), for `flatpack watch`."""
+    from serving.deploy.watch import plan_request_options
+
+    record.options["slo"] = {"slo_ms": request.slo_ms, "percentile": request.percentile}
+    if replannable:
+        record.options["plan"] = plan_request_options(request, model, shapes)
+    record.save()
 
 
 def _verify_cloud(record: DeploymentRecord, lg: Any, request: Any, result: Any, pm: Any, source: str,

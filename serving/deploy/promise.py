@@ -6,9 +6,11 @@ statistic the SLO names (the mean, or the P-th percentile). Where the plan misse
 much room that a cheaper plan would do), the live figure corrects the performance model at the plan's
 master memory (:mod:`partitioner.live`), the solver plans again against the SLO less a margin the probe's
 own spread justifies, and the new plan is swapped in (:func:`serving.deploy.local.request_swap`: deployed
-beside the old one, switched to when warm, the old one removed). It stops when a plan meets the SLO, when
-the corrected model keeps the plan it has, or after ``max_rounds`` probes; where no plan measured met it,
-the caller says so and removes the deployment.
+beside the old one, switched to when warm, the old one removed). Where the corrected model points back to
+a plan that has already run without room, the fastest plan runs next, if it has not. It stops when a plan
+meets the SLO, when the corrected model keeps the plan it has, or after ``max_rounds`` probes; it keeps the
+plan that met the SLO with room (the cheapest of them), else the one that came closest within it; where no
+plan measured met it, the caller says so and removes the deployment.
 
 The loop is written against two small protocols, so the same loop runs wherever the deployer can probe
 and swap (:class:`Probe`, :class:`Swap`); the local target implements both here.
@@ -245,6 +247,11 @@ def keep_promise(pm: PerfModel, request: PlanRequest, result: SolverResult, *, p
                 break
             candidate, feasible = e.fastest, False
         key = _key(candidate)
+        if key in measured and not met:
+            # the plan the correction points to has run without room: the fastest plan, where it has not run
+            fastest = _fastest_plan(replan, request)
+            if fastest is not None and _key(fastest) not in measured:
+                candidate, feasible, key = fastest, False, _key(fastest)
         if key in measured:
             reason = "kept" if key == _key(current) else "measured"
             break
@@ -258,23 +265,40 @@ def keep_promise(pm: PerfModel, request: PlanRequest, result: SolverResult, *, p
         current = candidate
     final = measured[_key(current)]
     # the plan to keep: this one where it met the SLO with room; else the cheapest that did; else, among
-    # plans whose live statistic was within the SLO (without room for drift), this one or the fastest
+    # plans whose live statistic was within the SLO (without room for drift), the one with the most room
+    if final.met:
+        return PromiseResult(current, True, rounds, reason, final)
     passes: tuple[tuple[Callable[[Round], bool], Callable[[Round], float]], ...] = (
         (lambda r: r.met, lambda r: r.cost_per_1000_usd),  # met with room: the cheapest of them
         (lambda r: r.within, lambda r: r.live.statistic_ms),  # within, no room: the one with the most
     )
     for ok, rank in passes:
-        if ok(final):
-            return PromiseResult(current, True, rounds, reason, final)
         good = [r for r in rounds if ok(r)]
         if good:
             best = min(good, key=rank)
+            if best is final:
+                return PromiseResult(current, True, rounds, reason, final)
             back = next(results[k] for k, r in measured.items() if r is best)
             say(f"  back to the plan of round {best.round_no}, which {_verdict(best.met, best.within)} the SLO live "
                 f"({best.live.statistic_ms:.1f} ms)")
             swap(back, len(rounds) + 1)
             return PromiseResult(back, True, rounds, "back", best)
     return PromiseResult(current, False, rounds, reason or "missed", final)
+
+
+def _fastest_plan(replan: Callable[[PlanRequest], SolverResult], request: PlanRequest) -> SolverResult | None:
+    """The fastest plan there is, as ``replan`` gives it (attached to its ``Infeasible``) for an SLO that no
+    plan meets."""
+    from partitioner.solvers.common import Infeasible
+
+    try:
+        replan(dataclasses.replace(request, slo_ms=_NO_PLAN_MEETS_MS))
+    except Infeasible as e:
+        return e.fastest
+    return None
+
+
+_NO_PLAN_MEETS_MS = 1e-3
 
 
 def _verdict(met: bool, within: bool) -> str:

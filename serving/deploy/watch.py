@@ -15,6 +15,9 @@ re-plan the window starts again (the new plan's requests only) and nothing is de
 and until the window holds ``min_requests`` again. Each decision is logged as one line and recorded in the
 deployment's ``options["watch"]`` (``replans``, ``last``, ``history``).
 
+A cloud deployment has no such process: ``flatpack watch`` probes it from where the user runs it, with the
+same :class:`Hysteresis` (:mod:`serving.deploy.cloud_watch`).
+
 Settings (environment, for tests and tuning; each reader raises ``ValueError`` naming the variable):
 ``FLATPACK_WATCH_EVERY_S`` (5), ``FLATPACK_WATCH_CHECKS`` (3), ``FLATPACK_WATCH_MIN_REQUESTS`` (100),
 ``FLATPACK_WATCH_WINDOW_REQUESTS`` (1000), ``FLATPACK_WATCH_WINDOW_S`` (300), ``FLATPACK_WATCH_COOLDOWN_S``
@@ -37,6 +40,7 @@ from serving.api.slo import SloSnapshot
 
 if TYPE_CHECKING:
     from serving.api.dataplane import DataPlane
+    from serving.deploy.promise import Swap
     from serving.deploy.state import DeploymentRecord
 
 __all__ = ["COOLDOWN_S", "EVERY_S", "MIN_REQUESTS", "Hysteresis", "LocalReplanner", "WINDOW_REQUESTS", "WINDOW_S",
@@ -86,9 +90,13 @@ class WatchSettings:
                              f"min_requests; got {self}")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> WatchSettings:
+    def from_env(cls, env: Mapping[str, str] | None = None, *, defaults: WatchSettings | None = None
+                 ) -> WatchSettings:
+        """The settings the ``FLATPACK_WATCH_*`` variables of ``env`` (default: the process's) give, each unset
+        one from ``defaults`` (default: this class's: the endpoint's own window; the probing watch of
+        :mod:`serving.deploy.cloud_watch` has its own)."""
         e = os.environ if env is None else env
-        d = cls()
+        d = cls() if defaults is None else defaults
         return cls(every_s=_number(EVERY_S, d.every_s, e),
                    checks=int(_number(CHECKS, d.checks, e, whole=True)),
                    min_requests=int(_number(MIN_REQUESTS, d.min_requests, e, whole=True)),
@@ -192,7 +200,8 @@ class Watcher:
 
 def plan_request_options(request: Any, model: str, shapes: Any) -> dict[str, Any]:
     """What the serving process needs to plan ``request`` again for ``model`` (a deployment record's
-    ``options["plan"]``). Autoencoders are not kept: ``--watch`` refuses them."""
+    ``options["plan"]``, recorded by a deploy with an SLO). Autoencoders are not kept: ``--watch`` refuses
+    them."""
     fields = ("mode", "slo_ms", "solver", "platform", "memory", "percentile", "max_group", "transport", "profile",
               "profile_budget_s", "hedge", "seed", "extra")
     return {"request": {f: getattr(request, f) for f in fields}, "model": model,
@@ -239,7 +248,7 @@ class LocalReplanner:
 
     def __call__(self, snap: SloSnapshot) -> str:
         from partitioner.planner import solve, with_sampled_tail
-        from serving.deploy.promise import LocalSwap, function_count, replan_with_live
+        from serving.deploy.promise import function_count, replan_with_live
 
         if self._pm is None:
             self._load()
@@ -254,9 +263,19 @@ class LocalReplanner:
             return (f"kept the plan: corrected by the live figure (x{factor:.2f} at {old.master_mb} MB), it is "
                     f"still the {'cheapest meeting the SLO' if feasible else 'fastest there is'}")
         self._round += 1
-        LocalSwap(self.record.name, lg, request, source=f"re-planned by the SLO watch ({snap.statistic_ms:.1f} ms live)"
-                  )(candidate, 100 + self._round)
+        self._swap(lg, request, f"re-planned by the SLO watch ({snap.statistic_ms:.1f} ms live)")(
+            candidate, self._round_no())
         self._current = candidate
         return (f"swapped in {'a' if feasible else 'the fastest'} plan: {function_count(candidate)} function(s), "
                 f"master {candidate.master_mb} MB (was {function_count(old)}, {old.master_mb} MB), live correction "
                 f"x{factor:.2f}")
+
+    def _swap(self, lg: Any, request: Any, source: str) -> Swap:
+        """What swaps a plan in: the serving process's blue/green switch."""
+        from serving.deploy.promise import LocalSwap
+
+        return LocalSwap(self.record.name, lg, request, source=source)
+
+    def _round_no(self) -> int:
+        """The swap's round: past the promise loop's (at most 10), so its bundle names never clash."""
+        return 100 + self._round

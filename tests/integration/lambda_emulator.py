@@ -7,6 +7,9 @@ emulator is a front on one loopback port that sends ``Invoke`` to a serverless-o
 function (its code and settings as moto holds them: the zip the deployer uploaded, its environment,
 memory and timeout; started on the first invocation, so that one is a cold start) and everything else to
 moto. Deleting the function stops its serverless-offline.
+
+``delay_s`` slows a function down, as a noisy neighbour or a platform's drift would: each invocation of a
+function it names waits that many seconds before it is sent on.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import io
 import json
 import re
 import threading
+import time
 import urllib.error
 import urllib.request
 import zipfile
@@ -50,6 +54,7 @@ class LambdaEmulator:
         self._lock = threading.Lock()
         self._starting: dict[str, threading.Lock] = {}
         self.started: list[str] = []  # function names, in the order their serverless-offline started
+        self.delay_s: dict[str, float] = {}  # function name -> seconds each of its invocations waits first
         emu = self
 
         class H(BaseHTTPRequestHandler):
@@ -66,6 +71,7 @@ class LambdaEmulator:
                     name, _, qualifier = unquote(m.group(1)).partition(":")
                     query = parse_qs(urlsplit(self.path).query)
                     base = emu._serving(name, qualifier or query.get("Qualifier", [""])[0] or None)
+                    time.sleep(emu.delay_s.get(name, 0.0))
                 status, headers, data = _forward(method, base + self.path, self.headers, body)
                 d = _FUNCTION.match(self.path)
                 if method == "DELETE" and d and status < 300:

@@ -684,3 +684,76 @@ def test_deploy_slo_on_lambda_probes_re_plans_swaps_and_leaves_nothing_when_it_m
     assert _inventory(url) == before
     # the corrected model's plan (more memory) was swapped in behind the alias and measured before the verdict
     assert "deploying it beside the current one" in out and "round 2:" in out
+
+
+def test_watch_re_plans_a_lambda_deployment_once_under_an_injected_slowdown_and_not_under_noise(
+        emulator: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flatpack watch` on Lambda (serving/deploy/cloud_watch.py): deployed with an SLO (a 500 ms mean) the
+    emulated invocations keep by far, `watch --once` says it holds (exit 0) and checks of the emulator's own
+    noise re-plan nothing; with every invocation of the master slowed by 0.8 s (the emulator's ``delay_s``)
+    the watch re-plans exactly once, swapping any new plan in behind the alias, records the decision, and
+    decides nothing more in its cool-down; `undeploy` then removes what is live and leaves nothing. Every
+    wait is a deadline-bounded poll."""
+    import onnx
+
+    from serving.deploy.cloud_watch import cloud_watcher
+    from serving.deploy.watch import WatchSettings
+    from tests.onnx_builders import conv_stack
+
+    url = emulator.url  # type: ignore[attr-defined]
+    model = tmp_path / "convs.onnx"
+    onnx.save(conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * 2, cin=3, h=16, w=16),
+              str(model))
+    import boto3
+
+    boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket="users-bucket")
+    before = _inventory(url)
+    for k, v in {"FLATPACK_STATE_DIR": str(tmp_path / "state"), "FLATPACK_CACHE_DIR": str(tmp_path / "cache"),
+                 "FLATPACK_S3_BUCKET": "users-bucket"}.items():
+        monkeypatch.setenv(k, v)
+
+    def flatpack(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "serving.cli", *args], capture_output=True, text=True,
+                              env=os.environ.copy(), timeout=900, check=False)
+
+    r = flatpack("deploy", str(model), "--target", "lambda", "--endpoint-url", url, "--no-vendor", "--name", "cc",
+                 "--mode", "slo", "--slo", "500ms", "--verify", "5", "--rounds", "1",
+                 "--platform", str(_fast_lambda_profile(tmp_path)), "--profile", "flops")
+    assert r.returncode == 0, r.stdout + r.stderr
+    record_path = tmp_path / "state" / "deployments" / "cc.json"
+    options = json.loads(record_path.read_text())["options"]
+    assert options["slo"] == {"slo_ms": 500.0, "percentile": None} and options["plan"]["request"]["slo_ms"] == 500
+    once = flatpack("watch", "cc", "--once", "--requests", "5")
+    assert once.returncode == 0, once.stdout + once.stderr
+    assert "500 ms SLO over the last 5 probes" in once.stdout and "holds" in once.stdout
+
+    settings = WatchSettings(every_s=0.01, checks=2, min_requests=5, window_requests=10, window_s=1e9,
+                             cooldown_s=600.0)
+    watcher = cloud_watcher("cc", settings=settings, requests=5, warmup=1, drain_s=1.0)
+    try:
+        noise = [watcher.check() for _ in range(4)]
+        assert all(c.decision is None and not c.missed for c in noise), [c.line() for c in noise]
+        emulator.delay_s["cc-master"] = 0.8  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 300
+        while (check := watcher.check()).decision is None:
+            assert time.monotonic() < deadline, "the watch did not re-plan under the slowdown"
+        emulator.delay_s.clear()  # type: ignore[attr-defined]
+        assert all(watcher.check().decision is None for _ in range(3))  # the cool-down
+    finally:
+        emulator.delay_s.clear()  # type: ignore[attr-defined]
+        watcher.close()
+    assert watcher.hysteresis.replans == 1
+    decision = check.decision
+    assert "500 ms SLO" in decision["reason"] and decision["live"]["met"] is False
+    # the fast profile's plans are predicted far under any live figure, and a live correction is bounded
+    # (partitioner.live.MAX_FACTOR): the corrected model keeps the plan here, which the decision says
+    assert decision["outcome"].startswith(("kept the plan", "swapped in")), decision
+    after = json.loads(record_path.read_text())["options"]
+    assert after["watch"]["replans"] == 1 and after["watch"]["history"] == [decision]
+    if decision["outcome"].startswith("swapped in"):  # the record names what is live
+        assert after["generation"] == options.get("generation", 0) + 1 and after["cloud"] != options["cloud"]
+    status = json.loads(flatpack("status", "cc", "--json").stdout)
+    assert status["watch"]["replans"] == 1 and status["slo"]["slo_ms"] == 500
+    u = flatpack("undeploy", "cc")
+    assert u.returncode == 0, u.stdout + u.stderr
+    assert _inventory(url) == before

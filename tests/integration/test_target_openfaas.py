@@ -248,3 +248,61 @@ def test_deploy_with_an_slo_checks_it_live_through_the_gateway(slo: str, tmp_pat
         assert gw.functions == {}
         posted = {n for m, n in gw.requests if m == "POST"}
         assert posted and posted == {n for m, n in gw.requests if m == "DELETE"}
+
+
+def test_deploy_watch_on_openfaas_reports_a_miss_without_swapping_until_ctrl_c(tmp_path: Path) -> None:
+    """`deploy --target openfaas --slo --watch` deploys, checks the SLO live, then watches in the foreground
+    (serving/deploy/cloud_watch.py): a miss there is reported and recorded, nothing is swapped (a plan is an
+    image to build), and Ctrl-C stops the watch and leaves the deployment for `undeploy`."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import onnx
+
+    from tests.onnx_builders import conv_stack
+
+    state = tmp_path / "state"
+    model = tmp_path / "convs.onnx"
+    onnx.save(conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * 2, cin=3, h=16, w=16),
+              str(model))
+    record = state / "deployments" / "cc.json"
+    with Gateway(lambda doc: state / "openfaas" / doc["envVars"]["FLATPACK_DEPLOYMENT"], "admin", "s3cret") as gw:
+        env = {**os.environ, "FLATPACK_STATE_DIR": str(state), "FLATPACK_CACHE_DIR": str(tmp_path / "cache"),
+               "FLATPACK_OPENFAAS_USER": "admin", "FLATPACK_OPENFAAS_PASSWORD": "s3cret",
+               "FLATPACK_OPENFAAS_FUNCTION_GATEWAY": gw.url, "FLATPACK_OPENFAAS_IMAGE": "flatpack-test:1",
+               "FLATPACK_WATCH_EVERY_S": "0.05", "FLATPACK_WATCH_PROBES": "2", "FLATPACK_WATCH_CHECKS": "2",
+               "FLATPACK_WATCH_MIN_REQUESTS": "2", "FLATPACK_WATCH_WINDOW_REQUESTS": "4"}
+        # an SLO no request meets, kept after the live check: the watch's checks all miss it
+        proc = subprocess.Popen([sys.executable, "-m", "serving.cli", "deploy", str(model), "--target", "openfaas",
+                                 "--gateway", gw.url, "--name", "cc", "--mode", "slo", "--slo", "1.5ms", "--verify",
+                                 "4", "--keep-on-miss", "--watch", "--platform", str(_fast_openfaas_profile(tmp_path)),
+                                 "--profile", "flops", "--memory", "256"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            deadline = time.monotonic() + 300
+            while not (record.is_file() and json.loads(record.read_text())["options"].get("watch", {}).get("replans")):
+                assert proc.poll() is None, proc.communicate()[0]
+                assert time.monotonic() < deadline, "the watch decided nothing"
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 0, out
+        assert "SLO missed live" in out and "watching cc's SLO" in out and "billed" in out
+        assert "re-plan" in out and "not re-planned: on OpenFaaS a plan is an image" in out
+        assert "stopped watching cc" in out
+        watch = json.loads(record.read_text())["options"]["watch"]
+        assert watch["state"] == "stopped" and watch["replans"] >= 1
+        assert watch["last"]["outcome"].startswith("not re-planned") and watch["last"]["live"]["met"] is False
+        posted = {n for m, n in gw.requests if m == "POST"}
+        assert gw.functions and set(gw.functions) == posted  # nothing swapped, nothing removed
+        u = subprocess.run([sys.executable, "-m", "serving.cli", "undeploy", "cc"], capture_output=True, text=True,
+                           env=env, timeout=300, check=False)
+        assert u.returncode == 0, u.stdout + u.stderr
+        assert gw.functions == {}

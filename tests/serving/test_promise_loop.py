@@ -3,6 +3,8 @@ sets: a probe that answers with what the deployed plan takes there, a swap that 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from partitioner.graph import LayerGraph
 from partitioner.live import LiveCorrection, live_factor
 from partitioner.planner import PlanRequest, make_perfmodel, solve
+from partitioner.solvers.common import Infeasible
 from serving.deploy.promise import Probed, default_probe_requests, keep_promise, live_figure
 from tests.onnx_builders import conv_stack
 
@@ -116,3 +119,41 @@ def test_a_plan_within_the_slo_but_without_room_for_drift_is_kept_when_nothing_b
     out = keep_promise(pm, request, first, probe=probe, swap=machine.swap, replan=lambda req: first, requests=40)
     assert out.met and out.result is first and not out.rounds[0].met and out.rounds[0].within
     assert machine.deployed == [first]  # nothing was swapped
+
+
+def test_when_the_correction_points_back_to_a_plan_without_room_the_fastest_runs_next(lg: LayerGraph) -> None:
+    """Two plans within the SLO but without room for drift: the loop tries the fastest plan rather than stop,
+    and keeps the plan with the most room."""
+    pm, request, first, machine = _setup(lg, 2.0, slower=1.0)
+    fastest = solve(lg, dataclasses.replace(request, mode="lo", slo_ms=None), pm=pm)
+    assert (fastest.choices, fastest.master_mb) != (first.choices, first.master_mb)
+    slo = request.slo_ms
+
+    def probe(requests: int) -> Probed:  # the plan deployed first runs at the SLO's edge, the fastest well within
+        at = 0.2 * slo if machine.deployed[-1] is fastest else 0.99 * slo
+        return Probed([at] * requests)
+
+    def replan(req: PlanRequest) -> object:  # as the planner does: the fastest plan where none meets the SLO
+        if req.slo_ms < fastest.estimate.latency_ms:
+            raise Infeasible("no plan meets it", fastest=fastest)
+        return first
+
+    out = keep_promise(pm, request, first, probe=probe, swap=machine.swap, replan=replan, requests=40)
+    assert out.met and out.result is fastest and out.rounds[-1].met and len(out.rounds) == 2
+    assert machine.deployed == [first, fastest]
+
+
+def test_the_plan_kept_within_the_slo_is_the_one_with_the_most_room(lg: LayerGraph) -> None:
+    pm, request, first, machine = _setup(lg, 2.0, slower=1.0)
+    slo = request.slo_ms
+    second = solve(lg, dataclasses.replace(request, mode="lo", slo_ms=None), pm=pm)
+    live = {id(first): 0.97 * slo, id(second): 0.995 * slo}
+
+    def probe(requests: int) -> Probed:
+        return Probed([live[id(machine.deployed[-1])]] * requests)
+
+    plans = iter([second, second, second])
+    out = keep_promise(pm, request, first, probe=probe, swap=machine.swap, replan=lambda req: next(plans),
+                       requests=40, max_rounds=3)
+    assert out.met and out.result is first and out.reason == "back"
+    assert machine.deployed[-1] is first

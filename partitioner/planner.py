@@ -25,7 +25,7 @@ from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult, me
 from platforms import PlatformProfile, load_profile
 
 __all__ = ["LO_MEMORY_TOLERANCE", "MODES", "SOLVERS", "PlanRequest", "codecs_of", "compute_model", "export_solution",
-           "make_perfmodel", "merge_master_stages", "mode_problem", "plan_for", "solve"]
+           "make_perfmodel", "merge_master_stages", "mode_problem", "plan_for", "planned_memories", "solve"]
 
 log = logging.getLogger(__name__)
 
@@ -354,7 +354,7 @@ def make_perfmodel(lg: LayerGraph, request: PlanRequest, compute: ComputeModel |
     return pm, profile, source
 
 
-def _memories(pm: PerfModel, request: PlanRequest) -> list[int]:
+def planned_memories(pm: PerfModel, request: PlanRequest) -> list[int]:
     """The function sizes to search: the user's, or the platform's real range on a grid whose optimum is
     within ``GRID_RATIO`` of the optimum over every size (``solvers.common.memory_options``)."""
     if request.memory != "auto":
@@ -374,7 +374,7 @@ def solve(lg: LayerGraph, request: PlanRequest, *, pm: PerfModel | None = None,
     the performance model's memory limits: one that would is an error here, not a warning."""
     if pm is None:
         pm, _, _ = make_perfmodel(lg, request)
-    mems = _memories(pm, request)
+    mems = planned_memories(pm, request)
     if request.mode == "mopar":
         from partitioner.solvers.mopar import hypad
 

@@ -316,10 +316,11 @@ def _keep_promise(record: DeploymentRecord, lg: Any, request: Any, result: Any, 
     per round and the final figures; records them in the deployment's options (``promise``, ``cheapest``).
     Whether the plan serving now met the SLO live."""
     from functions.settings import api_token
-    from partitioner.planner import solve, with_sampled_tail
+    from partitioner.planner import planned_memories, solve, with_sampled_tail
     from serving.deploy.promise import (
         EndpointProbe,
         LocalSwap,
+        costs_least,
         default_probe_requests,
         function_count,
         is_cheapest,
@@ -361,6 +362,7 @@ def _keep_promise(record: DeploymentRecord, lg: Any, request: Any, result: Any, 
     r = DeploymentRecord.load(record.name)
     r.options["promise"] = doc
     r.options["cheapest"] = is_cheapest(pm, outcome.result)
+    r.options["least_cost"] = costs_least(pm, outcome.result, planned_memories(pm, request))
     r.save()
     table = Table(title=f"{r.name}: the SLO checked live ({stat}, {requests} requests a round)")
     for col in ("round", "functions", "master MB", "predicted ms", f"live {stat} ms", "live / SLO", "met"):

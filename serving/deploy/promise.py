@@ -186,6 +186,25 @@ def is_cheapest(pm: PerfModel, result: SolverResult) -> bool:
     return result.master_mb <= least
 
 
+def costs_least(pm: PerfModel, result: SolverResult, memories: Sequence[int]) -> bool:
+    """Whether ``result`` is one function that no smaller size of ``memories`` (the sizes the request
+    searches) runs for less, as the model prices them with its live correction: the cheapest plan there is,
+    whatever its latency. Below one vCPU a function's GB-s hardly change with its memory (its compute time
+    falls as its share grows), so a model measured slower at small sizes (a share throttles some models more
+    than calibrate's probe) can make a larger function the cheapest: its fast live figure bought nothing."""
+    if len(result.choices) != 1 or result.choices[0].split.degree != 1 or not result.choices[0].master_part:
+        return False
+    choices = list(result.choices)
+    cost = pm.evaluate(choices, result.master_mb)[2]
+    for mb in memories:
+        if mb >= result.master_mb:
+            continue
+        _, _, usd, fits = pm.evaluate(choices, mb)
+        if fits and usd < cost * (1 - 1e-9):
+            return False
+    return True
+
+
 def keep_promise(pm: PerfModel, request: PlanRequest, result: SolverResult, *, probe: Probe, swap: Swap,
                  replan: Callable[[PlanRequest], SolverResult], requests: int, max_rounds: int = 3,
                  say: Callable[[str], None] = lambda _m: None) -> PromiseResult:

@@ -157,3 +157,21 @@ def test_the_plan_kept_within_the_slo_is_the_one_with_the_most_room(lg: LayerGra
                        requests=40, max_rounds=3)
     assert out.met and out.result is first and out.reason == "back"
     assert machine.deployed[-1] is first
+
+
+def test_the_least_cost_verdict_follows_the_live_corrected_prices(lg: LayerGraph) -> None:
+    """A one-function plan costs the least where no smaller size runs it for less: true of the cheapest size,
+    not of a larger one, until live figures price the smaller sizes above it."""
+    from partitioner.live import LiveCorrection
+    from partitioner.planner import planned_memories
+    from serving.deploy.promise import costs_least
+
+    request = PlanRequest(mode="slo", slo_ms=1e6, platform="local", transport="shm")
+    pm, _, _ = make_perfmodel(lg, request)
+    cheapest = solve(lg, request, pm=pm)
+    mems = planned_memories(pm, request)
+    assert len(cheapest.choices) == 1 and costs_least(pm, cheapest, mems)
+    big = dataclasses.replace(cheapest, master_mb=1769)
+    assert big.master_mb > cheapest.master_mb and not costs_least(pm, big, mems)
+    pm.use_live(LiveCorrection().with_point(1024, 3.0).with_point(1769, 1.0))  # small sizes measured 3x slower
+    assert costs_least(pm, big, mems)

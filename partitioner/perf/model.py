@@ -136,6 +136,9 @@ class PerfModel:
         self._costs: dict[tuple[int, int, Split], list[PartCost] | None] = {}
         self._stage_costs = StageCosts(lg)
         self._options: dict[tuple[StageChoice, int], OptionCost | None] = {}
+        # a master-free choice's figures (workers only, of their own memory) before any live correction
+        self._free: dict[StageChoice, OptionCost | None] = {}
+        self._live_factors: dict[int, float] = {}
         # what _option shares between a choice's memories: its parts' figures (None: not admissible), its
         # workers' figures per worker memory, the CPU per function memory
         self._parts: dict[tuple, _StageParts | None] = {}
@@ -150,6 +153,7 @@ class PerfModel:
         (:mod:`partitioner.live`): the factor at the plan's master memory on each stage's latency and the
         master's CPU."""
         self.live = correction
+        self._live_factors.clear()
         self._options.clear()
 
     def use_platform(self, platform: PlatformFacts) -> None:
@@ -169,6 +173,7 @@ class PerfModel:
         if self.platform.handling_ms is None:
             self.handling_ms = compute.invocation_overhead_ms
         self._options.clear()
+        self._free.clear()
         self._parts.clear()
         self._workers.clear()
         self._ratios.clear()
@@ -179,6 +184,7 @@ class PerfModel:
         by the model times the measured ratio of their degree (:mod:`partitioner.stage_times`)."""
         self.stage_times = times
         self._options.clear()
+        self._free.clear()
         self._ratios.clear()
         self._measured_keys = None
         self._jitter_at.clear()
@@ -205,24 +211,41 @@ class PerfModel:
         """The model's figures for one stage choice (memoised per choice and master memory; once for every
         master where :meth:`master_free`). ``memo``: False for figures not worth keeping (a solver's one look
         at each of many choices): they are looked up, but not kept where not found; the figures are the same."""
-        key = (choice, master_mb if choice.master_part or not choice.worker_mb else 0)
+        key = self._key(choice, master_mb)
         hit = self._options.get(key, _MISSING)
         if hit is _MISSING:
-            hit = self._option(choice, master_mb)
-            times = self.stage_times
-            if hit is not None and times is not None:
-                rec = times.get(stage_key(choice.first, choice.last, choice.split, choice.master_part,
-                                          choice.worker_mb, master_mb))
-                # stages are timed without codecs: a coded stage takes the plain one's measured correction
-                plain = self._option(choice.plain, master_mb) if choice.plain is not choice else None
-                hit = with_measured(hit, rec, self._ratio(choice.split.degree),
-                                    model_ms=plain.stage_ms if plain is not None else None,
-                                    model_cpu_ms=plain.master_cpu_ms if plain is not None else None)
+            free = not choice.master_part and bool(choice.worker_mb)
+            hit = self._free.get(choice, _MISSING) if free else _MISSING
+            if hit is _MISSING:
+                hit = self._option(choice, master_mb)
+                times = self.stage_times
+                if hit is not None and times is not None:
+                    rec = times.get(stage_key(choice.first, choice.last, choice.split, choice.master_part,
+                                              choice.worker_mb, master_mb))
+                    # stages are timed without codecs: a coded stage takes the plain one's measured correction
+                    plain = self._option(choice.plain, master_mb) if choice.plain is not choice else None
+                    hit = with_measured(hit, rec, self._ratio(choice.split.degree),
+                                        model_ms=plain.stage_ms if plain is not None else None,
+                                        model_cpu_ms=plain.master_cpu_ms if plain is not None else None)
+                if free:  # its figures before the live correction, which depends on the master's memory
+                    self._free[choice] = hit
             if hit is not None and self.live:
-                hit = _corrected(hit, self.live.at(master_mb))
+                hit = _corrected(hit, self._live_at(master_mb))
             if memo or self.master_free(choice):  # a master-free choice keeps the figures it was first priced with
                 self._options[key] = hit
         return hit
+
+    def _live_at(self, master_mb: int) -> float:
+        """The live correction's factor at ``master_mb`` (memoised: the solvers ask it per option)."""
+        f = self._live_factors.get(master_mb)
+        if f is None:
+            f = self._live_factors[master_mb] = self.live.at(master_mb)
+        return f
+
+    def _key(self, choice: StageChoice, master_mb: int) -> tuple[StageChoice, int]:
+        """The memo key of ``choice``'s figures with master ``master_mb``: the master's memory where they depend
+        on it (its own part, its CPU, or a live correction), else 0."""
+        return choice, (master_mb if choice.master_part or not choice.worker_mb or self.live else 0)
 
     def model_option(self, choice: StageChoice, master_mb: int) -> OptionCost | None:
         """The model's figures for one stage choice, measurements left out."""
@@ -351,7 +374,7 @@ class PerfModel:
             put = get = join = 0.0
         scale = None
         measured: list[tuple[int, int]] = []
-        least_live = min((self.live.at(m) for m in master_mbs), default=1.0)
+        least_live = min((self._live_at(m) for m in master_mbs), default=1.0)
         if least_live < 1.0:  # a live correction below one lowers every latency by at most its least factor
             scale, workers_q = least_live * (1.0 - 1e-9), None
         if self.stage_times is not None and len(self.stage_times):
@@ -512,7 +535,7 @@ class PerfModel:
         mean, _ = self.request_ms()
         inv = self.platform.invoke
         q = self.q if q is None else q
-        factor = self.live.at(master_mb)  # as under the mean (see _request_total)
+        factor = self._live_at(master_mb)  # as under the mean (see _request_total)
         offset = mean - inv.mean + self._handling_slower(master_mb) * factor
         jitter = self.jitter_at(master_mb)
         sampled = plan_quantile(shapes, inv, inv, offset, q, hedge=self.hedge, cold_p=self.cold_p,
@@ -529,8 +552,9 @@ class PerfModel:
         inv = 0
         fits = True
         opts = self._options
+        live = bool(self.live)
         for ch in choices:
-            key = (ch, master_mb if ch.master_part or not ch.worker_mb else 0)
+            key = (ch, master_mb if ch.master_part or not ch.worker_mb or live else 0)
             oc = opts.get(key, _MISSING)
             if oc is _MISSING:
                 oc = self.option(ch, master_mb)
@@ -580,7 +604,7 @@ class PerfModel:
         # a live correction scales what the request spends beyond ``fixed`` (partitioner.live): the stages'
         # figures carry it already (their master CPU too); the master's handling at its share and the floor
         # take it here, so that every plan with this master is predicted at fixed + factor x (model - fixed)
-        factor = self.live.at(master_mb)
+        factor = self._live_at(master_mb)
         floor = self._cpu_floor(master_cpu_ms / factor, master_mb)
         if floor is None:  # measured on the local platform (its top-up); the solvers' sums hold
             return lat + fixed, lat_q + fixed_q, lat

@@ -269,3 +269,23 @@ def test_the_platform_kind_comes_from_the_profile() -> None:
         replace(local, cores=None)
     with pytest.raises(ValueError, match="shared_host"):
         replace(cloud, cores=2)
+
+
+def test_a_live_correction_prices_a_workers_only_stage_at_each_masters_factor(convs: LayerGraph) -> None:
+    """A stage only workers run is priced once for every master, but a live correction depends on the master's
+    memory: the stage's figures under it are its own at each master's factor, whichever master came first."""
+    from partitioner.live import LiveCorrection
+
+    pm = PerfModel(convs, PlatformFacts.from_profile(load_profile("local")), ComputeModel.from_flops(convs),
+                   transport="shm")
+    fork = StageChoice(0, len(convs.units) - 1, Split("spatial", (2, 2)), False, 512)
+    plain = pm.option(fork, 1769)
+    assert plain is not None
+    pm.use_live(LiveCorrection().with_point(512, 2.0).with_point(1769, 1.0))
+    for order in ((1769, 512), (512, 1769)):
+        pm.use_live(pm.live)  # dropped the corrected figures: priced again in this order
+        got = {mb: pm.option(fork, mb, memo=memo) for mb in order for memo in (False, True)}
+        assert got[1769] is not None and got[512] is not None
+        assert got[1769].latency_ms == pytest.approx(plain.latency_ms)
+        assert got[512].latency_ms == pytest.approx(2.0 * plain.latency_ms)
+        assert pm.evaluate([fork], 512)[0] > pm.evaluate([fork], 1769)[0]

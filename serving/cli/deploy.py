@@ -361,8 +361,9 @@ def _keep_promise(record: DeploymentRecord, lg: Any, request: Any, result: Any, 
            "correction": pm.live.to_json()}
     r = DeploymentRecord.load(record.name)
     r.options["promise"] = doc
-    r.options["cheapest"] = is_cheapest(pm, outcome.result)
-    r.options["least_cost"] = costs_least(pm, outcome.result, planned_memories(pm, request))
+    memories = planned_memories(pm, request)
+    r.options["cheapest"] = is_cheapest(pm, outcome.result, memories)
+    r.options["least_cost"] = costs_least(pm, outcome.result, memories)
     r.save()
     table = Table(title=f"{r.name}: the SLO checked live ({stat}, {requests} requests a round)")
     for col in ("round", "functions", "master MB", "predicted ms", f"live {stat} ms", "live / SLO", "met"):

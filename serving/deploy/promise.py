@@ -173,9 +173,10 @@ def _key(result: SolverResult) -> tuple:
     return (tuple(result.choices), result.master_mb)
 
 
-def is_cheapest(pm: PerfModel, result: SolverResult) -> bool:
+def is_cheapest(pm: PerfModel, result: SolverResult, memories: Sequence[int] | None = None) -> bool:
     """Whether ``result`` is one function at the smallest memory it fits in (no plan can cost less by
-    memory, so a fast live figure is no overspending)."""
+    memory, so a fast live figure is no overspending): the smallest the platform offers, or of ``memories``
+    where the request fixed the sizes (``--memory 512``: one function at 512 MB is the smallest it may have)."""
     if len(result.choices) != 1 or result.choices[0].split.degree != 1 or not result.choices[0].master_part:
         return False
     need = pm.master_need_mb(list(result.choices), result.master_mb)
@@ -183,6 +184,8 @@ def is_cheapest(pm: PerfModel, result: SolverResult) -> bool:
         least = pm.platform.round_memory(need)
     except ValueError:
         return False
+    if memories:
+        least = min((m for m in memories if m >= least), default=least)
     return result.master_mb <= least
 
 
@@ -213,11 +216,13 @@ def keep_promise(pm: PerfModel, request: PlanRequest, result: SolverResult, *, p
     given, raising ``partitioner.solvers.common.Infeasible`` (with the fastest plan) as the planner does.
     Each round is reported through ``say`` as one line."""
     from partitioner.live import live_factor
+    from partitioner.planner import planned_memories
     from partitioner.solvers.common import Infeasible
 
     slo = float(request.slo_ms or 0.0)
     if slo <= 0:
         raise ValueError("keep_promise needs a request with an SLO")
+    memories = planned_memories(pm, request)
     q = request.percentile
     rounds: list[Round] = []
     measured: dict[tuple, Round] = {}
@@ -248,7 +253,7 @@ def keep_promise(pm: PerfModel, request: PlanRequest, result: SolverResult, *, p
         say(f"round {round_no}: {rnd.functions} function(s), master {current.master_mb} MB: predicted "
             f"{predicted:.1f} ms, live {stat} {live.statistic_ms:.1f} ms ± {live.stderr_ms:.1f} over "
             f"{live.requests} requests: {_verdict(met, within)} the {slo:g} ms SLO")
-        roomy = met and live.statistic_ms < ROOM_LIMIT * slo and not is_cheapest(pm, current)
+        roomy = met and live.statistic_ms < ROOM_LIMIT * slo and not is_cheapest(pm, current, memories)
         if met and not roomy:
             reason = "met"
             break

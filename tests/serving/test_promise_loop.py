@@ -175,3 +175,15 @@ def test_the_least_cost_verdict_follows_the_live_corrected_prices(lg: LayerGraph
     assert big.master_mb > cheapest.master_mb and not costs_least(pm, big, mems)
     pm.use_live(LiveCorrection().with_point(1024, 3.0).with_point(1769, 1.0))  # small sizes measured 3x slower
     assert costs_least(pm, big, mems)
+
+
+def test_one_function_at_the_memory_the_user_fixed_is_the_cheapest_it_may_be(lg: LayerGraph) -> None:
+    from partitioner.planner import planned_memories
+    from serving.deploy.promise import is_cheapest
+
+    request = PlanRequest(mode="slo", slo_ms=1e6, platform="local", transport="shm", memory="512")
+    pm, _, _ = make_perfmodel(lg, request)
+    plan = solve(lg, request, pm=pm)
+    assert len(plan.choices) == 1 and plan.master_mb == 512
+    assert not is_cheapest(pm, plan)  # the model fits in less than 512 MB ...
+    assert is_cheapest(pm, plan, planned_memories(pm, request))  # ... which this request does not allow

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from serving.api.slo import LatencyWindow, SloSnapshot, SloTarget
-from serving.deploy.watch import Hysteresis, LocalReplanner, WatchSettings
+from serving.deploy.watch import Hysteresis, LocalReplanner, WatchSettings, replan_decision
 
 if TYPE_CHECKING:
     from serving.deploy.promise import Probe, Swap
@@ -150,15 +150,8 @@ class CloudWatcher:
         reason = self.hysteresis.check(snap, t)
         if reason is None or snap is None:  # check() decides only on figures
             return Check(snap, len(latencies))
-        log.warning("%s: re-planning: %s", self.name, reason)
-        try:
-            outcome = self.replan(snap)
-        except Exception as e:  # noqa: BLE001 - the plan serving now goes on serving; the record says why
-            log.exception("%s: re-planning failed", self.name)
-            outcome = f"failed: {type(e).__name__}: {e}"
-        log.warning("%s: %s", self.name, outcome)
+        self.last = replan_decision(self.name, reason, snap, self.replan)
         self.window.clear()  # the cool-down: the window fills again (the new plan's probes) before the next decision
-        self.last = {"at_unix": round(time.time(), 3), "reason": reason, "outcome": outcome, "live": snap.to_json()}
         self._on_decision(self.last)
         return Check(snap, len(latencies), self.last)
 

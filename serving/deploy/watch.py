@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from serving.deploy.state import DeploymentRecord
 
 __all__ = ["COOLDOWN_S", "EVERY_S", "MIN_REQUESTS", "Hysteresis", "LocalReplanner", "WINDOW_REQUESTS", "WINDOW_S",
-           "WatchSettings", "Watcher", "plan_request_options", "request_from_options"]
+           "WatchSettings", "Watcher", "plan_request_options", "replan_decision", "request_from_options"]
 
 log = logging.getLogger(__name__)
 
@@ -184,18 +184,24 @@ class Watcher:
         reason = self.hysteresis.check(snap, time.monotonic() if now is None else now)
         if reason is None or snap is None:  # check() re-plans only on figures
             return None
-        log.warning("%s: re-planning: %s", self.name, reason)
-        try:
-            outcome = self.replan(snap)
-        except Exception as e:  # noqa: BLE001 - the plan serving now goes on serving; the record says why
-            log.exception("%s: re-planning failed", self.name)
-            outcome = f"failed: {type(e).__name__}: {e}"
-        log.warning("%s: %s", self.name, outcome)
+        self.last = replan_decision(self.name, reason, snap, self.replan)
         self.plane.window(self.name).clear()  # the cool-down: the window fills again before the next decision
-        self.last = {"at_unix": round(time.time(), 3), "reason": reason, "outcome": outcome,
-                     "live": snap.to_json()}
         self._on_decision(self.last)
         return self.last
+
+
+def replan_decision(name: str, reason: str, snap: SloSnapshot, replan: Callable[[SloSnapshot], str]
+                    ) -> dict[str, Any]:
+    """Re-plan deployment ``name`` for ``reason`` (what :meth:`Hysteresis.check` said), logged; the decision's
+    record. A re-plan that fails is recorded as such: the plan serving now goes on serving."""
+    log.warning("%s: re-planning: %s", name, reason)
+    try:
+        outcome = replan(snap)
+    except Exception as e:  # noqa: BLE001 - the plan serving now goes on serving; the record says why
+        log.exception("%s: re-planning failed", name)
+        outcome = f"failed: {type(e).__name__}: {e}"
+    log.warning("%s: %s", name, outcome)
+    return {"at_unix": round(time.time(), 3), "reason": reason, "outcome": outcome, "live": snap.to_json()}
 
 
 def plan_request_options(request: Any, model: str, shapes: Any) -> dict[str, Any]:

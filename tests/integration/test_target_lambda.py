@@ -658,19 +658,8 @@ def test_deploy_slo_on_lambda_probes_re_plans_swaps_and_leaves_nothing_when_it_m
     URL's path, corrects the model, re-plans and swaps the plan in behind the same alias; where no plan meets
     the SLO live it says so, removes every function, role and bucket it made (the swapped-in ones too) and
     exits 2."""
-    import onnx
-
-    from tests.onnx_builders import conv_stack
-
     url = emulator.url  # type: ignore[attr-defined]
-    model = tmp_path / "convs.onnx"
-    onnx.save(conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * 3, cin=3, h=16, w=16),
-              str(model))
-    import boto3
-
-    # the tensors' bucket over the payload limit: one the user has (FLATPACK_S3_BUCKET), which deploy only uses
-    boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket="users-bucket")
-    before = _inventory(url)
+    model, before = _convs_and_users_bucket(url, tmp_path, layers=3)
     env = {**os.environ, "FLATPACK_STATE_DIR": str(tmp_path / "state"), "FLATPACK_CACHE_DIR": str(tmp_path / "cache"),
            "FLATPACK_S3_BUCKET": "users-bucket"}
     r = subprocess.run([sys.executable, "-m", "serving.cli", "deploy", str(model), "--target", "lambda",
@@ -686,6 +675,21 @@ def test_deploy_slo_on_lambda_probes_re_plans_swaps_and_leaves_nothing_when_it_m
     assert "deploying it beside the current one" in out and "round 2:" in out
 
 
+def _convs_and_users_bucket(url: str, tmp_path: Path, *, layers: int) -> tuple[Path, object]:
+    """A small conv stack written to ``tmp_path``, and the tensors' bucket over the payload limit created as the
+    user's own (FLATPACK_S3_BUCKET, which deploy only uses); the emulator's inventory before any deploy."""
+    import boto3
+    import onnx
+
+    from tests.onnx_builders import conv_stack
+
+    model = tmp_path / "convs.onnx"
+    onnx.save(conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * layers, cin=3, h=16,
+                         w=16), str(model))
+    boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket="users-bucket")
+    return model, _inventory(url)
+
+
 def test_watch_re_plans_a_lambda_deployment_once_under_an_injected_slowdown_and_not_under_noise(
         emulator: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`flatpack watch` on Lambda (serving/deploy/cloud_watch.py): deployed with an SLO (a 500 ms mean) the
@@ -694,20 +698,11 @@ def test_watch_re_plans_a_lambda_deployment_once_under_an_injected_slowdown_and_
     the watch re-plans exactly once, swapping any new plan in behind the alias, records the decision, and
     decides nothing more in its cool-down; `undeploy` then removes what is live and leaves nothing. Every
     wait is a deadline-bounded poll."""
-    import onnx
-
     from serving.deploy.cloud_watch import cloud_watcher
     from serving.deploy.watch import WatchSettings
-    from tests.onnx_builders import conv_stack
 
     url = emulator.url  # type: ignore[attr-defined]
-    model = tmp_path / "convs.onnx"
-    onnx.save(conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * 2, cin=3, h=16, w=16),
-              str(model))
-    import boto3
-
-    boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket="users-bucket")
-    before = _inventory(url)
+    model, before = _convs_and_users_bucket(url, tmp_path, layers=2)
     for k, v in {"FLATPACK_STATE_DIR": str(tmp_path / "state"), "FLATPACK_CACHE_DIR": str(tmp_path / "cache"),
                  "FLATPACK_S3_BUCKET": "users-bucket"}.items():
         monkeypatch.setenv(k, v)

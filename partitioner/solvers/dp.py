@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from functions.plan import Split
-from partitioner.perfmodel import OptionCost, OptionFloors, StageChoice
+from partitioner.perfmodel import OptionCost, OptionFloors, PerfModel, StageChoice
 from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult
 
 __all__ = ["cost_floors", "latency_dp", "master_fixed_usd", "shrink_memory", "slo_dp"]
@@ -454,13 +454,6 @@ def slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl:
     tried = over = 0
     catalogue = _Catalogue.of(space, masters)
 
-    def whole_cost(choices: list[StageChoice], master_mb: int) -> float | None:
-        """The plan's cost where its whole estimate meets the SLO and fits, else None."""
-        lat, lat_q, usd, fits = pm.evaluate(choices, master_mb)
-        if not fits or (lat_q if pm.q_mode else lat) > slo_ms + 1e-9:
-            return None
-        return usd if not pm.estimate(choices, master_mb).warnings else None
-
     # the most promising sizes first, so that a cheap plan found early rules out the rest; of plans alike in
     # cost the one with the smallest master, as a search from the smallest finds
     for floor, master_mb, k in sorted(zip(catalogue.floors(delta, nl), masters, range(len(masters)), strict=True)):
@@ -478,7 +471,7 @@ def slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl:
                 if tuple(choices) in seen:
                     continue
                 seen.add(tuple(choices))
-                usd = whole_cost(choices, master_mb)
+                usd = whole_cost(pm, choices, master_mb, slo_ms)
                 if usd is None:
                     over += 1
                     continue
@@ -487,7 +480,7 @@ def slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl:
     if best is None:
         if over:
             raise Infeasible(f"no plan meets the {slo_ms:g} ms SLO with the master's whole-request CPU floor "
-                             "counted")
+                             "counted", proven=False)  # only the DP's cheapest plan per latency step were checked
         raise Infeasible(f"no plan meets the {slo_ms:g} ms SLO")
     _, master_mb, choices = best
     choices, master_mb = shrink_memory(space, choices, master_mb, slo_ms, masters)
@@ -501,6 +494,15 @@ def slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl:
                   "share takes them over the SLO",)
     return SolverResult(tuple(choices), master_mb, est, "exact", time.perf_counter() - t0, frontier=points,
                         notes=notes)
+
+
+def whole_cost(pm: PerfModel, choices: list[StageChoice], master_mb: int, slo_ms: float) -> float | None:
+    """The plan's cost where its whole estimate (not only its stages' sum) meets ``slo_ms``, it fits its
+    memory and breaks no limit; else None."""
+    lat, lat_q, usd, fits = pm.evaluate(choices, master_mb)
+    if not fits or (lat_q if pm.q_mode else lat) > slo_ms + 1e-9:
+        return None
+    return usd if not pm.estimate(choices, master_mb).warnings else None
 
 
 def _cheapest_at(catalogue: _Catalogue, k: int, delta: float, nl: int, nb: int,
@@ -557,9 +559,7 @@ def shrink_memory(space: SearchSpace, choices: list[StageChoice], master_mb: int
     p = pm.platform
 
     def cost(chs: list[StageChoice], mb: int) -> float | None:
-        lat, lat_q, usd, fits = pm.evaluate(chs, mb)
-        ok = fits and (lat_q if pm.q_mode else lat) <= slo_ms + 1e-9 and not pm.estimate(chs, mb).warnings
-        return usd if ok else None
+        return whole_cost(pm, chs, mb, slo_ms)
 
     def smallest(floor: int, top: int, plan_at: Callable[[int], tuple[list[StageChoice], int]]) -> int:
         lo_k = max(0, (floor - p.memory_min_mb) // p.memory_step_mb)

@@ -257,6 +257,7 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
         if record is None or request.slo_ms is None:
             return
         _record_slo(record, request, str(path), shapes, replannable=autoencoders is None)
+        record.save()
         if not no_verify:
             _verify_cloud(record, lg, request, result, pm, source, verify, max_rounds, keep_on_miss)
         if watch:
@@ -278,11 +279,7 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     elif hedge.strip().lower() == "off":
         record.options["hedge_percentile"] = None  # recorded, so the functions get it (their default hedges)
     if request.slo_ms is not None:
-        from serving.deploy.watch import plan_request_options
-
-        record.options["slo"] = {"slo_ms": request.slo_ms, "percentile": request.percentile}
-        if autoencoders is None:  # how to plan it again: the serving process's watch, or `flatpack watch`
-            record.options["plan"] = plan_request_options(request, str(path), shapes)
+        _record_slo(record, request, str(path), shapes, replannable=autoencoders is None)
     if watch:
         record.options["watch"] = {"state": "watching" if no_verify else "waiting", "replans": 0}
     if request.slo_ms is None or no_verify:
@@ -511,14 +508,14 @@ def _deploy_cloud(target: str, name: str, model: Path, bundle: Path, *, transpor
 
 
 def _record_slo(record: DeploymentRecord, request: Any, model: str, shapes: ShapeFixes, *, replannable: bool) -> None:
-    """What a cloud deployment's record keeps of its SLO (``options["slo"]``), and of how to plan it again
-    (``options["plan"]``, where it can be: not with autoencoders), for `flatpack watch`."""
+    """What a deployment's record keeps of its SLO (``options["slo"]``), and of how to plan it again
+    (``options["plan"]``, where it can be: not with autoencoders), for the serving process's watch or
+    `flatpack watch`. The caller saves the record."""
     from serving.deploy.watch import plan_request_options
 
     record.options["slo"] = {"slo_ms": request.slo_ms, "percentile": request.percentile}
     if replannable:
         record.options["plan"] = plan_request_options(request, model, shapes)
-    record.save()
 
 
 def _verify_cloud(record: DeploymentRecord, lg: Any, request: Any, result: Any, pm: Any, source: str,

@@ -8,7 +8,7 @@ import click
 
 from serving.console import err_console
 
-__all__ = ["parse_duration_ms", "resolve_model"]
+__all__ = ["duration_ms", "parse_duration_ms", "resolve_model"]
 
 
 def resolve_model(arg: str) -> Path:
@@ -30,14 +30,23 @@ def resolve_model(arg: str) -> Path:
                                    "install it with: pip install 'flatpack[zoo]'") from e
 
 
+_UNIT_MS = {"ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
+
+
+def duration_ms(text: str, *, bare: str = "ms") -> float | None:
+    """``text`` (``200ms``, ``1.5s``, ``10m``, ``2h``, or a bare number of ``bare`` units) in milliseconds;
+    None where it is not one."""
+    t = text.strip().lower()
+    unit = next((u for u in _UNIT_MS if t.endswith(u)), None)  # "ms" before "s" and "m"
+    try:
+        return float(t[: -len(unit)] if unit else t) * _UNIT_MS[unit or bare]
+    except ValueError:
+        return None
+
+
 def parse_duration_ms(text: str) -> float:
     """``200ms``, ``0.2s``, ``2s`` or a bare number of milliseconds."""
-    t = text.strip().lower()
-    try:
-        if t.endswith("ms"):
-            return float(t[:-2])
-        if t.endswith("s"):
-            return float(t[:-1]) * 1000.0
-        return float(t)
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a duration; write e.g. 200ms or 1.5s") from None
+    ms = duration_ms(text)
+    if ms is None:
+        raise click.BadParameter(f"{text!r} is not a duration; write e.g. 200ms or 1.5s")
+    return ms

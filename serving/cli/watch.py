@@ -21,14 +21,10 @@ MISSED_EXIT = 2
 
 def parse_duration_s(text: str) -> float:
     """``90``, ``90s``, ``10m``, ``2h`` or ``500ms`` as seconds."""
-    t = text.strip().lower()
-    scale = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-    unit = next((u for u in ("ms", "s", "m", "h") if t.endswith(u)), "s")
-    number = t[: -len(unit)] if t.endswith(unit) else t
-    try:
-        value = float(number) * scale[unit]
-    except ValueError:
-        value = -1.0
+    from serving.cli.models import duration_ms
+
+    ms = duration_ms(text, bare="s")
+    value = -1.0 if ms is None else ms / 1e3
     if not value > 0 or value == float("inf"):
         raise click.BadParameter(f"{text!r} is not a duration; write e.g. 90s, 10m or 2h", param_hint="--for")
     return value

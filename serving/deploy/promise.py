@@ -173,11 +173,16 @@ def _key(result: SolverResult) -> tuple:
     return (tuple(result.choices), result.master_mb)
 
 
+def _one_function(result: SolverResult) -> bool:
+    """Whether ``result`` is the whole model in its master, unsplit."""
+    return len(result.choices) == 1 and result.choices[0].split.degree == 1 and result.choices[0].master_part
+
+
 def is_cheapest(pm: PerfModel, result: SolverResult, memories: Sequence[int] | None = None) -> bool:
     """Whether ``result`` is one function at the smallest memory it fits in (no plan can cost less by
     memory, so a fast live figure is no overspending): the smallest the platform offers, or of ``memories``
     where the request fixed the sizes (``--memory 512``: one function at 512 MB is the smallest it may have)."""
-    if len(result.choices) != 1 or result.choices[0].split.degree != 1 or not result.choices[0].master_part:
+    if not _one_function(result):
         return False
     need = pm.master_need_mb(list(result.choices), result.master_mb)
     try:
@@ -195,7 +200,7 @@ def costs_least(pm: PerfModel, result: SolverResult, memories: Sequence[int]) ->
     whatever its latency. Below one vCPU a function's GB-s hardly change with its memory (its compute time
     falls as its share grows), so a model measured slower at small sizes (a share throttles some models more
     than calibrate's probe) can make a larger function the cheapest: its fast live figure bought nothing."""
-    if len(result.choices) != 1 or result.choices[0].split.degree != 1 or not result.choices[0].master_part:
+    if not _one_function(result):
         return False
     choices = list(result.choices)
     cost = pm.evaluate(choices, result.master_mb)[2]

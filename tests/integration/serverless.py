@@ -1,6 +1,6 @@
 """The Serverless Framework v3 and serverless-offline for the tests of the AWS Lambda target: the CLI
-(installed into ``build/tools`` with npm when missing; tests skip where Node is absent) and a context manager
-running a rendered service under serverless-offline."""
+(installed into ``build/tools`` with npm when missing, from the lockfile in ``tests/integration/node``;
+tests skip where Node is absent) and a context manager running a rendered service under serverless-offline."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ __all__ = ["SLS_ENV", "TOOLS", "serverless_cli", "serverless_offline"]
 
 TOOLS = PROJECT_ROOT / "build" / "tools"
 SLS = TOOLS / "node_modules" / ".bin" / "serverless"
+# serverless@3 and serverless-offline@13 with every dependency pinned: an unpinned install resolves the newest
+# versions the registry lists, and once resolved one its mirror did not hold (npm ETARGET) in a fresh clone
+NODE_LOCK = Path(__file__).parent / "node"
 # HOME: the framework caches compiled schemas in ~/.serverless and npm its downloads in ~/.npm; the run's own
 # home keeps them off the user's
 SLS_ENV = {"HOME": str(TEST_ROOT / "home"), "SLS_TELEMETRY_DISABLED": "1", "SLS_NOTIFICATIONS_MODE": "off",
@@ -50,10 +53,11 @@ def serverless_cli() -> Path:
     with open(TOOLS / ".install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not SLS.exists():
-            res = subprocess.run([npm, "install", "--prefix", str(TOOLS), "--no-audit", "--no-fund",
-                                  "serverless@3", "serverless-offline@13"], capture_output=True, text=True,
-                                 timeout=600, check=False, env={**os.environ, **SLS_ENV})
-            assert res.returncode == 0, f"npm install failed:\n{res.stderr[-3000:]}"
+            for name in ("package.json", "package-lock.json"):
+                shutil.copyfile(NODE_LOCK / name, TOOLS / name)
+            res = subprocess.run([npm, "ci", "--prefix", str(TOOLS), "--no-audit", "--no-fund"], capture_output=True,
+                                 text=True, timeout=600, check=False, env={**os.environ, **SLS_ENV})
+            assert res.returncode == 0, f"npm ci failed:\n{res.stderr[-3000:]}"
     return SLS
 
 

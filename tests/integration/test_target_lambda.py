@@ -3,8 +3,8 @@ Serverless Framework v3 (error validation) and linted by cfn-lint, run end to en
 (the master fanning out to workers with boto3 through its Lambda port), the vendored package run without
 site-packages, and the boto3 deployer against moto's server.
 
-Node tools: ``build/tools/node_modules`` (``npm install --prefix build/tools serverless@3
-serverless-offline@13``; installed here when npm exists and they are missing). Tests needing them skip
+Node tools: ``build/tools/node_modules`` (serverless@3 and serverless-offline@13, ``npm ci`` from the lockfile
+in ``tests/integration/node``; installed here when npm exists and they are missing). Tests needing them skip
 only where Node is absent.
 """
 

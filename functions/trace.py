@@ -74,7 +74,7 @@ CONTAINERS = frozenset({"request", "master", "stage"})
 #: the breakdown's categories, and which span names fall in each; time no span covers is waiting
 CATEGORIES = ("compute", "communication", "dispatch", "waiting")
 _CATEGORY = {
-    "compute": "compute", "join": "compute", "epilogue": "compute",
+    "compute": "compute", "join": "compute", "epilogue": "compute", "share": "compute",
     "read_body": "communication", "decode": "communication", "encode": "communication",
     "inputs": "communication", "outputs": "communication", "scatter": "communication",
     "read": "communication", "write": "communication", "gather": "communication",
@@ -148,7 +148,12 @@ class TraceRecorder:
         add(("read", stage, part, start, start + read))
         add(("compute", stage, part, start + read, start + read + run))
         add(("write", stage, part, start + read + run, start + busy))
-        add(("reply", stage, part, start + busy, received))
+        # below one vCPU the local platform holds the reply until the part's wall time is its CPU over its
+        # share: that wait is the part computing at its share, not the reply travelling
+        held = min(timings.get("share_ms", 0.0) / 1e3, max(0.0, received - start - busy))
+        if held > 0:
+            add(("share", stage, part, start + busy, start + busy + held))
+        add(("reply", stage, part, start + busy + held, received))
 
     def spans(self) -> list[Span]:
         t0 = self.t0

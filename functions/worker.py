@@ -19,6 +19,7 @@ from functions.errors import BadRequest, FunctionError, InvokeTimeout, PartError
 from functions.event import Event, Reply, now_ms
 from functions.plan import Part, Plan, Stage
 from functions.procstat import peak_rss_mb
+from functions.settings import cpu_share
 from functions.transport.base import TensorKey
 from functions.transport.channel import TensorChannel
 
@@ -51,6 +52,10 @@ class Worker:
         self._parts: dict[tuple[int, int], tuple[Stage, Part]] = {
             (s.index, p.index): (s, p) for s in plan.stages for p in s.parts
         }
+        # the share of a core the local platform holds this instance to (None elsewhere): after a part it
+        # waits until the part's wall time is its CPU over the share (functions.local_instance), which the
+        # master's trace shows as the part's compute rather than as its reply
+        self._share = cpu_share()
 
     def preload(self) -> int:
         """Create the sessions of every part this function runs; returns how many."""
@@ -68,7 +73,7 @@ class Worker:
             raise BadRequest(f"the plan has no stage {stage} part {part}") from None
 
     def run(self, event: Event, channel: TensorChannel) -> Reply:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         started_unix_ms = 1e3 * time.time()  # where the master's trace places this part's steps
         assert event.stage is not None and event.part is not None
         stage, part = self.part(event.stage, event.part)
@@ -105,9 +110,12 @@ class Worker:
             ),
         )
         t3 = time.perf_counter()
+        timings = {"read_ms": 1e3 * (t1 - t0), "run_ms": 1e3 * (t2 - t1), "write_ms": 1e3 * (t3 - t2),
+                   "start_unix_ms": started_unix_ms}
+        if self._share is not None:
+            timings["share_ms"] = max(0.0, 1e3 * ((time.process_time() - c0) / self._share - (t3 - t0)))
         return Reply(
             outputs=tuple(entries),
-            timings={"read_ms": 1e3 * (t1 - t0), "run_ms": 1e3 * (t2 - t1), "write_ms": 1e3 * (t3 - t2),
-                     "start_unix_ms": started_unix_ms},
+            timings=timings,
             peak_rss_mb=peak_rss_mb(),
         )

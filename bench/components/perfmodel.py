@@ -6,7 +6,8 @@
    up, run requests one at a time (warm-up excluded) with a no-op round trip before each (a one-vCPU
    function, as `flatpack calibrate` probes the platform) and one of the same no-op at 512 MB, then predict
    latency and billed GB-s with the model - unit times from the cached profile scaled to whole-model
-   runs (the model in one 1769 MB function, its handler's compute time) taken between the plan's requests, invoke
+   runs (the model in one 1769 MB function, its handler's compute time, and for a plan above one vCPU also
+   in one 3538 MB function with two threads) taken between the plan's requests, invoke
    latency and the platform's billed overhead from the no-op round trips, a function's handling CPU per
    invocation from the two no-ops' difference (as calibrate measures it) - and compare the median
    latency and the billed GB-s per request read from the platform's meter. Platform facts are measured
@@ -67,6 +68,7 @@ CASES: list[tuple[str, BuildKwargs, list[tuple[str, str, str]]]] = [
     ]),
 ]
 MEMORY_MB = 1769  # one vCPU per function on the local profile
+TWO_THREAD_MB = 2 * MEMORY_MB  # two vCPUs, two threads: the reference for the plans above one vCPU
 LOW_MB = 512  # the no-op below one vCPU whose round trips beside MEMORY_MB's show the handling CPU
 # every plan runs with all its functions at each size the solvers choose from: below one vCPU (the local
 # platform's emulated share: cgroup quota or dilation, serving.platform.cpu, where a plan's fan-out and
@@ -311,6 +313,20 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
             ref_x = random_inputs(Bundle.load(ref_dir).source, 0)
             for _ in range(3):
                 ref.infer(ref_x)
+            # and the same at two vCPUs (two threads), timed between the requests of every plan above one
+            # vCPU: two threads on a two-core host are what other load slows first, so their unit times are
+            # scaled to a whole-model run taken beside the plan's, as the one-thread ones are
+            ref2 = ref2_x = None
+            if any(mb > MEMORY_MB for mb in memories):
+                ref2_dir = tmp / f"{model}-reference-2"
+                export_bundle(lg, "0-:none", ref2_dir, master_mb=TWO_THREAD_MB)
+                ref2_dep = deploy_bundle(local.client, ref2_dir, transport="shm")
+                stack.callback(ref2_dep.remove)
+                ref2 = MasterClient(ref2_dep, local.url, timeout_s=60)
+                stack.callback(ref2.close)
+                ref2_x = random_inputs(Bundle.load(ref2_dir).source, 0)
+                for _ in range(3):
+                    ref2.infer(ref2_x)
             for (label, spec, transport), mb in itertools.product(plans, memories):
                 # unit times from the (cached) profile, scaled to whole-model timings taken now (two threads)
                 # and between the plan's requests (one thread), so prediction and runs see the same machine
@@ -352,11 +368,14 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
                     probe.take()
                     low.take()
                     before = _billed(local, dep)
-                    lat, whole = [], []
+                    lat, whole, whole2 = [], [], []
+                    two = ref2 is not None and mb > MEMORY_MB
                     for _ in range(n):
                         probe()
                         low()
                         whole.append(float(ref.infer_timed(ref_x)[1]["stage0_ms"]))
+                        if ref2 is not None and ref2_x is not None and two:
+                            whole2.append(float(ref2.infer_timed(ref2_x)[1]["stage0_ms"]))
                         t = time.perf_counter()
                         client.infer(x)
                         lat.append((time.perf_counter() - t) * 1e3)
@@ -371,7 +390,10 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
                 all_samples += samples
                 facts = _facts(base_facts, samples, noop_ms, low.take()[0])
                 # and the one-thread unit times scaled to whole-model runs taken between its requests
-                cm, source = scale_to_whole(cm, {1: statistics.median(whole)})
+                wholes = {1: statistics.median(whole)}
+                if whole2:
+                    wholes[2] = statistics.median(whole2)
+                cm, source = scale_to_whole(cm, wholes)
                 pm = PerfModel(lg, facts, cm, transport=transport)
                 est = pm.estimate(choices, mb)
                 predicted_gb_s = (est.cost_usd - (1 + _worker_invocations(pm, choices, mb))

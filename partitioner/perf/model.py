@@ -295,7 +295,8 @@ class PerfModel:
             worker_compute = tuple(t * slow for t in workers.compute)
             worker_ms = [f + t for f, t in zip(worker_fixed, worker_compute, strict=True)]
             slowest = max(worker_ms, default=0.0)
-            billed = sum(p.billed_ms(t + p.billed_overhead_ms) for t in worker_ms)
+            extra = self.billed_extra_ms()
+            billed = sum(p.billed_ms(t + extra) for t in worker_ms)
         put, get, join = parts.put, parts.get, parts.join
         dispatch = self.dispatch_at(master_mb)
         if n:
@@ -494,8 +495,9 @@ class PerfModel:
             codec = parts.codec_ms * cpu_stretch(v_worker)
             compute = tuple(t + codec for t in c.part_times(first, last, [x.flops for x in parts.theirs], v_worker))
             worker_ms = [f + t for f, t in zip(fixed, compute, strict=True)]
+            extra = self.billed_extra_ms()  # their handling is in ``fixed``
             hit = self._workers[wkey] = _Workers(fixed, compute, max(worker_ms, default=0.0),
-                                                 sum(p.billed_ms(t + p.billed_overhead_ms) for t in worker_ms))
+                                                 sum(p.billed_ms(t + extra) for t in worker_ms))
         return hit
 
     def _workers_worst(self, workers: _Workers, parts: _StageParts) -> float:
@@ -607,14 +609,16 @@ class PerfModel:
         factor = self._live_at(master_mb)
         floor = self._cpu_floor(master_cpu_ms / factor, master_mb)
         if floor is None:  # measured on the local platform (its top-up); the solvers' sums hold
-            return lat + fixed, lat_q + fixed_q, lat
+            return lat + fixed, lat_q + fixed_q, lat + self.request_cpu_at(master_mb)
         inv = self.platform.invoke
         slower = self._handling_slower(master_mb) * factor
         whole = fixed + factor * (inv.mean + floor - fixed)
         whole_q = fixed_q + factor * (inv.quantile(self.q) + floor * jitter_q - fixed_q)
         mean = max(lat + fixed + slower, whole)
         quantile = max(lat_q + fixed_q + slower, whole_q)
-        return mean, quantile, max(lat, whole - inv.mean + self.handling_ms)
+        # billed: the instance's time, its own reading, writing and handling at its share included (the floor
+        # holds them, and the live factor scales them as it scales the floor)
+        return mean, quantile, max(lat + self.request_cpu_at(master_mb), factor * (floor + self.handling_ms))
 
     def _cpu_floor(self, master_cpu_ms: float, master_mb: int) -> float | None:
         """The request's floor beside the invoke latency where the master's share throttles it (see
@@ -625,6 +629,20 @@ class PerfModel:
         if stretch <= 1.0 or not p.shared_host:
             return None
         return (master_cpu_ms + self.request_master_cpu_ms()) * stretch - self.handling_ms
+
+    def request_cpu_at(self, master_mb: int) -> float:
+        """The master's own work on a request beside its stages (:meth:`request_master_cpu_ms`: reading its
+        inputs, writing its outputs, its handling) as its instance spends it: at its share on a shared host,
+        as timed elsewhere (see :meth:`_handling_slower`)."""
+        cpu = self.request_master_cpu_ms()
+        return cpu * cpu_stretch(self._cpu(master_mb)) if self.platform.shared_host else cpu
+
+    def billed_extra_ms(self) -> float:
+        """What the meter bills per invocation beyond the instance's own work: the platform's billed overhead (a
+        no-op's metered duration, :attr:`PlatformFacts.billed_overhead_ms`) less the handling it holds, which
+        every figure here counts already."""
+        over = self.platform.billed_overhead_ms
+        return max(0.0, over - self.handling_ms) if over > 0 else 0.0
 
     def _handling_slower(self, master_mb: int) -> float:
         """How much longer the master's own handling of a request takes at its share than in the invoke
@@ -655,8 +673,9 @@ class PerfModel:
 
     def cost_usd(self, latency_ms: float, master_mb: int, worker_gb_ms: float, invocations: int) -> float:
         p = self.platform
-        # the master is billed while it runs its stages and waits for its workers, plus its own handling
-        master_ms = latency_ms + self.handling_ms + p.billed_overhead_ms
+        # the master is billed for its instance's time (``latency_ms``: its stages, waiting for its workers
+        # and its handling) and what the meter adds per invocation
+        master_ms = latency_ms + self.billed_extra_ms()
         gb_s = (p.billed_ms(master_ms) * master_mb / 1024.0 + worker_gb_ms) / 1e3
         return gb_s * p.price_gb_s + (1 + invocations) * p.price_request
 

@@ -143,7 +143,7 @@ def _walk_back(back: np.ndarray, chosen: list[tuple[StageChoice, int]], j: int, 
 def master_fixed_usd(space: SearchSpace, master_mb: int) -> float:
     """What every plan with this master pays beyond its stages: the master's request fee and its billed
     handling and rounding (the stages' costs add the master's GB-s for their latency)."""
-    return space.pm.cost_usd(0.0, master_mb, 0.0, 0)
+    return space.pm.cost_usd(space.pm.request_cpu_at(master_mb), master_mb, 0.0, 0)
 
 
 # a stage option in the SLO DP: (first unit, choice, latency steps, weight steps, working-set steps, USD)

@@ -38,6 +38,14 @@ share. On an idle machine that removes the period's rounding. When the instance 
 has already made it slower than that, and the top-up adds nothing. The quota is what keeps concurrent
 instances to their shares; the top-up is what makes one instance's time exact.
 
+An instance that waits (a master while its workers compute) leaves its quota unspent, and without more
+it woke to a spent quota: a 0.29 vCPU master's replies were read up to one period late, at each stage. So
+each instance may also carry one period's unspent quota into the next (CFS burst, ``cpu.cfs_burst_us`` or
+``cpu.max.burst``, equal to its quota; kernels from 5.14). The top-up above still makes every request last
+at least its CPU over its share, so an instance gets no more CPU than its share buys over a request; it
+only stops the period from rounding the time between its bursts. On vgg16 (width/2, 224 px) split over 11
+functions at 512 MB, ``flatpack bench lo``'s plan answered in 68 ms rather than 80 ms.
+
 The platform's RSS watchdog stays: a cgroup's memory limit is the hard backstop, and an instance the
 kernel killed for memory is reported as out of memory, with its cgroup's peak usage.
 """
@@ -224,6 +232,8 @@ class CgroupV1Limiter(_CgroupLimiter):
         # the period first: a quota is checked against the current period
         _write(cpu / "cpu.cfs_period_us", str(period))
         _write(cpu / "cpu.cfs_quota_us", str(quota))
+        # a kernel without CFS burst (before 5.14) has no file: the quota alone, as before
+        _write(cpu / "cpu.cfs_burst_us", str(quota), missing_ok=True)
         dirs, procs = [cpu], [cpu / "cgroup.procs"]
         limit = InstanceLimit(dirs=dirs, env=_top_up(share))
         if self.memory_base is not None:
@@ -260,6 +270,7 @@ class CgroupV2Limiter(_CgroupLimiter):
         quota, period = cpu_quota(share.vcpu)
         d = _mkdir(self.cpu_base / instance)
         _write(d / "cpu.max", f"{quota} {period}")
+        _write(d / "cpu.max.burst", str(quota), missing_ok=True)  # after cpu.max: a burst is checked against it
         limit = InstanceLimit(dirs=[d], argv_prefix=_join_prefix([d / "cgroup.procs"]),
                               env=_top_up(share))
         if self.memory:

@@ -53,6 +53,25 @@ def test_worker_steps_follow_each_other_inside_the_call() -> None:
     assert all(s.stage == 0 and s.part == 1 for s in got.values())
 
 
+def test_a_reply_held_for_the_parts_cpu_share_counts_as_its_compute() -> None:
+    """Below one vCPU the local platform holds a part's reply until its wall time is its CPU over its share:
+    the worker says how long (``share_ms``), and that wait is a ``share`` span, compute, not the reply."""
+    rec = TraceRecorder()
+    sent, received = rec.t0 + 0.001, rec.t0 + 0.015
+    rec.worker(0, 1, sent, received, {"start_unix_ms": 1e3 * (rec.t0_unix + 0.002), "read_ms": 1.0,
+                                       "run_ms": 3.0, "write_ms": 1.0, "share_ms": 6.0})
+    got = {s.name: s for s in rec.spans()}
+    edges = {n: (round(s.start_ms, 2), round(s.end_ms, 2)) for n, s in got.items()}
+    assert edges["share"] == (7.0, 13.0) and edges["reply"] == (13.0, 15.0)
+    assert breakdown(rec.spans(), 15.0).compute_ms == pytest.approx(9.0, abs=0.01)
+    # a hold longer than the call (the clocks disagree) is cut at the reply's arrival
+    rec = TraceRecorder()
+    rec.worker(0, 1, rec.t0, rec.t0 + 0.010, {"start_unix_ms": 1e3 * rec.t0_unix, "read_ms": 1.0, "run_ms": 3.0,
+                                               "write_ms": 1.0, "share_ms": 50.0})
+    got = {s.name: s for s in rec.spans()}
+    assert round(got["share"].end_ms, 2) == 10.0 and got["reply"].duration_ms == pytest.approx(0.0, abs=0.01)
+
+
 @pytest.mark.parametrize("skew_s", [-5.0, 5.0])
 def test_a_skewed_worker_clock_stays_inside_the_call(skew_s: float) -> None:
     rec = TraceRecorder()

@@ -43,13 +43,19 @@ def _cgroup_dirs(pid: int) -> dict[str, Path]:
 
 
 def _quota_and_memory(pid: int) -> tuple[float, int]:
-    """(the CPU quota in cores, the memory limit in bytes) of ``pid``'s cgroup."""
+    """(the CPU quota in cores, the memory limit in bytes) of ``pid``'s cgroup; where the kernel has CFS burst,
+    also that the instance may carry one period's unspent quota (the burst equals the quota)."""
     dirs = _cgroup_dirs(pid)
     if CGROUP == "cgroup-v2":
         quota, period = (dirs[""] / "cpu.max").read_text().split()
+        if (burst := dirs[""] / "cpu.max.burst").exists():
+            assert int(burst.read_text()) == int(quota)
         return int(quota) / int(period), int((dirs[""] / "memory.max").read_text())
-    quota = int((dirs["cpu"] / "cpu.cfs_quota_us").read_text()) / int((dirs["cpu"] / "cpu.cfs_period_us").read_text())
-    return quota, int((dirs["memory"] / "memory.limit_in_bytes").read_text())
+    us = int((dirs["cpu"] / "cpu.cfs_quota_us").read_text())
+    if (burst := dirs["cpu"] / "cpu.cfs_burst_us").exists():
+        assert int(burst.read_text()) == us
+    return us / int((dirs["cpu"] / "cpu.cfs_period_us").read_text()), int(
+        (dirs["memory"] / "memory.limit_in_bytes").read_text())
 
 
 def _run(platform, bundle: Path, memory_mb: int, vcpu: float | None) -> tuple[dict, dict, tuple[float, int]]:

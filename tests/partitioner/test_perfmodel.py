@@ -129,6 +129,25 @@ def test_a_calibrated_cpu_share_corrects_the_nominal_one_below_one_vcpu() -> Non
     assert len(measured.share_factors) == 2  # 99x at 900 MB is no share: left out
 
 
+def test_a_models_own_share_slow_down_replaces_the_probes_and_scales_the_sizes_it_was_not_timed_at() -> None:
+    """calibrate's probe measured 256 and 512 MB at their nominal shares; a model timed at 512 MB ran 1.2x
+    slower than its share (its weights left the caches in the quota's pauses). Its own figure holds at 512 MB,
+    and the probe's at 256 MB is scaled by the same 1.2 (the model's over the probe's, flat beyond the sizes
+    it was timed at), so every size below one vCPU prices the model's slow-down; one vCPU and up are untouched."""
+    from serving.calibrate.stages import with_own_share_factors
+
+    base = PlatformFacts.from_profile(replace(load_profile("local"), cpu_share={256: 1769 / 256, 512: 1769 / 512}))
+    v512, v256 = 512 / 1769, 256 / 1769
+    own = with_own_share_factors(base, {v512: 1.2})
+    assert own.share_factors == (pytest.approx((v256, 1.2)), pytest.approx((v512, 1.2)))
+    assert own.vcpu(512) == pytest.approx(v512 / 1.2)
+    assert own.vcpu(256) == pytest.approx(v256 / 1.2)
+    assert own.vcpu(1769) == base.vcpu(1769) == pytest.approx(1.0)
+    # without the probe's figures the model's own are the only ones
+    bare = PlatformFacts.from_profile(load_profile("local"))
+    assert with_own_share_factors(bare, {v512: 1.2}).share_factors == ((v512, 1.2),)
+
+
 def test_a_fractional_share_above_one_vcpu_is_priced_by_the_cpu_its_threads_spend(convs: LayerGraph) -> None:
     """Above one vCPU a function runs two threads under a quota it cannot keep both busy with: calibrate
     measured 2560 MB (1.45 vCPU) 0.80x of one vCPU's time and 3538 MB (2 vCPU, unthrottled) 0.58x. At
@@ -158,16 +177,36 @@ def test_a_fractional_share_above_one_vcpu_is_priced_by_the_cpu_its_threads_spen
     assert pm.compute.quota_factors == facts.quota_factors
 
 
-def test_master_is_billed_for_its_own_handling(convs: LayerGraph) -> None:
+def test_master_is_billed_for_its_own_handling_once(convs: LayerGraph) -> None:
+    """The platform's billed overhead is a no-op's metered duration: its handling, which the model counts in
+    the instance's own time already, and what the meter adds beyond it. Only the latter is added."""
     facts = PlatformFacts.from_profile(load_profile("local"))
     assert facts.billed_overhead_ms == load_profile("local").billed_overhead_ms > 0
     cm = ComputeModel.from_flops(convs)
     quiet = PerfModel(convs, replace(facts, billed_overhead_ms=0.0), cm, transport="shm")
     busy = PerfModel(convs, replace(facts, billed_overhead_ms=2.0), cm, transport="shm")
+    assert quiet.billed_extra_ms() == 0.0 and busy.billed_extra_ms() == pytest.approx(2.0 - busy.handling_ms)
     plan = [StageChoice(0, len(convs.units) - 1, Split(), True, 0)]
     a, b = quiet.estimate(plan, 1769), busy.estimate(plan, 1769)
     assert a.latency_ms == b.latency_ms  # billing overhead is not latency
-    assert (b.cost_usd - a.cost_usd) == pytest.approx(2.0 * 1769 / 1024 / 1e3 * facts.price_gb_s)
+    assert (b.cost_usd - a.cost_usd) == pytest.approx((2.0 - busy.handling_ms) * 1769 / 1024 / 1e3
+                                                      * facts.price_gb_s)
+
+
+def test_a_one_function_plan_costs_more_the_more_memory_it_holds(convs: LayerGraph) -> None:
+    """Below one vCPU a function's compute time falls as its memory grows, so its GB-s hardly change; what
+    does not shrink (its invoke, its billing step) costs more with more memory. The instance's handling and
+    its own reading and writing are billed once, at its share: the cost has no step at one vCPU, where the
+    share's floor stops binding (a handling counted twice below it made a 1,769 MB function the cheapest)."""
+    facts = PlatformFacts.from_profile(load_profile("local"))
+    pm = PerfModel(convs, facts, ComputeModel(tuple({1: 4.0} for _ in convs.units), tuple(u.flops for u in convs.units)),
+                   transport="shm")
+    plan = [StageChoice(0, len(convs.units) - 1, Split(), True, 0)]
+    sizes = [256, 512, 1024, 1536, 1700, 1769, 2048]
+    costs = [pm.estimate(plan, mb).cost_usd for mb in sizes]
+    assert costs == sorted(costs), dict(zip(sizes, costs, strict=True))
+    below, at = pm.estimate(plan, 1700).cost_usd, pm.estimate(plan, 1769).cost_usd
+    assert below == pytest.approx(at, rel=0.01)
 
 
 def test_memory_charges_the_largest_transient_of_a_parts_units(convs: LayerGraph, cache: Path,

@@ -8,9 +8,11 @@ live figure corrects the model by one factor on the stages of plans whose master
 
     factor = (live - fixed) / (predicted_without_correction - fixed)
 
-The factor is kept per master memory and interpolated in log-memory between the sizes measured (held flat
-beyond them): the model's error moves with the CPU share, which moves with memory. Plans priced at a size
-never measured take the nearest measured sizes' correction, and the next live measurement corrects that.
+The performance model keeps one factor per regime of the master's CPU (``PerfModel.live_at``: one throttled
+thread below one vCPU, one whole vCPU, two threads under a quota, two whole vCPUs): the model's error moves
+with the regime, and within one its shape holds. A regime never measured takes the factors of the nearest
+sizes measured, interpolated in log-memory (held flat beyond them: :meth:`LiveCorrection.at`), and the next
+live measurement corrects that.
 """
 
 from __future__ import annotations

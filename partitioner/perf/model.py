@@ -20,6 +20,7 @@ Everything here is plain arithmetic on floats so that planners can call it in a 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -239,8 +240,36 @@ class PerfModel:
         """The live correction's factor at ``master_mb`` (memoised: the solvers ask it per option)."""
         f = self._live_factors.get(master_mb)
         if f is None:
-            f = self._live_factors[master_mb] = self.live.at(master_mb)
+            f = self._live_factors[master_mb] = self.live_at(master_mb)
         return f
+
+    def live_regime(self, memory_mb: float) -> tuple[int, bool]:
+        """The regime a function of ``memory_mb`` computes in: its threads, and whether a quota throttles them
+        (a share short of its threads' cores). The model's error moves with the regime (a throttled thread, one
+        whole core, two threads under a quota, two whole cores), not with each megabyte of memory."""
+        v = self.function_vcpu(memory_mb)
+        threads = max(1, math.ceil(v - 1e-9))  # platforms.threads_for: the ceiling of the vCPUs
+        return threads, v < threads - 1e-6
+
+    def live_at(self, master_mb: int) -> float:
+        """The live factor for a plan whose master has ``master_mb``: the one measured in its regime
+        (:meth:`live_regime`), the nearest in memory where several were; where none was, the correction's
+        own interpolation between the sizes measured (:meth:`LiveCorrection.at`). One factor per regime
+        keeps the model's shape within it: a factor per size, each from its own few requests, made sizes
+        a few MB apart differ by a third, and the cheapest plan went to whichever size's noise was lowest."""
+        regime = self.live_regime(master_mb)
+        same = [(m, f) for m, f in self.live.points if self.live_regime(m) == regime]
+        if same:
+            return min(same, key=lambda p: abs(math.log(p[0] / master_mb)))[1]
+        return self.live.at(master_mb)
+
+    def record_live(self, master_mb: int, factor: float) -> None:
+        """Take ``factor``, measured live on a plan whose master has ``master_mb``, as its regime's correction
+        (replacing what was measured there before)."""
+        regime = self.live_regime(master_mb)
+        kept = LiveCorrection(tuple((m, f) for m, f in self.live.points if self.live_regime(m) != regime),
+                              self.live.overhead_ms)
+        self.use_live(kept.with_point(master_mb, factor))
 
     def _key(self, choice: StageChoice, master_mb: int) -> tuple[StageChoice, int]:
         """The memo key of ``choice``'s figures with master ``master_mb``: the master's memory where they depend

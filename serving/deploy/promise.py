@@ -246,9 +246,9 @@ def keep_promise(pm: PerfModel, request: PlanRequest, result: SolverResult, *, p
         if probed.outside_ms is not None:  # what every plan pays outside the master: a fixed cost, not a factor
             pm.use_live(pm.live.with_overhead(probed.outside_ms))
         fixed = pm.request_ms()[1 if pm.q_mode else 0]
-        previous = pm.live.at(current.master_mb)
+        previous = pm.live_at(current.master_mb)
         factor = live_factor(live.statistic_ms, _checked_ms(pm, current), fixed, previous=previous)
-        pm.use_live(pm.live.with_point(current.master_mb, factor))
+        pm.record_live(current.master_mb, factor)
         rnd = Round(round_no, function_count(current), current.master_mb,
                     predicted, live, met, round(current.estimate.cost_usd * 1000, 8), factor, within)
         rounds.append(rnd)
@@ -350,8 +350,8 @@ def replan_with_live(pm: PerfModel, request: PlanRequest, current: SolverResult,
     if slo <= 0:
         raise ValueError("replan_with_live needs a request with an SLO")
     fixed = pm.request_ms()[1 if pm.q_mode else 0]
-    factor = live_factor(live_ms, _checked_ms(pm, current), fixed, previous=pm.live.at(current.master_mb))
-    pm.use_live(pm.live.with_point(current.master_mb, factor))
+    factor = live_factor(live_ms, _checked_ms(pm, current), fixed, previous=pm.live_at(current.master_mb))
+    pm.record_live(current.master_mb, factor)
     try:
         return replan(dataclasses.replace(request, slo_ms=slo * (1 - margin))), factor, True
     except Infeasible as e:

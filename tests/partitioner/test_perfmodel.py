@@ -7,6 +7,7 @@ what the planner does with them are exact on any machine, loaded or not.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -328,3 +329,23 @@ def test_a_live_correction_prices_a_workers_only_stage_at_each_masters_factor(co
         assert got[1769].latency_ms == pytest.approx(plain.latency_ms)
         assert got[512].latency_ms == pytest.approx(2.0 * plain.latency_ms)
         assert pm.evaluate([fork], 512)[0] > pm.evaluate([fork], 1769)[0]
+
+
+def test_a_live_factor_corrects_its_whole_regime_and_replaces_the_one_measured_there(convs: LayerGraph) -> None:
+    """A live factor measured on a plan whose master has 1478 MB (one throttled thread) holds for every size
+    below one vCPU, so the model's shape between those sizes stays its own; a later factor in the same regime
+    replaces it (no two sizes a few MB apart priced a third apart by their own noise). One whole vCPU and two
+    threads are regimes of their own; one not measured takes the correction's interpolation, as before."""
+    facts = PlatformFacts.from_profile(load_profile("local"))
+    pm = PerfModel(convs, facts, ComputeModel.from_flops(convs), transport="shm")
+    assert pm.live_regime(512) == pm.live_regime(1700) == (1, True)
+    assert pm.live_regime(1769) == (1, False)
+    pm.record_live(1478, 1.3)
+    assert pm.live_at(512) == pm.live_at(1700) == pytest.approx(1.3)
+    pm.record_live(1400, 0.9)
+    assert pm.live.points == ((1400, 0.9),)
+    assert pm.live_at(512) == pm.live_at(1478) == pytest.approx(0.9)
+    pm.record_live(1769, 1.1)
+    assert pm.live_at(1000) == pytest.approx(0.9) and pm.live_at(1769) == pytest.approx(1.1)
+    if (os.cpu_count() or 1) >= 2:  # two threads exist on this machine: their regime takes the nearest measured
+        assert pm.live_regime(2560) == (2, True) and pm.live_at(2560) == pytest.approx(1.1)

@@ -41,6 +41,10 @@ class InvokePolicy:
     hedge_percentile: hedge a part still running past this percentile of its recent durations
         (None: never hedge).
     hedge_min_samples: durations needed before a part is hedged.
+    hedge_budget: the most of a part's recent calls that may be hedged. Past a percentile a hedge goes
+        out for about that share of calls (5 % at p95); when the machine's speed shifts (a sustained load
+        after spaced warm-up requests) every call runs past the old percentile, and hedging them all would
+        start new instances, cold, for every part at once: the budget stops such a storm.
     """
 
     timeout_s: float = 60.0
@@ -48,6 +52,7 @@ class InvokePolicy:
     backoff_s: float = 0.02
     hedge_percentile: float | None = None
     hedge_min_samples: int = 20
+    hedge_budget: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -65,11 +70,23 @@ class DurationStats:
     def __init__(self, window: int = 200) -> None:
         self._window = window
         self._d: dict[CallKey, deque[float]] = defaultdict(lambda: deque(maxlen=self._window))
+        self._hedged: dict[CallKey, deque[bool]] = defaultdict(lambda: deque(maxlen=self._window))
         self._lock = threading.Lock()
 
     def record(self, key: CallKey, seconds: float) -> None:
         with self._lock:
             self._d[key].append(seconds)
+
+    def record_call(self, key: CallKey, hedged: bool) -> None:
+        """One call of ``key`` ended; whether it sent a hedge."""
+        with self._lock:
+            self._hedged[key].append(hedged)
+
+    def hedged_share(self, key: CallKey) -> float:
+        """The share of ``key``'s recent calls that sent a hedge (0 before any ended)."""
+        with self._lock:
+            xs = self._hedged.get(key, ())
+            return sum(xs) / len(xs) if xs else 0.0
 
     def percentile(self, key: CallKey, p: float, min_samples: int) -> float | None:
         with self._lock:
@@ -157,63 +174,68 @@ class PolicyInvoker:
             pending.clear()
 
         hedge_after = None
-        if hedge and pol.hedge_percentile is not None and key is not None:
+        if (hedge and pol.hedge_percentile is not None and key is not None
+                and self.stats.hedged_share(key) < pol.hedge_budget):
             hedge_after = self.stats.percentile(key, pol.hedge_percentile, pol.hedge_min_samples)
 
-        launch()
-        while True:
-            now = time.time()
-            if now >= deadline:
-                abandon()
-                last = f"; last error: {errors[-1]}" if errors else ""
-                raise InvokeTimeout(
-                    f"no reply before the request's deadline after {launched} attempt(s){last}", function=function
-                )
-            wait_s = deadline - now
-            hedge_due = False
-            if hedge_after is not None and not hedged and launched < allowed and pending:
-                hedge_due = True
-                first = min(a.started for a in pending.values())
-                wait_s = min(wait_s, max(0.0, first + hedge_after - now))
-            done, _ = wait(list(pending), timeout=wait_s, return_when=FIRST_COMPLETED)
-            if not done:
-                if hedge_due and time.time() < deadline:
-                    hedged = True
-                    log.info("hedging %s (%s): running past p%s = %.1f ms", function, key, pol.hedge_percentile,
-                             1000 * (hedge_after or 0))
-                    launch(hedge=True)
-                continue
-            for fut in done:
-                att = pending.pop(fut)
-                try:
-                    reply = fut.result()
-                except FunctionError as e:
-                    errors.append(e)
-                    if failed is not None:
-                        failed(att.number, e)
-                    if not e.retryable:
-                        abandon()
-                        raise
-                    log.info("%s attempt %d failed (%s)", function, att.number, e)
-                    continue
-                except Exception as e:  # noqa: BLE001 - an invoker bug must still end as a structured error
+        try:
+            launch()
+            while True:
+                now = time.time()
+                if now >= deadline:
                     abandon()
-                    raise FunctionError(f"invoker failed: {e!r}", function=function) from e
-                if key is not None:
-                    self.stats.record(key, time.time() - att.started)
-                abandon()
-                return reply
-            if not pending:
-                if launched >= allowed:
-                    last_err = errors[-1]
-                    last_err.message = f"{last_err.message} (gave up after {launched} attempts)"
-                    raise last_err
-                # A crashed instance is gone and the retry goes to another one: nothing to back off from. A
-                # throttled or unreachable platform, or a timeout, gets time to recover.
-                pause = 0.0 if isinstance(errors[-1], InstanceCrashed) else pol.backoff_s * (2 ** (len(errors) - 1))
-                time.sleep(max(0.0, min(pause, deadline - time.time())))
-                if time.time() < deadline:
-                    launch()
+                    last = f"; last error: {errors[-1]}" if errors else ""
+                    raise InvokeTimeout(
+                        f"no reply before the request's deadline after {launched} attempt(s){last}", function=function
+                    )
+                wait_s = deadline - now
+                hedge_due = False
+                if hedge_after is not None and not hedged and launched < allowed and pending:
+                    hedge_due = True
+                    first = min(a.started for a in pending.values())
+                    wait_s = min(wait_s, max(0.0, first + hedge_after - now))
+                done, _ = wait(list(pending), timeout=wait_s, return_when=FIRST_COMPLETED)
+                if not done:
+                    if hedge_due and time.time() < deadline:
+                        hedged = True
+                        log.info("hedging %s (%s): running past p%s = %.1f ms", function, key, pol.hedge_percentile,
+                                 1000 * (hedge_after or 0))
+                        launch(hedge=True)
+                    continue
+                for fut in done:
+                    att = pending.pop(fut)
+                    try:
+                        reply = fut.result()
+                    except FunctionError as e:
+                        errors.append(e)
+                        if failed is not None:
+                            failed(att.number, e)
+                        if not e.retryable:
+                            abandon()
+                            raise
+                        log.info("%s attempt %d failed (%s)", function, att.number, e)
+                        continue
+                    except Exception as e:  # noqa: BLE001 - an invoker bug must still end as a structured error
+                        abandon()
+                        raise FunctionError(f"invoker failed: {e!r}", function=function) from e
+                    if key is not None:
+                        self.stats.record(key, time.time() - att.started)
+                    abandon()
+                    return reply
+                if not pending:
+                    if launched >= allowed:
+                        last_err = errors[-1]
+                        last_err.message = f"{last_err.message} (gave up after {launched} attempts)"
+                        raise last_err
+                    # A crashed instance is gone and the retry goes to another one: nothing to back off from. A
+                    # throttled or unreachable platform, or a timeout, gets time to recover.
+                    pause = 0.0 if isinstance(errors[-1], InstanceCrashed) else pol.backoff_s * (2 ** (len(errors) - 1))
+                    time.sleep(max(0.0, min(pause, deadline - time.time())))
+                    if time.time() < deadline:
+                        launch()
+        finally:
+            if hedge and pol.hedge_percentile is not None and key is not None:
+                self.stats.record_call(key, hedged)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

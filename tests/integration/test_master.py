@@ -445,6 +445,25 @@ def test_hedging_re_invokes_a_straggler_and_discards_the_loser() -> None:
     assert [r.timings["attempt"] for r in discarded] == [0]  # the straggler's reply was handed back
 
 
+def test_a_shift_that_slows_every_call_hedges_only_the_budgets_share() -> None:
+    """Durations learned from quick calls; then the machine slows and every call runs past the old
+    percentile. Hedging them all would double the load (on a platform, a cold instance per hedge): the
+    policy hedges at most its budget's share of the part's recent calls."""
+    key = CallKey("f", 0, 0)
+    policy = InvokePolicy(hedge_percentile=90, hedge_min_samples=5, backoff_s=0, hedge_budget=0.1)
+    pinv = PolicyInvoker(ScriptedInvoker([(0.01, None)]), policy)
+    for _ in range(5):
+        pinv.call("f", lambda a: str(a).encode(), deadline=time.time() + 5, key=key)
+    slow = ScriptedInvoker([(0.2, None)])
+    pinv.invoker = slow
+    calls = 12
+    for _ in range(calls):
+        pinv.call("f", lambda a: str(a).encode(), deadline=time.time() + 10, key=key)
+    hedges = len(slow.calls) - calls
+    assert 1 <= hedges <= 3, slow.calls  # 12 without the budget
+    assert pinv.stats.hedged_share(key) <= 0.1 + 1 / (5 + calls)
+
+
 def test_a_call_that_may_not_be_hedged_waits_for_its_straggler() -> None:
     key = CallKey("f", 0, 0)
     policy = InvokePolicy(hedge_percentile=90, hedge_min_samples=5, backoff_s=0)

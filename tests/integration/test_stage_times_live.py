@@ -159,5 +159,8 @@ def test_the_whole_model_is_timed_in_a_function_once_and_the_unit_times_follow_i
     # slows the one-vCPU run too): the model's own factor replaces calibrate's
     assert ms[MB] > ms[1769]
     factor = ms[MB] / ms[1769] * MB / 1769
+    if not 0.5 <= factor <= 2.0:  # a loaded machine slowed one size far more than the other: left out
+        assert pm.platform.share_factors == ()
+        return
     assert pm.platform.share_factors == ((pytest.approx(MB / 1769), pytest.approx(factor)),)
     assert "its CPU share's slow-down for this model" in note

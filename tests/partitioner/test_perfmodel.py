@@ -200,8 +200,8 @@ def test_a_one_function_plan_costs_more_the_more_memory_it_holds(convs: LayerGra
     its own reading and writing are billed once, at its share: the cost has no step at one vCPU, where the
     share's floor stops binding (a handling counted twice below it made a 1,769 MB function the cheapest)."""
     facts = PlatformFacts.from_profile(load_profile("local"))
-    pm = PerfModel(convs, facts, ComputeModel(tuple({1: 4.0} for _ in convs.units), tuple(u.flops for u in convs.units)),
-                   transport="shm")
+    compute = ComputeModel(tuple({1: 4.0} for _ in convs.units), tuple(u.flops for u in convs.units))
+    pm = PerfModel(convs, facts, compute, transport="shm")
     plan = [StageChoice(0, len(convs.units) - 1, Split(), True, 0)]
     sizes = [256, 512, 1024, 1536, 1700, 1769, 2048]
     costs = [pm.estimate(plan, mb).cost_usd for mb in sizes]

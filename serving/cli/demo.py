@@ -66,7 +66,6 @@ def demo_cmd(model: str, width_div: int, input_size: int, memory: int, slo: str,
     and print both live latencies. Both keep serving afterwards (flatpack ls; flatpack undeploy NAME)."""
     from partitioner.graph import LayerGraph
     from partitioner.perfmodel import StageChoice
-    from partitioner.planner import solve
     from partitioner.spec import Split
     from serving.cli.deploy import calibrated_local
     from serving.cli.models import parse_duration_ms
@@ -86,11 +85,14 @@ def demo_cmd(model: str, width_div: int, input_size: int, memory: int, slo: str,
     lg = LayerGraph.load(path)
     with err_console.status("predicting the unsplit function and the fastest plan") as st:
         from partitioner.planner import make_perfmodel
+        from serving.calibrate.stages import solve_on_target
 
         pm, _, _ = make_perfmodel(lg, request, progress=st.update)
+        # as deploy predicts them: unit times scaled to the model in a function here, what live checks of earlier
+        # deployments measured, the plan's stages timed (and cached for the deploy below)
+        fastest_ms = solve_on_target(lg, request, pm, progress=st.update)[0].estimate.latency_ms
         whole = [StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0)]
         unsplit_ms = pm.estimate(whole, memory).latency_ms
-        fastest_ms = solve(lg, request, pm=pm).estimate.latency_ms
     console.print(f"{model} (width/{width_div}, {input_size} px) at {memory} MB per function, predicted: one "
                   f"function {unsplit_ms:.0f} ms, the fastest plan {fastest_ms:.0f} ms")
     if slo == "auto":

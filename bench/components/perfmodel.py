@@ -304,29 +304,13 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
             # the whole model in one function at one vCPU, kept deployed beside each plan: its compute (the
             # handler's stage time) is the reference the unit times are scaled to, timed where the plans run
             # (a function computes 3-9 % slower than this process does on the same machine)
-            ref_dir = tmp / f"{model}-reference"
-            export_bundle(lg, "0-:none", ref_dir, master_mb=MEMORY_MB)
-            ref_dep = deploy_bundle(local.client, ref_dir, transport="shm")
-            stack.callback(ref_dep.remove)
-            ref = MasterClient(ref_dep, local.url, timeout_s=60)
-            stack.callback(ref.close)
-            ref_x = random_inputs(Bundle.load(ref_dir).source, 0)
-            for _ in range(3):
-                ref.infer(ref_x)
+            ref, ref_x = _reference(stack, local, lg, tmp / f"{model}-reference", MEMORY_MB)
             # and the same at two vCPUs (two threads), timed between the requests of every plan above one
             # vCPU: two threads on a two-core host are what other load slows first, so their unit times are
             # scaled to a whole-model run taken beside the plan's, as the one-thread ones are
             ref2 = ref2_x = None
             if any(mb > MEMORY_MB for mb in memories):
-                ref2_dir = tmp / f"{model}-reference-2"
-                export_bundle(lg, "0-:none", ref2_dir, master_mb=TWO_THREAD_MB)
-                ref2_dep = deploy_bundle(local.client, ref2_dir, transport="shm")
-                stack.callback(ref2_dep.remove)
-                ref2 = MasterClient(ref2_dep, local.url, timeout_s=60)
-                stack.callback(ref2.close)
-                ref2_x = random_inputs(Bundle.load(ref2_dir).source, 0)
-                for _ in range(3):
-                    ref2.infer(ref2_x)
+                ref2, ref2_x = _reference(stack, local, lg, tmp / f"{model}-reference-2", TWO_THREAD_MB)
             for (label, spec, transport), mb in itertools.product(plans, memories):
                 # unit times from the (cached) profile, scaled to whole-model timings taken now (two threads)
                 # and between the plan's requests (one thread), so prediction and runs see the same machine
@@ -466,6 +450,26 @@ def _worker_invocations(pm: PerfModel, choices: Sequence[StageChoice], master_mb
             raise ValueError(f"stage {i} ({c}) is not admissible")
         total += oc.invocations
     return total
+
+
+def _reference(stack: contextlib.ExitStack, local: Any, lg: Any, out: Path, memory_mb: int) -> tuple[Any, Any]:
+    """The whole model deployed in one function of ``memory_mb`` and warmed up, removed when ``stack`` closes:
+    its client and an input."""
+    from functions.bundle import Bundle
+    from partitioner.export import export_bundle
+    from partitioner.inputs import random_inputs
+    from serving.platform.deploy import deploy_bundle
+    from serving.platform.master_client import MasterClient
+
+    export_bundle(lg, "0-:none", out, master_mb=memory_mb)
+    dep = deploy_bundle(local.client, out, transport="shm")
+    stack.callback(dep.remove)
+    client = MasterClient(dep, local.url, timeout_s=60)
+    stack.callback(client.close)
+    x = random_inputs(Bundle.load(out).source, 0)
+    for _ in range(3):
+        client.infer(x)
+    return client, x
 
 
 def _facts(base: Any, samples: list[float], noop_ms: float, low_samples: list[float]) -> Any:

@@ -308,9 +308,8 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
             # and the same at two vCPUs (two threads), timed between the requests of every plan above one
             # vCPU: two threads on a two-core host are what other load slows first, so their unit times are
             # scaled to a whole-model run taken beside the plan's, as the one-thread ones are
-            ref2 = ref2_x = None
-            if any(mb > MEMORY_MB for mb in memories):
-                ref2, ref2_x = _reference(stack, local, lg, tmp / f"{model}-reference-2", TWO_THREAD_MB)
+            ref2 = (_reference(stack, local, lg, tmp / f"{model}-reference-2", TWO_THREAD_MB)
+                    if any(mb > MEMORY_MB for mb in memories) else None)
             for (label, spec, transport), mb in itertools.product(plans, memories):
                 # unit times from the (cached) profile, scaled to whole-model timings taken now (two threads)
                 # and between the plan's requests (one thread), so prediction and runs see the same machine
@@ -353,13 +352,13 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
                     low.take()
                     before = _billed(local, dep)
                     lat, whole, whole2 = [], [], []
-                    two = ref2 is not None and mb > MEMORY_MB
+                    two = ref2 if mb > MEMORY_MB else None
                     for _ in range(n):
                         probe()
                         low()
                         whole.append(float(ref.infer_timed(ref_x)[1]["stage0_ms"]))
-                        if ref2 is not None and ref2_x is not None and two:
-                            whole2.append(float(ref2.infer_timed(ref2_x)[1]["stage0_ms"]))
+                        if two is not None:
+                            whole2.append(float(two[0].infer_timed(two[1])[1]["stage0_ms"]))
                         t = time.perf_counter()
                         client.infer(x)
                         lat.append((time.perf_counter() - t) * 1e3)

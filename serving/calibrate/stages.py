@@ -33,7 +33,7 @@ from partitioner.stage_times import StageRecord, StageTimes, records_from
 
 __all__ = ["StageTimer", "live_correction_path", "load_live_correction", "load_stage_times", "refine_on_target",
            "save_live_correction", "save_stage_times", "scale_to_function", "solve_on_target", "stage_records",
-           "stage_times_path", "whole_model_ms", "with_own_share_factors"]
+           "stage_times_path", "whole_model_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -273,10 +273,12 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     share's slow-down at the memory the request fixes below one vCPU to the model's own there
     (:func:`whole_model_ms`); a note for the plan, empty where nothing could be timed.
 
-    With ``--memory auto`` the share's slow-down stays calibrate's: a model timed at one or two sizes below one
-    vCPU varied by up to 20 % from run to run on a shared host (calibrate's probe repeats within 2 %), and the
-    cost of a function below one vCPU is so flat in its memory that such an error decides which size the
-    cheapest plan takes."""
+    With ``--memory auto`` the share's slow-down stays calibrate's: a model timed once or twice below one vCPU
+    varies from run to run on a shared host far more than calibrate's repeated probe does, and the cost of a
+    function below one vCPU is so flat in its memory that such an error decides which size the cheapest plan
+    takes."""
+    from dataclasses import replace
+
     from partitioner.planner import scale_to_whole
 
     p = pm.platform
@@ -297,39 +299,15 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     compute, how = scale_to_whole(pm.compute, {t: ratio * sum(u.get(t, 0.0) for u in pm.compute.unit_ms)
                                                for t in threads})
     note = f"unit times {how.removeprefix('scaled to ')} in a one-vCPU function here ({ms[ref]:.1f} ms)"
-    own: dict[float, float] = {}
     for m in low:
         if ms.get(m):
             v = m / p.mb_per_vcpu
             factor = ms[m] / ms[ref] * v
             if 0.5 <= factor <= 2.0:  # as calibrate's own figures are taken (partitioner.perfmodel)
-                own[v] = factor
+                pm.use_platform(replace(p, share_factors=((v, factor),)))
                 note += f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that (its CPU share's slow-down for this model)"
-    if own:
-        pm.use_platform(with_own_share_factors(p, own))
     pm.use_compute(compute)
     return note
-
-
-def with_own_share_factors(platform: Any, own: dict[float, float]) -> Any:
-    """``platform`` (``PlatformFacts``) with its CPU-share slow-downs below one vCPU taken from one model's own
-    (``own``: nominal vCPU -> measured slow-down over the nominal one) where measured, and calibrate's probe
-    figures elsewhere scaled by the model's over the probe's at the nearest measured shares (interpolated
-    between them). A model whose weights leave the caches in the quota's pauses slows at every share below
-    one vCPU, not only where it was timed."""
-    from dataclasses import replace
-
-    import numpy as np
-
-    xs = sorted(own)
-    probe = platform.share_factors
-    if not probe:
-        return replace(platform, share_factors=tuple((v, own[v]) for v in xs))
-    px, pf = zip(*probe, strict=True)
-    ratio = [own[v] / float(np.interp(v, px, pf)) for v in xs]
-    merged = {v: float(np.clip(f * float(np.interp(v, xs, ratio)), 0.5, 2.0)) for v, f in probe}
-    merged.update(own)
-    return replace(platform, share_factors=tuple(sorted(merged.items())))
 
 
 def solve_on_target(lg: Any, request: Any, pm: Any, *, progress: Any = None) -> tuple[Any, Any]:

@@ -108,8 +108,17 @@ def demo_cmd(model: str, width_div: int, input_size: int, memory: int, slo: str,
 
     inputs = random_inputs(lg.model, 0)
     if slo == "auto":
+        from functions.settings import api_token
+        from serving.deploy.promise import EndpointProbe
+        from serving.deploy.state import DeploymentRecord
+
         with err_console.status("timing the unsplit function"):
-            unsplit_live = _mean_ms(unsplit_name, inputs, 20)
+            probe = EndpointProbe(DeploymentRecord.load(unsplit_name).endpoint or "", unsplit_name, lg.model,
+                                  token=api_token(), warmup=1)
+            try:
+                unsplit_live = float(np.mean(probe(20).latencies_ms))
+            finally:
+                probe.close()
         slo_ms_or_none = demo_slo_ms(unsplit_live, fastest_ms)
         if slo_ms_or_none is None:
             _flatpack(["undeploy", unsplit_name])
@@ -127,24 +136,6 @@ def demo_cmd(model: str, width_div: int, input_size: int, memory: int, slo: str,
     _compare(split_name, unsplit_name, slo_ms, requests, inputs, unsplit_ms)
     console.print(f"both keep serving (flatpack ls); stop them with: flatpack undeploy {split_name}; "
                   f"flatpack undeploy {unsplit_name}")
-
-
-def _mean_ms(name: str, inputs: dict[str, np.ndarray], requests: int) -> float:
-    """The mean latency (ms) of ``requests`` sequential requests to deployment ``name``, after one not counted."""
-    from serving.api.client import InferClient
-    from serving.deploy.state import DeploymentRecord
-
-    client = InferClient(DeploymentRecord.load(name).endpoint or "", name, timeout_s=120.0)
-    try:
-        client.infer(inputs)
-        times = []
-        for _ in range(requests):
-            t0 = time.perf_counter()
-            client.infer(inputs)
-            times.append((time.perf_counter() - t0) * 1e3)
-    finally:
-        client.close()
-    return float(np.mean(times))
 
 
 #: requests to one deployment before the other takes its turn

@@ -130,25 +130,6 @@ def test_a_calibrated_cpu_share_corrects_the_nominal_one_below_one_vcpu() -> Non
     assert len(measured.share_factors) == 2  # 99x at 900 MB is no share: left out
 
 
-def test_a_models_own_share_slow_down_replaces_the_probes_and_scales_the_sizes_it_was_not_timed_at() -> None:
-    """calibrate's probe measured 256 and 512 MB at their nominal shares; a model timed at 512 MB ran 1.2x
-    slower than its share (its weights left the caches in the quota's pauses). Its own figure holds at 512 MB,
-    and the probe's at 256 MB is scaled by the same 1.2 (the model's over the probe's, flat beyond the sizes
-    it was timed at), so every size below one vCPU prices the model's slow-down; one vCPU and up are untouched."""
-    from serving.calibrate.stages import with_own_share_factors
-
-    base = PlatformFacts.from_profile(replace(load_profile("local"), cpu_share={256: 1769 / 256, 512: 1769 / 512}))
-    v512, v256 = 512 / 1769, 256 / 1769
-    own = with_own_share_factors(base, {v512: 1.2})
-    assert own.share_factors == (pytest.approx((v256, 1.2)), pytest.approx((v512, 1.2)))
-    assert own.vcpu(512) == pytest.approx(v512 / 1.2)
-    assert own.vcpu(256) == pytest.approx(v256 / 1.2)
-    assert own.vcpu(1769) == base.vcpu(1769) == pytest.approx(1.0)
-    # without the probe's figures the model's own are the only ones
-    bare = PlatformFacts.from_profile(load_profile("local"))
-    assert with_own_share_factors(bare, {v512: 1.2}).share_factors == ((v512, 1.2),)
-
-
 def test_a_fractional_share_above_one_vcpu_is_priced_by_the_cpu_its_threads_spend(convs: LayerGraph) -> None:
     """Above one vCPU a function runs two threads under a quota it cannot keep both busy with: calibrate
     measured 2560 MB (1.45 vCPU) 0.80x of one vCPU's time and 3538 MB (2 vCPU, unthrottled) 0.58x. At

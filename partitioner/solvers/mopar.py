@@ -6,7 +6,10 @@
    M x (t_p + t_a) x c_m + c_n x t_c, with each term as the platform bills it: the slice's function at
    memory M for its compute, aggregation and transfers, its invocation fee, and the share of the
    orchestrating master's billed time that the slice keeps it waiting. M is chosen per slice: the
-   memory option at or above the slice's need with the lowest such cost.
+   memory option at or above the slice's need with the lowest such cost. Where the cheapest slicing misses
+   the latency bound (a model of equal layers is cut at every layer, and each cut is a hand-off), the DP
+   runs again with latency priced in (a Lagrangian price per millisecond, found by bisection): fewer,
+   larger slices, the cheapest that meets the bound, rather than none at all.
 3. Per slice, horizontal parallelism (any admissible family and degree, each sub-slice a function sized to
    its own need) chosen by latency: the fastest option that does not make the plan costlier while the
    plan meets its latency bound, the fastest outright while it does not.
@@ -152,43 +155,49 @@ def _metric(pm: PerfModel, ch: StageChoice, waiting_mb: int) -> tuple[float, flo
     return lat, usd
 
 
-def _cheapest(pm: PerfModel, options: Sequence[StageChoice], waiting_mb: int) -> StageChoice | None:
-    return min(options, key=lambda ch: _metric(pm, ch, waiting_mb)[1], default=None)
+class _Slices:
+    """Every vertical slice's forms over ``segs`` with their (latency, USD), priced once: the DP below runs
+    once per price of a millisecond, and a slice's forms and figures do not change with that price."""
+
+    def __init__(self, pm: PerfModel, segs: list[tuple[int, int]], max_slice_units: int, waiting_mb: int) -> None:
+        self.n = len(segs)
+        self.forms: dict[tuple[int, int], list[tuple[StageChoice, float, float]]] = {}
+        for j in range(1, self.n + 1):
+            for i in range(j - 1, -1, -1):
+                first, last = segs[i][0], segs[j - 1][1]
+                if last - first + 1 > max_slice_units:
+                    break
+                forms = _vertical_forms(pm, first, last)
+                if forms:
+                    self.forms[(i, j)] = [(ch, *_metric(pm, ch, waiting_mb)) for ch in forms]
 
 
-def _vertical(pm: PerfModel, first: int, last: int, waiting_mb: int) -> StageChoice | None:
-    """A slice's cheapest form: unsplit at its cheapest memory, or, if it fits no function, the split with
-    the fewest parts that fits."""
-    ch = _cheapest(pm, _slice_options(pm, first, last, Split()), waiting_mb)
-    if ch is not None:
-        return ch
+def _vertical_forms(pm: PerfModel, first: int, last: int) -> list[StageChoice]:
+    """A slice's forms for the vertical DP: unsplit at each of its memory options, or, if it fits no
+    function, the split with the fewest parts that fits."""
+    options = _slice_options(pm, first, last, Split())
+    if options:
+        return options
     for split in sorted(SPLITS, key=lambda s: s.degree):
-        if split.family != "none":
-            ch = _cheapest(pm, _slice_options(pm, first, last, split), waiting_mb)
-            if ch is not None:
-                return ch
-    return None
+        if split.family != "none" and (options := _slice_options(pm, first, last, split)):
+            return options
+    return []
 
 
-def _vertical_dp(pm: PerfModel, segs: list[tuple[int, int]], max_slice_units: int, waiting_mb: int
-                 ) -> list[StageChoice]:
-    """Algorithm 1 lines 7-18: split points over the segments minimising the sum of slice costs."""
-    n = len(segs)
+def _vertical_dp(slices: _Slices, ms_usd: float = 0.0) -> list[StageChoice]:
+    """Algorithm 1 lines 7-18: split points over the segments minimising the sum of slice costs, each
+    slice at its cheapest form; with ``ms_usd`` > 0, of slice costs plus latency priced at ``ms_usd`` per
+    millisecond (the Lagrangian of the latency bound: a higher price buys fewer, faster hand-offs)."""
+    n = slices.n
     best = [0.0] + [float("inf")] * n
     back = [-1] * (n + 1)
     chosen: dict[tuple[int, int], StageChoice] = {}
-    for j in range(1, n + 1):
-        for i in range(j - 1, -1, -1):
-            first, last = segs[i][0], segs[j - 1][1]
-            if last - first + 1 > max_slice_units:
-                break
-            ch = _vertical(pm, first, last, waiting_mb)
-            if ch is None:
-                continue
-            chosen[(i, j)] = ch
-            c = best[i] + _metric(pm, ch, waiting_mb)[1]
-            if c < best[j]:
-                best[j], back[j] = c, i
+    for (i, j), forms in sorted(slices.forms.items(), key=lambda kv: kv[0][1]):
+        ch, lat, usd = min(forms, key=lambda f: f[2] + ms_usd * f[1])
+        c = best[i] + usd + ms_usd * lat
+        chosen[(i, j)] = ch
+        if c < best[j]:
+            best[j], back[j] = c, i
     if best[n] == float("inf"):
         raise Infeasible("no slicing fits the platform's functions, even with horizontal splits")
     out = []
@@ -197,6 +206,43 @@ def _vertical_dp(pm: PerfModel, segs: list[tuple[int, int]], max_slice_units: in
         out.append(chosen[(back[j], j)])
         j = back[j]
     return out[::-1]
+
+
+#: the bisection steps on the price of a millisecond (a factor of 2^-PRICE_STEPS of the bracket)
+PRICE_STEPS = 12
+
+
+def _priced_plans(pm: PerfModel, slices: _Slices, bound_ms: float, waiting_mb: int) -> list[_Plan]:
+    """The vertical DP's plans (each sped up by :func:`_horizontal`) from MOPAR's objective (cost alone)
+    toward the cheapest that meets ``bound_ms``: when the cost-only slicing misses the bound (every slice a
+    hand-off), the price of a millisecond is raised until the slicing meets it, by bisection between a
+    price too low and one high enough (the fewest, fastest slices). Every plan found is returned, for the
+    caller to keep the cheapest that meets the bound."""
+    out: list[_Plan] = []
+
+    def plan_at(price: float) -> _Plan | None:
+        p = _as_plan(pm, _horizontal(pm, _vertical_dp(slices, price), bound_ms, waiting_mb))
+        if p is not None:
+            out.append(p)
+        return p
+
+    first = plan_at(0.0)
+    if first is not None and first.latency(pm) <= bound_ms + 1e-9:
+        return out
+    # a price at which a millisecond outweighs any slice's cost: the DP then minimises latency
+    high = max((f[2] for forms in slices.forms.values() for f in forms), default=0.0) * slices.n + 1e-12
+    low = 0.0
+    top = plan_at(high)
+    if top is None or top.latency(pm) > bound_ms + 1e-9:
+        return out
+    for _ in range(PRICE_STEPS):
+        mid = (low + high) / 2 if low > 0 else high / 16
+        p = plan_at(mid)
+        if p is not None and p.latency(pm) <= bound_ms + 1e-9:
+            high = mid
+        else:
+            low = mid
+    return out
 
 
 def _forms(pm: PerfModel, ch: StageChoice) -> list[StageChoice]:
@@ -380,9 +426,7 @@ def hypad(pm: PerfModel, *, slo_ms: float | None = None, max_slice_units: int = 
     # and none (MOPAR's objective; the master then runs one slice itself, which one is tried below)
     candidates: list[_Plan] = []
     for waiting in (_orchestrator_mb(pm), 0):
-        vertical = _vertical_dp(pm, segs, max_slice_units, waiting)
-        sliced = _as_plan(pm, _horizontal(pm, vertical, bound, waiting))
-        if sliced is not None:
+        for sliced in _priced_plans(pm, _Slices(pm, segs, max_slice_units, waiting), bound, waiting):
             candidates += [sliced, *(f for k in range(len(sliced.choices)) if (f := _folded(pm, sliced, k)))]
     fallback = unsplit_plan(pm, bound)
     candidates += [fallback] if fallback is not None else []

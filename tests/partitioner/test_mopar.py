@@ -304,6 +304,27 @@ def test_where_cpu_is_per_function_mopar_sizes_each_slice_to_its_footprint() -> 
         assert ch.worker_mb == pm.platform.round_memory(oc.worker_need_mb * (1 + FOOTPRINT_MARGIN))
 
 
+def test_where_slicing_at_every_layer_misses_the_bound_mopar_buys_fewer_hand_offs_that_meet_it() -> None:
+    """BERT's encoder layers have equal footprints, so MOPAR's cost-only DP cuts at every layer, and the hand-offs
+    make that plan miss the latency bound. The plan returned must still be a slicing that meets the bound for
+    less than the unsplit model (the DP again with latency priced in), not the unsplit model by default."""
+    pytest.importorskip("torch")
+    from partitioner.solvers.mopar import CHANGE_MARGIN, _as_plan, _orchestrator_mb, _simplified, _Slices, _vertical_dp
+    from zoo.cache import zoo_file
+
+    pm = _openfaas_here(LayerGraph.load(zoo_file("bert", width_div=4)))
+    whole = unsplit_plan(pm)
+    assert whole is not None
+    bound = whole.estimate.latency_ms * (1 + LATENCY_TOLERANCE)
+    slices = _Slices(pm, _simplified(pm)[0], 64, _orchestrator_mb(pm))
+    cost_only = _as_plan(pm, _vertical_dp(slices))
+    assert cost_only is not None and cost_only.estimate.latency_ms > bound  # the premise: every cut is a hand-off
+    r = hypad(pm)
+    assert 1 < len(r.choices) < len(cost_only.choices)
+    assert r.estimate.latency_ms <= bound
+    assert r.estimate.cost_usd < (1 - CHANGE_MARGIN) * whole.estimate.cost_usd
+
+
 def test_a_saving_within_the_models_error_keeps_one_function_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     import partitioner.solvers.mopar as mopar
 

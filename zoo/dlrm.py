@@ -12,8 +12,10 @@ embedding split (``partitioner.embedding``: rows sharded across functions) pays.
 
 Sizes: ``layers`` tables (8) of ``vocab`` rows (1,000,000) and ``hidden`` columns (64): 2 GB of float32
 tables at the defaults, saved as ONNX external data; ``seq_len`` indices per bag (20). 13 dense features
-and MLP widths 512-256-D (bottom) and 512-256-1 (top), divided by ``width_div``. Graph inputs: ``dense``
-f32[1,13] and ``sparse_0`` .. ``sparse_{T-1}`` i64[1,seq_len]; output ``output`` f32[1,1].
+and MLP widths 512-256-D (bottom) and 512-256-1 (top), divided by ``width_div``. ``input_size`` is the
+candidates one request scores (its batch, B; 1 by default): a ranking request scores a user against many
+items at once. Graph inputs: ``dense`` f32[B,13] and ``sparse_0`` .. ``sparse_{T-1}`` i64[B,seq_len];
+output ``output`` f32[B,1].
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from zoo.weights import seeded
 
 __all__ = ["DENSE_FEATURES", "DLRM_DEFAULTS", "make_dlrm"]
 
-DLRM_DEFAULTS: dict[str, int] = {"layers": 8, "vocab": 1_000_000, "hidden": 64, "seq_len": 20}
+DLRM_DEFAULTS: dict[str, int] = {"layers": 8, "vocab": 1_000_000, "hidden": 64, "seq_len": 20, "input_size": 1}
 DENSE_FEATURES = 13  # Criteo's integer features
 _BOTTOM = (512, 256)
 _TOP = (512, 256)
@@ -68,12 +70,12 @@ def make_dlrm(name: str, options: BuildOptions) -> TorchModel:
     """Build the DLRM; see the module docstring for its inputs and sizes."""
     del name
     tables, rows = options.size("layers"), options.size("vocab")
-    dim, bag = options.size("hidden"), options.size("seq_len")
+    dim, bag, batch = options.size("hidden"), options.size("seq_len"), options.size("input_size")
     bottom = tuple(scaled(w, options.width_div) for w in _BOTTOM)
     top = tuple(scaled(w, options.width_div) for w in _TOP)
     with seeded(options.seed):
         module = _DLRM(tables, rows, dim, bottom, top).eval()
-        dense = torch.rand(1, DENSE_FEATURES)
-        sparse = tuple(torch.randint(0, rows, (1, bag)) for _ in range(tables))
+        dense = torch.rand(batch, DENSE_FEATURES)
+        sparse = tuple(torch.randint(0, rows, (batch, bag)) for _ in range(tables))
     return TorchModel(module=module, example_inputs=(dense, *sparse),
                       input_names=("dense", *(f"sparse_{i}" for i in range(tables))))

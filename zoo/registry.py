@@ -184,7 +184,8 @@ def _fixed_entries() -> dict[str, _Resolved]:
             "DLRM recommender: embedding tables (2 GB, external data) looked up in bags, bottom/top MLPs, "
             "pairwise interaction",
             DLRM_DEFAULTS,
-            f"dense f32[1,13], sparse_0..sparse_{t - 1} i64[1,{bag}]",
+            f"dense f32[B,13], sparse_0..sparse_{t - 1} i64[B,{bag}] (B: input_size, the candidates a request "
+            "scores; 1 by default)",
         ),
         make_dlrm,
     )

@@ -106,11 +106,25 @@ def _export(lg: Any, choices: Sequence[Any], master_mb: int, out: Path, platform
                          transport="shm", platform=platform, mode="mopar")
 
 
+def _calibrated_local(say: Callable[[str], None]) -> str:
+    """This machine's calibrated local profile (its path), measured now if there is none: the plans are
+    predicted with it, as ``flatpack deploy`` plans with it. The published profile's CPU shares below one
+    vCPU are the proportional ones, and a function of 128 MB computes about 1.5x slower than that here."""
+    from serving.calibrate import LOCAL, calibrate, calibrated_profile_path
+
+    path = calibrated_profile_path(LOCAL)
+    if not path.is_file():
+        say("calibrating the local platform (once per machine)")
+        calibrate(LOCAL, samples=60)
+    return str(path)
+
+
 def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None], platform: str = "local"
          ) -> tuple[list[MoparRow], dict]:
     """The live rows, and the platform's CPU description (``cpu_limit``, ``cpu_model``, cores). ``platform``:
     the profile the local platform emulates (``local``: Lambda's CPU model; ``openfaas``: CPU per function);
-    the plans are made on its facts on this host (:func:`bench.suite.planning.emulated_facts`)."""
+    the plans are made on its facts on this host (:func:`bench.suite.planning.emulated_facts`), from this
+    machine's calibrated local profile."""
     from bench.load.inputs import InputPool
     from bench.suite.comparison import bad, p50
     from bench.suite.deployments import deployments, interleaved
@@ -121,6 +135,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
 
     out: list[MoparRow] = []
     emulate = None if platform == "local" else platform
+    base = _calibrated_local(say)
     with (tempfile.TemporaryDirectory(prefix="flatpack-bench-mopar-") as tmp,
           PlatformProcess(idle_timeout_s=1800, profile=platform) as pp):
         work = Path(tmp)
@@ -132,7 +147,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
             name = label(spec)
             say(f"{name}: profiling its units (cached) and planning")
             lg = LayerGraph.load(model_path(spec))
-            pm, _ = perfmodel(lg, invoke, emulate=emulate)
+            pm, _ = perfmodel(lg, invoke, platform=base, emulate=emulate)
             plans = plans_of(pm)
             same = same_plans(plans)
             slug = name.replace("/", "_").replace("@", "-")

@@ -23,7 +23,8 @@ TINY = {"vocab": 2000, "hidden": 8, "layers": 2, "seq_len": 3, "width_div": 16}
 
 def test_the_catalogue_entry_and_its_defaults() -> None:
     e = lookup("dlrm")
-    assert e.family == "dlrm" and set(e.options) == {"layers", "vocab", "hidden", "seq_len"}
+    assert e.family == "dlrm" and set(e.options) == {"layers", "vocab", "hidden", "seq_len", "input_size"}
+    assert e.default("input_size") == 1  # one candidate per request unless asked
     tables_bytes = e.default("layers") * e.default("vocab") * e.default("hidden") * 4
     assert 1e9 <= tables_bytes <= 3e9  # 1-3 GB of tables: external data on disk
 
@@ -52,3 +53,16 @@ def test_an_external_data_model_loads_and_its_embedding_split_verifies(tmp_path:
     report, results = verify_options(lg, [(u, u, Split("embedding", (d,))) for d in (2, 3)])
     assert report.checked == 2 and report.failed == 0, report.failures
     assert all(r.rel_err is not None and np.isfinite(r.rel_err) for r in results)
+
+
+def test_a_ranking_request_scores_input_size_candidates_and_its_embedding_split_verifies() -> None:
+    """``input_size`` is the batch of candidates a request scores: every input and the output carry it, and
+    the row-sharded lookups of a batch still sum to the unsplit model's."""
+    model = build("dlrm", **TINY, input_size=5)
+    values = [*model.graph.input, *model.graph.output]
+    dims = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
+    assert dims == {"dense": [5, 13], "sparse_0": [5, 3], "sparse_1": [5, 3], "output": [5, 1]}
+    lg = LayerGraph.load(model)
+    u = next(u.index for u in lg.units if any(is_row_lookup(lg, i) for i in u.nodes))
+    report, _ = verify_options(lg, [(u, u, Split("embedding", (2,)))])
+    assert report.checked == 1 and report.failed == 0, report.failures

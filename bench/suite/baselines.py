@@ -33,7 +33,7 @@ def uniform_choices(pm: PerfModel, slices: int) -> tuple[list[StageChoice], int]
     """``slices`` vertical slices with equal numbers of units (the first ones get one more when the
     count does not divide), each on its own worker sized to its need as MOPAR sizes a slice (with the
     footprint's margin where CPU is per function); and the master's memory."""
-    from partitioner.solvers.mopar import slice_memory_mb
+    from partitioner.solvers.mopar import master_memory_mb, slice_memory_mb
 
     n = len(pm.lg.units)
     k = max(1, min(slices, n))
@@ -44,7 +44,7 @@ def uniform_choices(pm: PerfModel, slices: int) -> tuple[list[StageChoice], int]
         assert costs is not None
         mb = slice_memory_mb(pm, pm.compute.memory_mb(costs[0], a, b - 1, costs[0].weight_bytes))
         choices.append(StageChoice(a, b - 1, Split(), False, mb))
-    master_mb = slice_memory_mb(pm, pm.master_need_mb(choices, pm.platform.memory_min_mb))
+    master_mb = master_memory_mb(pm, choices)
     return choices, master_mb
 
 

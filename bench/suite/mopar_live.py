@@ -11,10 +11,16 @@ each one's billed GB-s per request (MC) and memory utilisation (peak RSS / alloc
 client its p50. ``predicted_mc_gb_s`` is the performance model's billed GB-s per request for the same plan,
 ``cpu_model`` the emulated platform's CPU model. Where MOPAR's plan is the unsplit plan (one function, the
 same memory) it is deployed once, and both rows are that deployment's (:func:`same_plans`).
+
+The predictions are made with this machine's calibrated profile, and their one-thread unit times scaled to
+a reference timed between the plans' requests (the whole model in a function of one vCPU; ``compute`` says
+by how much), as ``bench perfmodel`` and ``bench lo`` do: the unit profile is taken in this process at
+another moment, and on a shared host the machine's speed moves by 10-20 % between the two.
 """
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -50,6 +56,7 @@ class MoparRow:
     stages: list[str]
     errors: int
     cpu_model: str = "follows_memory"
+    compute: str = ""  # where the prediction's unit times come from (scaled to the reference timed beside)
 
     def to_json(self) -> dict[str, Any]:
         return {k: round(v, 8) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -96,6 +103,43 @@ def default_models(platform: str) -> tuple[ModelSpec, ...]:
     from platforms import load_profile
 
     return MODELS if load_profile(platform).cpu.per_function else (*MODELS, DLRM)
+
+
+#: the whole model at one vCPU, deployed beside the three plans and timed between their requests
+REFERENCE = "reference"
+
+
+def _whole(pm: Any) -> list[Any]:
+    from functions.plan import Split
+    from partitioner.perfmodel import StageChoice
+
+    return [StageChoice(0, len(pm.lg.units) - 1, Split(), True, 0)]
+
+
+def _reference_mb(pm: Any, unsplit_mb: int) -> int | None:
+    """The memory of the reference, a function of one vCPU (one thread): where CPU is per function, the
+    unsplit function's (its vCPU is the profile's, whatever its memory); where it follows memory, one vCPU's
+    if the model fits it; else none."""
+    if pm.cpu.per_function:
+        return unsplit_mb if pm.function_vcpu(unsplit_mb) <= 1.0 + 1e-9 else None
+    mb = int(pm.platform.mb_per_vcpu)
+    need = pm.master_need_mb(_whole(pm), pm.platform.memory_max_mb)
+    return mb if need <= mb else None
+
+
+def _scaled(pm: Any, ref: Any) -> tuple[Any, str]:
+    """``pm`` with its one-thread unit times scaled to the reference's compute (its handler's stage time,
+    median over the rounds), as ``bench perfmodel`` and ``bench lo`` scale theirs: the unit profile is taken
+    in this process at another moment, and on a shared host the machine's speed drifts by more than the
+    model's error between the two. The plans are those made before; only their prediction uses the scale."""
+    from partitioner.perfmodel import PerfModel
+    from partitioner.planner import scale_to_whole
+
+    times = [t["stage0_ms"] for t in (ref.timings if ref is not None else []) if "stage0_ms" in t]
+    if not times:
+        return pm, "measured profile, unscaled (the model does not fit one vCPU: no reference)"
+    cm, note = scale_to_whole(pm.compute, {1: float(statistics.median(times))})
+    return PerfModel(pm.lg, pm.platform, cm, transport=pm.transport, cpu=pm.cpu), f"measured profile, {note}"
 
 
 def _export(lg: Any, choices: Sequence[Any], master_mb: int, out: Path, platform: str) -> Path:
@@ -154,10 +198,15 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
             bundles = {k: _export(lg, ch, mb, work / f"{k}-{slug}", platform) for k, (ch, mb) in plans.items()
                        if k not in same}
             pool = InputPool.from_bundle(bundles["unsplit"], 4)
+            ref_mb = _reference_mb(pm, plans["unsplit"][1])
             with deployments(pp) as st:
                 targets = {k: st.deploy(b, k) for k, b in bundles.items()}
+                if ref_mb is not None:
+                    targets[REFERENCE] = st.deploy(_export(lg, _whole(pm), ref_mb, work / f"ref-{slug}", platform),
+                                                   REFERENCE, keep_timings=True)
                 say(f"{name}: {rounds} interleaved rounds")
                 samples, usage, _ = interleaved(targets, pool, rounds)
+            pm, compute = _scaled(pm, targets.get(REFERENCE))
             for k, twin in same.items():
                 samples[k], usage[k], bundles[k] = samples[twin], usage[twin], bundles[twin]
             for k in PLANS:
@@ -167,6 +216,6 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                     mc_gb_s=usage[k].mc_gb_s_per_request, memory_utilisation=usage[k].memory_utilisation,
                     p50_ms=p50(samples[k]), predicted_mc_gb_s=predicted_gb_s(pm, ch, mb),
                     predicted_p50_ms=pm.estimate(ch, mb).latency_ms, stages=[str(c) for c in ch],
-                    errors=bad(samples[k]), cpu_model=cpu_model))
+                    errors=bad(samples[k]), cpu_model=cpu_model, compute=compute))
             say(f"{name}: MC mopar {out[-3].mc_gb_s:.5f} vs unsplit {out[-2].mc_gb_s:.5f} GB-s")
     return out, cpu

@@ -49,14 +49,19 @@ from partitioner.solvers.coarsen import SIMILARITY, layer_dag, segments, simplif
 from partitioner.solvers.common import SPLITS, Infeasible, SolverResult
 from platforms import MB
 
-__all__ = ["CHANGE_MARGIN", "FOOTPRINT_MARGIN", "LATENCY_TOLERANCE", "SIMILARITY", "hypad", "keep_reason", "simplify",
-           "slice_memory_mb", "unsplit_plan"]
+__all__ = ["CHANGE_MARGIN", "FOOTPRINT_MARGIN", "LATENCY_TOLERANCE", "ORCHESTRATOR_MARGIN", "SIMILARITY", "hypad",
+           "keep_reason", "master_memory_mb", "simplify", "slice_memory_mb", "unsplit_plan"]
 
 
 #: where CPU is per function, a slice's memory is its predicted peak plus this fraction: the memory model's
 #: spread on measured peak RSS (MOPAR's predictors are trained with RMSLE because under-estimating memory
 #: is an out-of-memory kill)
 FOOTPRINT_MARGIN = 0.10
+
+#: where CPU is per function, the margin of a master that orchestrates workers: the memory model prices what
+#: it computes and the tensors it holds, not what orchestrating costs (its fan-out threads and connections,
+#: the parts' outputs it holds while it joins them), and a master at its limit is killed mid-request
+ORCHESTRATOR_MARGIN = 0.35
 
 #: without an SLO, a plan may be this fraction slower than the unsplit model (MOPAR's bound is the unsplit
 #: latency, met on its 52-core servers by running sub-slices at once; where a host has few cores free, each
@@ -99,15 +104,23 @@ def _orchestrator_mb(pm: PerfModel) -> int:
     function if even that is too big: then no sliced plan passes the memory check, and none is returned)."""
     held = max(u.input_bytes + u.output_bytes for u in pm.lg.units) / MB
     try:
-        return slice_memory_mb(pm, pm.compute.base_mb + held)
+        return slice_memory_mb(pm, pm.compute.base_mb + held, margin=ORCHESTRATOR_MARGIN)
     except ValueError:
         return pm.platform.memory_max_mb
 
 
-def slice_memory_mb(pm: PerfModel, need_mb: float) -> int:
-    """The memory of a function that needs ``need_mb``: the smallest size that holds it, with the footprint's
-    margin where CPU is per function (ValueError if no size does)."""
-    return pm.platform.round_memory(need_mb * (1.0 + FOOTPRINT_MARGIN) if pm.cpu.per_function else need_mb)
+def slice_memory_mb(pm: PerfModel, need_mb: float, *, margin: float = FOOTPRINT_MARGIN) -> int:
+    """The memory of a function that needs ``need_mb``: the smallest size that holds it, with ``margin``
+    where CPU is per function (ValueError if no size does)."""
+    return pm.platform.round_memory(need_mb * (1.0 + margin) if pm.cpu.per_function else need_mb)
+
+
+def master_memory_mb(pm: PerfModel, choices: Sequence[StageChoice]) -> int:
+    """The memory of a plan's master: its need with the footprint's margin, and the orchestrator's where it
+    invokes workers (:data:`ORCHESTRATOR_MARGIN`). ValueError if no size holds it."""
+    workers = any(not (c.master_part and c.split.degree == 1) for c in choices)
+    margin = ORCHESTRATOR_MARGIN if workers else FOOTPRINT_MARGIN
+    return slice_memory_mb(pm, pm.master_need_mb(choices, pm.platform.memory_min_mb), margin=margin)
 
 
 def _memories(pm: PerfModel, need_mb: float) -> list[int]:
@@ -290,7 +303,7 @@ def _horizontal(pm: PerfModel, choices: list[StageChoice], bound_ms: float, wait
 def _as_plan(pm: PerfModel, choices: Sequence[StageChoice]) -> _Plan | None:
     """The plan with its master sized to what it holds; None if the memory model says something does not fit."""
     try:
-        mb = slice_memory_mb(pm, pm.master_need_mb(choices, pm.platform.memory_min_mb))
+        mb = master_memory_mb(pm, choices)
     except ValueError:
         return None
     est = pm.estimate(choices, mb)
@@ -310,7 +323,7 @@ def _folded(pm: PerfModel, plan: _Plan, k: int) -> _Plan | None:
         return None
     folded = (*plan.choices[:k], StageChoice(ch.first, ch.last, ch.split, True, 0), *plan.choices[k + 1:])
     try:
-        mb = max(slice_memory_mb(pm, pm.master_need_mb(folded, pm.platform.memory_min_mb)), ch.worker_mb)
+        mb = max(master_memory_mb(pm, folded), ch.worker_mb)
     except ValueError:
         return None
     est = pm.estimate(folded, mb)

@@ -3,6 +3,8 @@ the billed GB-s the performance model predicts for each."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench.suite.mopar_live import plans_of, predicted_gb_s
 from partitioner.graph import LayerGraph
 from partitioner.perfmodel import PerfModel, PlatformFacts
@@ -87,3 +89,26 @@ def test_a_plan_that_is_the_unsplit_one_is_measured_once() -> None:
     assert same_plans({**plans, "mopar": (list(whole[0]), whole[1])}) == {"mopar": "unsplit"}
     sliced = plans["uniform"]
     assert same_plans({**plans, "mopar": (list(sliced[0]), sliced[1] + 1)}) == {}
+
+
+def test_predictions_are_scaled_to_the_reference_timed_beside_the_plans() -> None:
+    """The reference is a function of one vCPU (where CPU follows memory, one vCPU's memory; where it is per
+    function, the unsplit function's); its median compute time scales the one-thread unit times, and the
+    prediction says so. Without a reference (the model does not fit one vCPU) nothing is scaled."""
+    from types import SimpleNamespace
+
+    from bench.suite.mopar_live import _reference_mb, _scaled
+
+    lg = LayerGraph.load(conv_stack(CNN, cin=3, h=64, w=64))
+    local = PlatformFacts.from_profile(load_profile("local"))
+    pm = PerfModel(lg, local, transport="shm")
+    assert _reference_mb(pm, 256) == int(local.mb_per_vcpu)
+    total = sum(u.get(1, 0.0) for u in pm.compute.unit_ms)
+    ref = SimpleNamespace(timings=[{"stage0_ms": 1.5 * total}, {"stage0_ms": 1.5 * total}, {"other_ms": 1.0}])
+    scaled, note = _scaled(pm, ref)
+    assert sum(u.get(1, 0.0) for u in scaled.compute.unit_ms) == pytest.approx(1.5 * total)
+    assert "x1.50 at 1 thread" in note and scaled.cpu == pm.cpu and scaled.transport == pm.transport
+    assert _scaled(pm, None) == (pm, "measured profile, unscaled (the model does not fit one vCPU: no reference)")
+    openfaas = load_profile("openfaas")
+    per_function = PerfModel(lg, PlatformFacts.from_profile(openfaas), transport="shm", cpu=openfaas.cpu)
+    assert _reference_mb(per_function, 300) == 300

@@ -325,6 +325,26 @@ def test_where_slicing_at_every_layer_misses_the_bound_mopar_buys_fewer_hand_off
     assert r.estimate.cost_usd < (1 - CHANGE_MARGIN) * whole.estimate.cost_usd
 
 
+def test_where_cpu_is_per_function_a_master_that_orchestrates_gets_room_to_orchestrate() -> None:
+    """A master that invokes workers holds more than the memory model prices (fan-out threads, connections, the
+    outputs it joins): sized at the footprint's margin it was killed for memory mid-request. It gets the
+    orchestrator's margin; a function that runs the whole model keeps the footprint's."""
+    from partitioner.solvers.mopar import FOOTPRINT_MARGIN, ORCHESTRATOR_MARGIN, master_memory_mb
+
+    pytest.importorskip("torch")
+    from zoo.cache import zoo_file
+
+    pm = _openfaas_here(LayerGraph.load(zoo_file("vgg16", width_div=2, input_size=224)))
+    r = hypad(pm)
+    assert any(not c.master_part for c in r.choices)
+    need = pm.master_need_mb(r.choices, pm.platform.memory_min_mb)
+    assert r.master_mb == master_memory_mb(pm, r.choices) == pm.platform.round_memory(need * (1 + ORCHESTRATOR_MARGIN))
+    whole = unsplit_plan(pm)
+    assert whole is not None
+    alone = pm.master_need_mb(whole.choices, pm.platform.memory_min_mb)
+    assert whole.master_mb == pm.platform.round_memory(alone * (1 + FOOTPRINT_MARGIN))
+
+
 def test_a_saving_within_the_models_error_keeps_one_function_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     import partitioner.solvers.mopar as mopar
 

@@ -28,7 +28,7 @@ def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int, quick: bool, 
     emulated as --platform sells it: billed GB-s per request (MC), memory utilisation and p50, with the MC the
     plan predicted."""
     from bench.harness.provenance import machine
-    from bench.suite.mopar_live import QUICK_MODELS, default_models, rows
+    from bench.suite.mopar_live import QUICK_MODELS, default_models, rows, targets
     from platforms import load_profile
     from serving.console import err_console
 
@@ -43,7 +43,8 @@ def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int, quick: bool, 
     with err_console.status("bench mopar") as st:
         result, cpu = rows(specs, rounds=n, say=st.update, platform=platform)
     doc = {"platform": platform, "cpu_model": cpu.get("cpu_model", "follows_memory"), "cpu_limit": cpu.get("cpu_limit"),
-           "cpu": cpu, "machine": machine(), "rounds": n, "rows": [r.to_json() for r in result]}
+           "cpu": cpu, "machine": machine(), "rounds": n, "rows": [r.to_json() for r in result],
+           "targets": [t.to_json() for t in targets(result, per_function=load_profile(platform).cpu.per_function)]}
     if emit(doc, out=out, as_json=as_json):
         return
     from rich.table import Table
@@ -58,3 +59,9 @@ def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int, quick: bool, 
         t.add_row(r.model, r.plan, str(r.slices), str(r.functions), f"{r.mc_gb_s:.5f}", f"{r.predicted_mc_gb_s:.5f}",
                   f"{r.memory_utilisation:.0%}", f"{r.p50_ms:.1f}")
     console.print(t)
+    checks = Table(title="targets")
+    for c in ("target", "pass", "detail"):
+        checks.add_column(c)
+    for x in doc["targets"]:
+        checks.add_row(x["target"], "yes" if x["pass"] else "[red]no[/]", x["detail"])
+    console.print(checks)

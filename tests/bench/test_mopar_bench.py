@@ -112,3 +112,25 @@ def test_predictions_are_scaled_to_the_reference_timed_beside_the_plans() -> Non
     openfaas = load_profile("openfaas")
     per_function = PerfModel(lg, PlatformFacts.from_profile(openfaas), transport="shm", cpu=openfaas.cpu)
     assert _reference_mb(per_function, 300) == 300
+
+
+def test_the_issues_targets_are_judged_on_the_rows_and_a_model_not_run_fails_its_target() -> None:
+    from bench.suite.mopar_live import MoparRow, targets
+
+    def row(model: str, plan: str, mc: float, functions: int = 1, util: float = 0.5, predicted: float | None = None
+            ) -> MoparRow:
+        return MoparRow(model, plan, functions, functions, mc, util, 10.0, predicted or mc, 10.0, [], 0)
+
+    rows = [row("vgg16/w2@224", "mopar", 0.5, 8, 0.9), row("vgg16/w2@224", "unsplit", 1.0),
+            row("vgg16/w2@224", "uniform", 0.7, 4), row("bert/w2", "mopar", 0.9, 3, 0.6, predicted=1.0),
+            row("bert/w2", "unsplit", 1.0)]
+    got = {t.target: t for t in targets(rows, per_function=True)}
+    assert not got["mopar splits the CNNs and bert"].passed  # resnet50 was not run
+    assert got["vgg16: mopar's MC at most 0.6x Unsplit's"].passed
+    assert not got["resnet50: mopar's MC at most 0.8x Unsplit's"].passed
+    assert got["mopar's MC never above Unsplit's"].passed
+    assert got["memory utilisation above Unsplit's where mopar splits"].passed
+    error = got["predicted MC within 10% of live on every row"]
+    assert not error.passed and error.detail == "worst bert/w2 mopar: +11.1%"
+    follows = {t.target: t for t in targets(rows, per_function=False)}
+    assert follows["dlrm splits and its MC is at most 0.7x Unsplit's"].detail == "dlrm not in this run"

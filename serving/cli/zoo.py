@@ -78,7 +78,8 @@ def _size_mb(path: Path) -> float:
     show_default=True,
     help="Divide every channel/feature width by this (small test variants).",
 )
-@click.option("--input-size", type=click.IntRange(min=1), help="Image side (vgg: a multiple of 32).")
+@click.option("--input-size", type=click.IntRange(min=1),
+              help="Image side (vgg: a multiple of 32); dlrm: the candidates one request scores (its batch).")
 @click.option("--layers", type=click.IntRange(min=1), help="bert/vit/gcn layers (lstm: put it in the name).")
 @click.option("--hidden", type=click.IntRange(min=1), help="bert/vit/lstm hidden size, gcn hidden width.")
 @click.option("--heads", type=click.IntRange(min=1), help="bert/vit attention heads.")

@@ -1,8 +1,12 @@
 """The manual stage specification: ``"0-4:spatial=2x2,5-9:channel=4,10-:none"``.
 
-Each comma-separated item is ``RANGE:SPLIT``. RANGE is ``A-B`` (units A..B inclusive), ``A-`` (to the
-last unit) or ``A``. SPLIT is ``none``, ``spatial=GHxGW`` (``spatial=G`` means Gx1), ``channel=N``,
-``reduction=N`` or ``heads=N``. The ranges must cover every unit once, in order.
+Each comma-separated item is ``RANGE:SPLIT[PLACE]``. RANGE is ``A-B`` (units A..B inclusive), ``A-`` (to
+the last unit) or ``A``. SPLIT is ``none``, ``spatial=GHxGW`` (``spatial=G`` means Gx1), ``channel=N``,
+``reduction=N``, ``heads=N`` or ``embedding=N``. The ranges must cover every unit once, in order.
+
+PLACE, optional, is where the stage's parts run, as ``flatpack plan`` prints it: ``[m+w]`` (part 0 on the
+master, the others on workers; the default) or ``[w]`` (every part on a worker), either with ``@MB``, the
+workers' memory (``[w@512]``). :func:`stage_placements` reads it.
 """
 
 from __future__ import annotations
@@ -12,11 +16,12 @@ import re
 from functions.plan import FAMILIES, Split
 from partitioner.errors import SpecError
 
-__all__ = ["StageSpec", "format_spec", "parse_split", "parse_stages"]
+__all__ = ["StageSpec", "format_spec", "parse_split", "parse_stages", "stage_placements"]
 
 StageSpec = tuple[int, int, Split]
 
-_ITEM = re.compile(r"^\s*(\d+)\s*(?:(-)\s*(\d+)?)?\s*:\s*([a-z]+)\s*(?:=\s*([0-9x]+))?\s*$")
+_ITEM = re.compile(r"^\s*(\d+)\s*(?:(-)\s*(\d+)?)?\s*:\s*([a-z]+)\s*(?:=\s*([0-9x]+))?\s*"
+                   r"(?:\[\s*(m\+w|w)\s*(?:@\s*(\d+))?\s*\])?\s*$")
 
 
 def parse_split(family: str, arg: str | None) -> Split:
@@ -52,7 +57,8 @@ def parse_stages(text: str, n_units: int) -> list[StageSpec]:
     for item in (s for s in text.split(",") if s.strip()):
         m = _ITEM.match(item)
         if not m:
-            raise SpecError(f"cannot parse stage {item.strip()!r}; write e.g. '0-4:spatial=2x2' or '5-:none'")
+            raise SpecError(f"cannot parse stage {item.strip()!r}; write e.g. '0-4:spatial=2x2', "
+                            "'0-4:spatial=2x2[w@512]' or '5-:none'")
         a = int(m.group(1))
         b = (int(m.group(3)) if m.group(3) else n_units - 1) if m.group(2) else a
         if a != expected:
@@ -66,6 +72,15 @@ def parse_stages(text: str, n_units: int) -> list[StageSpec]:
         raise SpecError(f"stages cover units 0-{expected - 1} but the model has units 0-{n_units - 1}; "
                         f"end with e.g. '{expected}-:none'")
     return stages
+
+
+def stage_placements(text: str) -> list[tuple[bool, int]] | None:
+    """Each stage's placement in a spec that :func:`parse_stages` accepts: (part 0 on the master, the workers'
+    memory in MB, 0 where not given); None where no stage gives one (every stage takes the default)."""
+    items = [_ITEM.match(s) for s in text.split(",") if s.strip()]
+    if not any(m is not None and m.group(6) for m in items):
+        return None
+    return [(m.group(6) != "w", int(m.group(7) or 0)) if m is not None else (True, 0) for m in items]
 
 
 def format_spec(stages: list[StageSpec]) -> str:

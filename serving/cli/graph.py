@@ -95,7 +95,9 @@ def inspect_cmd(model: str, shapes: ShapeFixes, as_json: bool) -> None:
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--stages", required=True, metavar="SPEC",
               help='Stages by unit index, e.g. "0-4:spatial=2x2,5-9:channel=4,10-:none" '
-                   "(families: none, spatial=GHxGW, channel=N, reduction=N, heads=N).")
+                   "(families: none, spatial=GHxGW, channel=N, reduction=N, heads=N, embedding=N); a stage may "
+                   "say where its parts run as `flatpack plan` prints it: [m+w] (part 0 on the master, the "
+                   "default) or [w] (all on workers), with @MB for the workers' memory, e.g. 0-5:spatial=2x2[w@512].")
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
 @shape_options
 @click.option("--tolerance", default=DEFAULT_TOLERANCE, show_default=True,
@@ -112,12 +114,16 @@ def export_cmd(model: str, stages: str, out: str, shapes: ShapeFixes, tolerance:
     with _user_errors():
         lg = _load(model, shapes)
         with _err.status("exporting") as status:
-            placements = None
-            if memory_mb is not None:
-                from partitioner.export import Placement
-                from partitioner.spec import parse_stages
+            from partitioner.export import Placement
+            from partitioner.spec import parse_stages, stage_placements
 
-                placements = [Placement(True, memory_mb)] * len(parse_stages(stages, len(lg.units)))
+            n = len(parse_stages(stages, len(lg.units)))
+            placed = stage_placements(stages)
+            placements = None
+            if placed is not None:
+                placements = [Placement(master, mb or memory_mb or 0) for master, mb in placed]
+            elif memory_mb is not None:
+                placements = [Placement(True, memory_mb)] * n
             path = export_bundle(lg, stages, out, tolerance=tolerance, progress=lambda msg: status.update(msg),
                                  backend=backend, master_mb=memory_mb, placements=placements)
     from functions.bundle import Bundle

@@ -129,6 +129,27 @@ def test_cli_export_verify_and_inspect(cnn_path: Path, tmp_path: Path) -> None:
     assert res.exit_code == 1 and "Error:" in res.output and "Traceback" not in res.output
 
 
+def test_export_takes_a_plans_spec_with_its_placements_as_plan_prints_it(cnn_path: Path, tmp_path: Path) -> None:
+    """``flatpack plan`` prints stages as ``0-0:spatial=2x2[w@512]``; ``export --stages`` takes that text back:
+    ``[w]`` puts every part on a worker, ``@MB`` is the workers' memory, ``[m+w]`` keeps part 0 on the master."""
+    from partitioner.spec import stage_placements
+
+    spec = "0:spatial=2x2[w@512],1:channel=3[m+w],2-:none[m+w]"
+    assert parse_stages(spec, 4) == parse_stages("0:spatial=2x2,1:channel=3,2-:none", 4)
+    assert stage_placements(spec) == [(False, 512), (True, 0), (True, 0)]
+    assert stage_placements("0:spatial=2x2,1-:none") is None
+    args = ["export", str(cnn_path), "--stages", spec, "--memory", "256", "-o", str(tmp_path / "b")]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    plan = Bundle.load(tmp_path / "b").plan
+    assert all(p.function != plan.master for p in plan.stages[0].parts)  # [w]: no part on the master
+    assert plan.stages[1].parts[0].function == plan.master
+    memory = {f.name: f.memory_mb for f in plan.functions}
+    assert {memory[p.function] for p in plan.stages[0].parts} == {512} and memory[plan.master] == 256
+    with pytest.raises(SpecError, match="cannot parse"):
+        parse_stages("0-:none[x]", 4)
+
+
 def test_console_script_reports_bad_files_in_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not an onnx file at all")

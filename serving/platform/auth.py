@@ -108,23 +108,29 @@ class TokenMiddleware:
         self.token_file = token_file
 
     async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
-        if scope["type"] != "http":
+        refusal = self.refusal(scope)
+        if refusal is None:
             await self.app(scope, receive, send)
-            return
+        else:
+            await refusal(send)
+
+    def refusal(self, scope: _Scope) -> Callable[[_Send], Awaitable[None]] | None:
+        """None where the request may go on; else what answers it (401), having logged why."""
+        if scope["type"] != "http":
+            return None
         method, path = scope["method"], scope["path"]
         need = required_access(method, path)
         if need is None:
-            await self.app(scope, receive, send)
-            return
+            return None
         have = self.credentials.access(_presented(scope.get("headers") or []))
         if have is Access.CONTROL or (have is Access.INVOKE and need is Access.INVOKE):
-            await self.app(scope, receive, send)
-            return
+            return None
         peer = scope.get("client") or ("?", 0)
         log.warning("refused %s %s from %s:%s: %s", method, path, peer[0], peer[1],
                     "no token" if have is None and not _presented(scope.get("headers") or []) else
                     "wrong token" if have is None else "an invoke-only token")
-        await _refuse(send, path, self._message(have))
+        message = self._message(have)
+        return lambda send: _refuse(send, path, message)
 
     def _message(self, have: Access | None) -> str:
         if have is Access.INVOKE:

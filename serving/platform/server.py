@@ -13,7 +13,7 @@ import uvicorn
 
 from platforms import PlatformProfile
 from serving.api.server import bind_socket, url_of
-from serving.platform.app import create_app
+from serving.platform.app import create_app, fast_invocations
 from serving.platform.auth import PlatformCredentials, PlatformHome
 from serving.platform.client import PlatformClient
 from serving.platform.config import PlatformConfig
@@ -38,7 +38,7 @@ def _server(config: PlatformConfig, profile: PlatformProfile | None, sock: socke
     app = create_app(config, profile, credentials=credentials, home=home)
     service: PlatformService = app.state.service
     service.url = _url(sock)
-    ucfg = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=75,
+    ucfg = uvicorn.Config(fast_invocations(app), log_level="warning", lifespan="on", timeout_keep_alive=75,
                           timeout_graceful_shutdown=5, access_log=False)
     return uvicorn.Server(ucfg), service
 

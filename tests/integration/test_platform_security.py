@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -354,3 +355,27 @@ def test_another_user_can_neither_read_the_token_nor_get_in(shm_root: Path, pwn:
         _nothing_ran(pwn_shared)
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_every_kind_of_lambda_invocation_is_answered_past_the_fast_path(platform: LocalPlatform,
+                                                                        deployed: Deployment) -> None:
+    """RequestResponse invocations take the platform's fast path (plain ASGI, the token checked there); the
+    other kinds still reach the routes. With the invoke token each is answered in Lambda's shape; an unknown
+    function is Lambda's 404 either way."""
+    from tests.integration.test_platform import X, part_event
+
+    worker = deployed.names["worker-1"]
+    url = f"{platform.url}/2015-03-31/functions/{worker}/invocations"
+    body = part_event(deployed, X).encode()
+    auth = {TOKEN_HEADER: platform.token}
+    before = platform.client.meter()["functions"].get(worker, {}).get("invocations", 0)
+    status, reply = _request(url, "POST", body, auth)
+    assert status == 200 and reply
+    assert _request(url, "POST", body, {**auth, "X-Amz-Invocation-Type": "DryRun"})[0] == 204
+    assert _request(url, "POST", body, {**auth, "X-Amz-Invocation-Type": "Event"})[0] == 202
+    deadline = time.monotonic() + 60
+    while platform.client.meter()["functions"].get(worker, {}).get("invocations", 0) < before + 2:
+        assert time.monotonic() < deadline, "the Event invocation never ran"
+        time.sleep(0.05)
+    status, reply = _request(url.replace(worker, "no-such-function"), "POST", body, auth)
+    assert status == 404 and b"Function not found: no-such-function" in reply

@@ -42,7 +42,8 @@ def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int, quick: bool, 
     n = min(rounds, 5) if quick else rounds
     with err_console.status("bench mopar") as st:
         result, cpu = rows(specs, rounds=n, say=st.update, platform=platform)
-    doc = {"platform": platform, "cpu_model": cpu.get("cpu_model", "follows_memory"), "cpu_limit": cpu.get("cpu_limit"),
+    doc = {"page": "mopar" if platform == "local" else f"mopar-{platform}", "platform": platform,
+           "cpu_model": cpu.get("cpu_model", "follows_memory"), "cpu_limit": cpu.get("cpu_limit"),
            "cpu": cpu, "machine": machine(), "rounds": n, "rows": [r.to_json() for r in result],
            "targets": [t.to_json() for t in targets(result, per_function=load_profile(platform).cpu.per_function)]}
     if emit(doc, out=out, as_json=as_json):

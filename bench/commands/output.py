@@ -73,7 +73,10 @@ def report(doc: Mapping[str, Any], *, default: Callable[[Any], Any] | None = str
 
     name = ctx.info_name or ctx.command.name or "bench"
     plain = json.loads(json.dumps(with_cpu_limit(doc), default=default))
-    path = write_results_page(Path(directory), name, plain, command=_command_line(name))
+    # a benchmark run in more than one setting names its page for the setting (``page``: bench mopar's
+    # emulated platform), so the settings' pages stand side by side
+    page = str(doc.get("page") or name)
+    path = write_results_page(Path(directory), page, plain, command=_command_line(name))
     ctx.meta[_REPORTED_KEY] = True
     click.echo(f"results page: {path}", err=True)
     return path

@@ -1,8 +1,9 @@
 """A test run keeps off the user's machine, and ``--leak-check`` proves it.
 
 :func:`isolate` (called when ``tests/conftest.py`` is imported) points flatpack's cache
-(``FLATPACK_CACHE_DIR``), its state (``FLATPACK_STATE_DIR``) and the temporary directory (``TMPDIR``, which
-``tempfile``, stable-baselines3, torch and every subprocess follow) into one tree of this run's own,
+(``FLATPACK_CACHE_DIR``, and matplotlib's ``MPLCONFIGDIR`` in it), its state (``FLATPACK_STATE_DIR``) and the
+temporary directory (``TMPDIR``, which ``tempfile``, stable-baselines3, torch and every subprocess follow) into
+one tree of this run's own,
 ``<tmp>/flatpack-tests-*`` (with a ``home`` for the subprocesses of tools that write to ``$HOME``, such as
 the Serverless Framework). The process that makes the tree (pytest's controller under xdist) owns it and
 removes it when the run ends; xdist's workers inherit its environment, so they share one zoo cache and
@@ -46,6 +47,11 @@ def isolate() -> Path:
             path.mkdir()
             os.environ[var] = str(path)
         (Path(root) / "home").mkdir()  # HOME for tools that write there (the Serverless Framework, npm)
+        # matplotlib (plots, trace PNGs) keeps its font cache in ~/.cache/matplotlib or ~/.config/matplotlib
+        # unless told otherwise; a fresh machine's first plot would leave them
+        mpl = Path(root) / "cache" / "matplotlib"
+        mpl.mkdir()
+        os.environ["MPLCONFIGDIR"] = str(mpl)
     tempfile.tempdir = None  # gettempdir() caches its answer: read TMPDIR again
     return Path(root)
 

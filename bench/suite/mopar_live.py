@@ -113,21 +113,15 @@ def default_models(platform: str) -> tuple[ModelSpec, ...]:
 REFERENCE = "reference"
 
 
-def _whole(pm: Any) -> list[Any]:
-    from functions.plan import Split
-    from partitioner.perfmodel import StageChoice
-
-    return [StageChoice(0, len(pm.lg.units) - 1, Split(), True, 0)]
-
-
-def _reference_mb(pm: Any, unsplit_mb: int) -> int | None:
-    """The memory of the reference, a function of one vCPU (one thread): where CPU is per function, the
-    unsplit function's (its vCPU is the profile's, whatever its memory); where it follows memory, one vCPU's
-    if the model fits it; else none."""
+def _reference_mb(pm: Any, unsplit: tuple[Sequence[Any], int]) -> int | None:
+    """The memory of the reference, the unsplit plan (its choices and memory) in a function of one vCPU (one
+    thread): where CPU is per function, the unsplit function's (its vCPU is the profile's, whatever its
+    memory); where it follows memory, one vCPU's if the model fits it; else none."""
+    choices, unsplit_mb = unsplit
     if pm.cpu.per_function:
         return unsplit_mb if pm.function_vcpu(unsplit_mb) <= 1.0 + 1e-9 else None
     mb = int(pm.platform.mb_per_vcpu)
-    need = pm.master_need_mb(_whole(pm), pm.platform.memory_max_mb)
+    need = pm.master_need_mb(choices, pm.platform.memory_max_mb)
     return mb if need <= mb else None
 
 
@@ -202,12 +196,12 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
             bundles = {k: _export(lg, ch, mb, work / f"{k}-{slug}", platform) for k, (ch, mb) in plans.items()
                        if k not in same}
             pool = InputPool.from_bundle(bundles["unsplit"], 4)
-            ref_mb = _reference_mb(pm, plans["unsplit"][1])
+            ref_mb = _reference_mb(pm, plans["unsplit"])
             with deployments(pp) as st:
                 targets = {k: st.deploy(b, k) for k, b in bundles.items()}
                 if ref_mb is not None:
-                    targets[REFERENCE] = st.deploy(_export(lg, _whole(pm), ref_mb, work / f"ref-{slug}", platform),
-                                                   REFERENCE, keep_timings=True)
+                    whole = _export(lg, plans["unsplit"][0], ref_mb, work / f"ref-{slug}", platform)
+                    targets[REFERENCE] = st.deploy(whole, REFERENCE, keep_timings=True)
                 say(f"{name}: {rounds} interleaved rounds")
                 samples, usage, _ = interleaved(targets, pool, rounds)
             pm, compute = _scaled(pm, targets.get(REFERENCE))

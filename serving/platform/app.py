@@ -88,7 +88,6 @@ class InvokeFastPath:
         if refusal is not None:
             await refusal(send)
             return
-        limit = self.service.profile.payload_limit_bytes
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -98,14 +97,13 @@ class InvokeFastPath:
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > limit:
-                resp = _lambda_platform_error(RequestTooLarge(
-                    f"Request must be smaller than {limit} bytes for the InvokeFunction operation; send large "
-                    "tensors by reference"))
-                await resp(scope, receive, send)
+            more = bool(message.get("more_body", False))
+            try:
+                self.service.check_request_size(size, more=more)
+            except RequestTooLarge as e:
+                await _lambda_platform_error(e)(scope, receive, send)
                 return
             chunks.append(chunk)
-            more = bool(message.get("more_body", False))
         await (await _lambda_reply(self.service, name, b"".join(chunks)))(scope, receive, send)
 
     def _invocation(self, scope: Any) -> str | None:

@@ -217,15 +217,22 @@ class PlatformService:
         """The CPU mechanism and how much of this machine busy instances are entitled to now."""
         return {**self.limiter.describe(), **self.ledger.snapshot()}
 
+    def check_request_size(self, size: int, *, more: bool = False) -> None:
+        """Raise RequestTooLarge if a request of ``size`` bytes (``more``: at least that many, the rest not
+        read) is over the profile's payload limit."""
+        limit = self.profile.payload_limit_bytes
+        if size > limit:
+            got = f"at least {size}" if more else str(size)
+            raise RequestTooLarge(
+                f"Request must be smaller than {limit} bytes for the InvokeFunction operation "
+                f"(got {got}); send large tensors by reference"
+            )
+
     async def invoke(self, name: str, payload: bytes) -> InstanceReply:
         """Run one invocation. Raises PlatformError (not run) or FunctionFailed (ran and failed)."""
         pool = self.pool(name)
         limit = self.profile.payload_limit_bytes
-        if len(payload) > limit:
-            raise RequestTooLarge(
-                f"Request must be smaller than {limit} bytes for the InvokeFunction operation "
-                f"(got {len(payload)}); send large tensors by reference"
-            )
+        self.check_request_size(len(payload))
         reply = await pool.invoke(payload)
         if len(reply.body) > limit:
             raise ResponseTooLarge(

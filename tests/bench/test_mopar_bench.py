@@ -102,7 +102,8 @@ def test_predictions_are_scaled_to_the_reference_timed_beside_the_plans() -> Non
     lg = LayerGraph.load(conv_stack(CNN, cin=3, h=64, w=64))
     local = PlatformFacts.from_profile(load_profile("local"))
     pm = PerfModel(lg, local, transport="shm")
-    assert _reference_mb(pm, 256) == int(local.mb_per_vcpu)
+    whole = plans_of(pm)["unsplit"]
+    assert _reference_mb(pm, whole) == int(local.mb_per_vcpu)
     total = sum(u.get(1, 0.0) for u in pm.compute.unit_ms)
     ref = SimpleNamespace(timings=[{"stage0_ms": 1.5 * total}, {"stage0_ms": 1.5 * total}, {"other_ms": 1.0}])
     scaled, note = _scaled(pm, ref)
@@ -111,7 +112,7 @@ def test_predictions_are_scaled_to_the_reference_timed_beside_the_plans() -> Non
     assert _scaled(pm, None) == (pm, "measured profile, unscaled (the model does not fit one vCPU: no reference)")
     openfaas = load_profile("openfaas")
     per_function = PerfModel(lg, PlatformFacts.from_profile(openfaas), transport="shm", cpu=openfaas.cpu)
-    assert _reference_mb(per_function, 300) == 300
+    assert _reference_mb(per_function, (plans_of(per_function)["unsplit"][0], 300)) == 300
 
 
 def test_the_issues_targets_are_judged_on_the_rows_and_a_model_not_run_fails_its_target() -> None:

@@ -46,7 +46,7 @@ from functions.config import FunctionConfig
 from functions.errors import BadRequest, FunctionError, PartError
 from functions.event import Event, Reply, TensorEntry
 from functions.executor import execute_plan, region_slices
-from functions.invoker.policy import CallKey, PolicyInvoker
+from functions.invoker.policy import CallKey, PolicyCall, PolicyInvoker
 from functions.plan import Part, Plan, Region, Stage, full_region, region_shape
 from functions.procstat import peak_rss_mb
 from functions.trace import TraceRecorder, breakdown
@@ -301,10 +301,14 @@ class _RequestRun:
                     ts = time.perf_counter()
                     events[i] = self._entries(stage, part, inputs[i], cache, stage_puts)
                     rec.add("scatter", stage.index, part.index, ts, time.perf_counter())
-            for i, entries in events.items():
-                futures[i] = m._fanout.submit(self._call, stage, parts[i], entries, keep_remote)
             results: list[dict[str, Any]] = [{} for _ in parts]
             try:
+                # every worker's invocation is on the wire before the master computes its own part: sent
+                # from this thread, one after another (a thread per send costs a 0.29-vCPU master its quota
+                # in hand-offs, and its local part would hold the CPU the sends wait for)
+                for i, entries in events.items():
+                    call, sent = self._start_call(stage, parts[i], entries)
+                    futures[i] = m._fanout.submit(self._finish_call, stage, parts[i], call, sent, keep_remote)
                 for i, part in enumerate(parts):
                     if i not in futures:
                         ts = time.perf_counter()
@@ -453,8 +457,9 @@ class _RequestRun:
         cache[ck] = e
         return e
 
-    def _call(self, stage: Stage, part: Part, entries: list[TensorEntry], keep_remote: bool) -> dict[str, Any]:
-        """Invoke one part (with retries / hedging) and return its outputs: arrays, or remote tensors."""
+    def _start_call(self, stage: Stage, part: Part, entries: list[TensorEntry]) -> tuple[PolicyCall, list[float]]:
+        """Send one part's first attempt; the call (with retries / hedging to come) and when each of its
+        attempts was sent."""
         m = self.m
         ev = self.event
         wire = m.caller.invoker.wire
@@ -478,7 +483,7 @@ class _RequestRun:
             with self._lock:
                 self.timings[name] = self.timings.get(name, 0.0) + 1
 
-        reply = m.caller.call(
+        call = m.caller.start(
             m.config.invoke_name(part.function),
             payload_for,
             deadline=self.deadline,
@@ -488,6 +493,13 @@ class _RequestRun:
             failed=failed,
             hedge=stage.index in m.hedged_stages,
         )
+        return call, sent
+
+    def _finish_call(self, stage: Stage, part: Part, call: PolicyCall, sent: list[float],
+                     keep_remote: bool) -> dict[str, Any]:
+        """Wait for one part (retrying / hedging it) and return its outputs: arrays, or remote tensors."""
+        m = self.m
+        reply = call.result()
         received = time.perf_counter()
         self._trace_call(stage.index, part.index, sent, received, reply.timings)
         refs = [e.ref for e in reply.outputs if e.ref is not None]

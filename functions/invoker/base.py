@@ -7,8 +7,10 @@ carries the function's own structured error is returned like any reply and judge
 
 from __future__ import annotations
 
+import functools
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import ClassVar
 
 from functions.errors import (
@@ -38,6 +40,13 @@ class Invoker(ABC):
     @abstractmethod
     def invoke(self, function: str, payload: bytes, *, timeout_s: float) -> bytes:
         """The reply payload of ``function`` run on ``payload``, within ``timeout_s`` seconds."""
+
+    def start(self, function: str, payload: bytes, *, timeout_s: float) -> Callable[[], bytes]:
+        """Begin an invocation: where the invoker can, the request is on the wire when this returns; the
+        returned callable waits for the reply payload (once, from any thread) and raises as :meth:`invoke`
+        does. The default sends nothing until the callable runs. A caller that starts several invocations
+        from one thread this way sends them one after another without a thread per send."""
+        return functools.partial(self.invoke, function, payload, timeout_s=timeout_s)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

@@ -1,4 +1,4 @@
-"""Keep-alive HTTP POSTs from many threads (one connection per thread and host), standard library only.
+"""Keep-alive HTTP POSTs from many threads, standard library only.
 
 A master pays for every invocation with its own CPU, and at 512 MB a function has 0.29 of a core: the
 standard library's ``http.client`` parses each response's headers through the ``email`` package, which
@@ -11,9 +11,11 @@ keep ``http.client`` (TLS, proxies and their corner cases are not worth owning).
 
 from __future__ import annotations
 
+import functools
 import http.client
 import socket
 import threading
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from functions.codec import advance_views
@@ -45,9 +47,8 @@ class _PlainConnection:
                 self.sock = None
                 self._buf.clear()
 
-    def post(self, path: str, body: bytes, headers: dict[str, str], timeout_s: float
-             ) -> tuple[int, dict[str, str], bytes, bool]:
-        """Status, headers (lower-case names), body, and whether the server keeps the connection open."""
+    def send_request(self, path: str, body: bytes, headers: dict[str, str], timeout_s: float) -> None:
+        """Write one request (the socket's timeout, ``timeout_s``, also bounds reading its response)."""
         if self.sock is None:
             self.sock = socket.create_connection((self.host, self.port), timeout=timeout_s)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -57,6 +58,12 @@ class _PlainConnection:
         lines += [f"{k}: {v}" for k, v in headers.items()]
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         _send_all(sock, head, body)
+
+    def read_response(self) -> tuple[int, dict[str, str], bytes, bool]:
+        """Status, headers (lower-case names), body, and whether the server keeps the connection open."""
+        sock = self.sock
+        if sock is None:
+            raise ConnectionError("no request was sent on this connection")
         while True:
             status, out_headers, keep = self._read_head(sock)
             if status >= 200:
@@ -170,7 +177,15 @@ def _send_all(sock: socket.socket, head: bytes, body: bytes) -> None:
 
 
 class HttpPoster:
-    """POSTs to one ``http://host:port`` base URL, reusing a connection per thread."""
+    """POSTs to one ``http://host:port`` base URL over keep-alive connections, thread-safe.
+
+    :meth:`send` writes a request and returns what reads its response, so a caller can put several
+    requests on the wire from one thread and wait for their responses in others: a master at 0.29 of a
+    core sends a stage's invocations one after another, before it computes its own part, rather than
+    waking a thread per invocation to send each. An idle connection is reused by whichever thread sends
+    next (most recently used first). ``https://`` URLs go through ``http.client``, whose request and
+    response are not split: there :meth:`send` sends nothing and what it returns does the whole POST.
+    """
 
     def __init__(self, base_url: str) -> None:
         parts = urlsplit(base_url)
@@ -181,64 +196,122 @@ class HttpPoster:
         self._host = parts.hostname
         self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
-        self._local = threading.local()
-        self._conns: list[_PlainConnection | http.client.HTTPConnection] = []  # every thread's, for close()
+        self._idle: list[_PlainConnection | http.client.HTTPConnection] = []
+        self._conns: set[_PlainConnection | http.client.HTTPConnection] = set()  # idle and in use, for close()
         self._lock = threading.Lock()
 
-    def _connection(self) -> tuple[_PlainConnection | http.client.HTTPConnection, bool]:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            return conn, True
+    def _checkout(self, *, fresh: bool = False) -> tuple[_PlainConnection | http.client.HTTPConnection, bool]:
+        """A connection to send on, and whether it was used before (an idle one, unless ``fresh``)."""
+        with self._lock:
+            if self._idle and not fresh:
+                return self._idle.pop(), True
         conn = http.client.HTTPSConnection(self._host, self._port) if self._https else _PlainConnection(
             self._host, self._port)
-        self._local.conn = conn
         with self._lock:
-            self._conns.append(conn)
+            self._conns.add(conn)
         return conn, False
 
-    def _drop(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
-            with self._lock:
-                if conn in self._conns:
-                    self._conns.remove(conn)
+    def _checkin(self, conn: _PlainConnection | http.client.HTTPConnection) -> None:
+        with self._lock:
+            if conn in self._conns:
+                self._idle.append(conn)
+                return
+        conn.close()  # closed by close() while in use
+
+    def _release(self, conn: _PlainConnection | http.client.HTTPConnection, keep: bool) -> None:
+        """A response was read: the connection goes back to the idle ones, or closes (the server said so)."""
+        if keep:
+            self._checkin(conn)
+        else:
+            self._drop(conn)
+
+    def _drop(self, conn: _PlainConnection | http.client.HTTPConnection) -> None:
+        conn.close()
+        with self._lock:
+            self._conns.discard(conn)
 
     def post(
         self, path: str, body: bytes, *, timeout_s: float, headers: dict[str, str] | None = None, what: str = ""
     ) -> tuple[int, dict[str, str], bytes]:
         """Status, headers (lower-case names) and body. Raises InvokeTimeout / InvokeError."""
+        return self.send(path, body, timeout_s=timeout_s, headers=headers, what=what)()
+
+    def send(
+        self, path: str, body: bytes, *, timeout_s: float, headers: dict[str, str] | None = None, what: str = ""
+    ) -> Callable[[], tuple[int, dict[str, str], bytes]]:
+        """Write the request now; the returned callable reads its status, headers and body (once, from any
+        thread). Either raises InvokeTimeout / InvokeError."""
         hdrs = {"Content-Type": "application/octet-stream", **(headers or {})}
+        if self._https:
+            return functools.partial(self._post_https, path, body, hdrs, timeout_s, what)
+        conn, reused = self._checkout()
+        try:
+            self._send(conn, path, body, hdrs, timeout_s, what)
+        except InvokeError:
+            if not reused:
+                raise
+            # A kept-alive connection the server closed while idle fails on first use: once more on a fresh one.
+            conn, reused = self._checkout(fresh=True)
+            self._send(conn, path, body, hdrs, timeout_s, what)
+        return functools.partial(self._receive, conn, reused, path, body, hdrs, timeout_s, what)
+
+    def _send(self, conn: _PlainConnection | http.client.HTTPConnection, path: str, body: bytes,
+              headers: dict[str, str], timeout_s: float, what: str) -> None:
+        assert isinstance(conn, _PlainConnection)
+        try:
+            conn.send_request(self._prefix + path, body, headers, timeout_s)
+        except TimeoutError as e:
+            self._drop(conn)
+            raise InvokeTimeout(f"no reply from {what or self.base_url} within {timeout_s:.3g} s") from e
+        except OSError as e:
+            self._drop(conn)
+            raise InvokeError(f"cannot reach {self.base_url} ({what}): {e}") from e
+
+    def _receive(self, conn: _PlainConnection | http.client.HTTPConnection, reused: bool, path: str, body: bytes,
+                 headers: dict[str, str], timeout_s: float, what: str) -> tuple[int, dict[str, str], bytes]:
+        assert isinstance(conn, _PlainConnection)
+        try:
+            status, out_headers, data, keep = conn.read_response()
+        except TimeoutError as e:
+            self._drop(conn)
+            raise InvokeTimeout(f"no reply from {what or self.base_url} within {timeout_s:.3g} s") from e
+        except OSError as e:
+            self._drop(conn)
+            if reused:
+                # the server closed the kept-alive connection as the request arrived: once more on a fresh
+                # one (parts are idempotent, so even a request that did arrive may run again)
+                fresh, _ = self._checkout(fresh=True)
+                self._send(fresh, path, body, headers, timeout_s, what)
+                return self._receive(fresh, False, path, body, headers, timeout_s, what)
+            raise InvokeError(f"cannot reach {self.base_url} ({what}): {e}") from e
+        self._release(conn, keep)
+        return status, out_headers, data
+
+    def _post_https(self, path: str, body: bytes, headers: dict[str, str], timeout_s: float,
+                    what: str) -> tuple[int, dict[str, str], bytes]:
         for attempt in range(2):
-            conn, reused = self._connection()
+            conn, reused = self._checkout(fresh=attempt > 0)
+            assert isinstance(conn, http.client.HTTPConnection)
             try:
-                if isinstance(conn, _PlainConnection):
-                    status, out_headers, data, keep = conn.post(self._prefix + path, body, hdrs, timeout_s)
-                else:
-                    status, out_headers, data, keep = _post_https(conn, self._prefix + path, body, hdrs, timeout_s)
-                if not keep:
-                    self._drop()
-                return status, out_headers, data
+                status, out_headers, data, keep = _post_https(conn, self._prefix + path, body, headers, timeout_s)
             except TimeoutError as e:
-                self._drop()
+                self._drop(conn)
                 raise InvokeTimeout(f"no reply from {what or self.base_url} within {timeout_s:.3g} s") from e
             except (ConnectionError, http.client.HTTPException, OSError) as e:
-                self._drop()
-                # A kept-alive connection the server closed while idle fails on first use: retry once on a
-                # fresh one (parts are idempotent, so even a request that did arrive may run again).
+                self._drop(conn)
                 if reused and attempt == 0:
                     continue
                 raise InvokeError(f"cannot reach {self.base_url} ({what}): {e}") from e
+            self._release(conn, keep)
+            return status, out_headers, data
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        """Close every thread's connection (a thread that posts again opens a new one)."""
+        """Close every connection, idle or in use (a later request opens a new one)."""
         with self._lock:
-            conns, self._conns = self._conns, []
+            conns, self._conns, self._idle = self._conns, set(), []
         for conn in conns:
             conn.close()
-        self._local = threading.local()
 
 
 def _post_https(conn: http.client.HTTPConnection, path: str, body: bytes, headers: dict[str, str],

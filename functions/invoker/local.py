@@ -11,7 +11,7 @@ The local platform answers only requests that carry its token (``X-Flatpack-Toke
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -75,18 +75,26 @@ class LocalInvoker(Invoker):
             self._headers[TOKEN_HEADER] = token
 
     def invoke(self, function: str, payload: bytes, *, timeout_s: float) -> bytes:
-        status, headers, body = self._http.post(
+        return self.start(function, payload, timeout_s=timeout_s)()
+
+    def start(self, function: str, payload: bytes, *, timeout_s: float) -> Callable[[], bytes]:
+        reply = self._http.send(
             f"/2015-03-31/functions/{quote(function, safe='')}/invocations",
             payload,
             timeout_s=timeout_s,
             headers=self._headers,
             what=f"function {function}",
         )
-        if status == 200:
-            if headers.get("x-amz-function-error"):
-                raise lambda_function_error(function, body)
-            return body
-        raise status_error(function, status, body, where=f"the local platform at {self.base_url}")
+
+        def result() -> bytes:
+            status, headers, body = reply()
+            if status == 200:
+                if headers.get("x-amz-function-error"):
+                    raise lambda_function_error(function, body)
+                return body
+            raise status_error(function, status, body, where=f"the local platform at {self.base_url}")
+
+        return result
 
     def close(self) -> None:
         self._http.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import quote
 
 from functions.event import Reply
@@ -33,21 +33,29 @@ class OpenFaaSInvoker(Invoker):
             self._headers["Authorization"] = "Basic " + base64.b64encode(basic_auth.encode()).decode()
 
     def invoke(self, function: str, payload: bytes, *, timeout_s: float) -> bytes:
-        status, _, body = self._http.post(
+        return self.start(function, payload, timeout_s=timeout_s)()
+
+    def start(self, function: str, payload: bytes, *, timeout_s: float) -> Callable[[], bytes]:
+        reply = self._http.send(
             f"/function/{quote(function, safe='')}",
             payload,
             timeout_s=timeout_s,
             headers=self._headers,
             what=f"function {function}",
         )
-        if status == 200:
-            return body
-        try:
-            if Reply.decode(body).error is not None:
+
+        def result() -> bytes:
+            status, _, body = reply()
+            if status == 200:
                 return body
-        except ValueError:
-            pass
-        raise status_error(function, status, body, where=f"the OpenFaaS gateway at {self.base_url}")
+            try:
+                if Reply.decode(body).error is not None:
+                    return body
+            except ValueError:
+                pass
+            raise status_error(function, status, body, where=f"the OpenFaaS gateway at {self.base_url}")
+
+        return result
 
     def close(self) -> None:
         self._http.close()

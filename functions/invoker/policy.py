@@ -19,12 +19,13 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Any
 
 from functions.errors import FunctionError, InstanceCrashed, InvokeTimeout, error_from_json
 from functions.event import Reply
 from functions.invoker.base import Invoker
 
-__all__ = ["CallKey", "DurationStats", "InvokePolicy", "PolicyInvoker"]
+__all__ = ["CallKey", "DurationStats", "InvokePolicy", "PolicyCall", "PolicyInvoker"]
 
 log = logging.getLogger(__name__)
 
@@ -124,14 +125,18 @@ class PolicyInvoker:
         self.stats = stats or DurationStats()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="flatpack-invoke")
 
-    def _attempt(self, function: str, payload: bytes, timeout_s: float) -> Reply:
-        body = self.invoker.invoke(function, payload, timeout_s=timeout_s)
-        reply = Reply.decode(body)
-        if reply.error is not None:
-            raise error_from_json(reply.error, function=function)
-        return reply
+    def _attempt(self, function: str, reply: Callable[[], bytes]) -> Reply:
+        out = Reply.decode(reply())
+        if out.error is not None:
+            raise error_from_json(out.error, function=function)
+        return out
 
-    def call(
+    def call(self, function: str, payload_for: Callable[[int], bytes], **options: Any) -> Reply:
+        """Invoke ``function`` with ``payload_for(attempt_number)`` until a reply succeeds: the reply, or the
+        :class:`FunctionError` that ended the last attempt. ``options`` as :meth:`start` takes them."""
+        return self.start(function, payload_for, **options).result()
+
+    def start(
         self,
         function: str,
         payload_for: Callable[[int], bytes],
@@ -142,8 +147,10 @@ class PolicyInvoker:
         lost: Callable[[int], None] | None = None,
         failed: Callable[[int, FunctionError], None] | None = None,
         hedge: bool = True,
-    ) -> Reply:
-        """Invoke ``function`` with ``payload_for(attempt_number)`` until a reply succeeds.
+    ) -> PolicyCall:
+        """Begin a call: its first attempt is sent before this returns (in the caller's thread, where the
+        invoker sends at once); the returned :class:`PolicyCall`'s ``result()`` waits, hedges and retries,
+        in whichever thread calls it, until a reply succeeds.
 
         ``deadline`` is Unix time in seconds. ``discard`` receives the successful replies of attempts
         that lost (hedges, late retries), so their outputs can be deleted; ``lost`` the number of a lost
@@ -153,44 +160,94 @@ class PolicyInvoker:
         ``hedge``: whether this call may be hedged at all (the policy's percentile decides when); a caller
         turns it off for parts that are not cheap to duplicate.
         """
-        pol = self.policy
-        allowed = 1 + pol.max_retries
-        pending: dict[Future[Reply], _Attempt] = {}
-        errors: list[FunctionError] = []
-        launched = 0
-        hedged = False
+        return PolicyCall(self, function, payload_for, deadline=deadline, key=key, discard=discard, lost=lost,
+                          failed=failed, hedge=hedge)
 
-        def launch(hedge: bool = False) -> None:
-            nonlocal launched
-            timeout = min(pol.timeout_s, deadline - time.time())
-            att = _Attempt(launched, time.time(), hedge)
-            launched += 1
-            pending[self._pool.submit(self._attempt, function, payload_for(att.number), timeout)] = att
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.invoker.close()
 
-        def abandon() -> None:
-            for f, att in pending.items():
-                if not f.cancel() and (discard is not None or lost is not None):
-                    f.add_done_callback(functools.partial(_discard, attempt=att.number, discard=discard, lost=lost))
-            pending.clear()
 
-        hedge_after = None
+class PolicyCall:
+    """One call under the policy (see :meth:`PolicyInvoker.call`), its first attempt sent on creation;
+    :meth:`result` runs the rest of it, once."""
+
+    def __init__(
+        self,
+        owner: PolicyInvoker,
+        function: str,
+        payload_for: Callable[[int], bytes],
+        *,
+        deadline: float,
+        key: CallKey | None,
+        discard: Callable[[Reply], None] | None,
+        lost: Callable[[int], None] | None,
+        failed: Callable[[int, FunctionError], None] | None,
+        hedge: bool,
+    ) -> None:
+        self._owner = owner
+        self.function = function
+        self._payload_for = payload_for
+        self.deadline = deadline
+        self.key = key
+        self._discard = discard
+        self._lost = lost
+        self._failed = failed
+        self._hedge = hedge
+        self._pending: dict[Future[Reply], _Attempt] = {}
+        self._launched = 0
+        pol = owner.policy
+        self._hedge_after = None
         if (hedge and pol.hedge_percentile is not None and key is not None
-                and self.stats.hedged_share(key) < pol.hedge_budget):
-            hedge_after = self.stats.percentile(key, pol.hedge_percentile, pol.hedge_min_samples)
+                and owner.stats.hedged_share(key) < pol.hedge_budget):
+            self._hedge_after = owner.stats.percentile(key, pol.hedge_percentile, pol.hedge_min_samples)
+        self._launch()
 
+    def _launch(self, hedge: bool = False) -> None:
+        owner = self._owner
+        timeout = min(owner.policy.timeout_s, self.deadline - time.time())
+        att = _Attempt(self._launched, time.time(), hedge)
+        self._launched += 1
+        fut: Future[Reply]
         try:
-            launch()
+            reply = owner.invoker.start(self.function, self._payload_for(att.number), timeout_s=timeout)
+        except Exception as e:  # noqa: BLE001 - judged below as the attempt's failure, as a reply's would be
+            fut = Future()
+            fut.set_exception(e)
+        else:
+            fut = owner._pool.submit(owner._attempt, self.function, reply)
+        self._pending[fut] = att
+
+    def _abandon(self) -> None:
+        discard, lost = self._discard, self._lost
+        for f, att in self._pending.items():
+            if not f.cancel() and (discard is not None or lost is not None):
+                f.add_done_callback(functools.partial(_discard, attempt=att.number, discard=discard, lost=lost))
+        self._pending.clear()
+
+    def result(self) -> Reply:
+        """The successful reply, or the :class:`FunctionError` that ended the last attempt."""
+        owner = self._owner
+        pol = owner.policy
+        function, deadline, key = self.function, self.deadline, self.key
+        pending = self._pending
+        allowed = 1 + pol.max_retries
+        errors: list[FunctionError] = []
+        hedged = False
+        hedge_after = self._hedge_after
+        try:
             while True:
                 now = time.time()
                 if now >= deadline:
-                    abandon()
+                    self._abandon()
                     last = f"; last error: {errors[-1]}" if errors else ""
                     raise InvokeTimeout(
-                        f"no reply before the request's deadline after {launched} attempt(s){last}", function=function
+                        f"no reply before the request's deadline after {self._launched} attempt(s){last}",
+                        function=function,
                     )
                 wait_s = deadline - now
                 hedge_due = False
-                if hedge_after is not None and not hedged and launched < allowed and pending:
+                if hedge_after is not None and not hedged and self._launched < allowed and pending:
                     hedge_due = True
                     first = min(a.started for a in pending.values())
                     wait_s = min(wait_s, max(0.0, first + hedge_after - now))
@@ -200,7 +257,7 @@ class PolicyInvoker:
                         hedged = True
                         log.info("hedging %s (%s): running past p%s = %.1f ms", function, key, pol.hedge_percentile,
                                  1000 * (hedge_after or 0))
-                        launch(hedge=True)
+                        self._launch(hedge=True)
                     continue
                 for fut in done:
                     att = pending.pop(fut)
@@ -208,38 +265,34 @@ class PolicyInvoker:
                         reply = fut.result()
                     except FunctionError as e:
                         errors.append(e)
-                        if failed is not None:
-                            failed(att.number, e)
+                        if self._failed is not None:
+                            self._failed(att.number, e)
                         if not e.retryable:
-                            abandon()
+                            self._abandon()
                             raise
                         log.info("%s attempt %d failed (%s)", function, att.number, e)
                         continue
                     except Exception as e:  # noqa: BLE001 - an invoker bug must still end as a structured error
-                        abandon()
+                        self._abandon()
                         raise FunctionError(f"invoker failed: {e!r}", function=function) from e
                     if key is not None:
-                        self.stats.record(key, time.time() - att.started)
-                    abandon()
+                        owner.stats.record(key, time.time() - att.started)
+                    self._abandon()
                     return reply
                 if not pending:
-                    if launched >= allowed:
+                    if self._launched >= allowed:
                         last_err = errors[-1]
-                        last_err.message = f"{last_err.message} (gave up after {launched} attempts)"
+                        last_err.message = f"{last_err.message} (gave up after {self._launched} attempts)"
                         raise last_err
                     # A crashed instance is gone and the retry goes to another one: nothing to back off from. A
                     # throttled or unreachable platform, or a timeout, gets time to recover.
                     pause = 0.0 if isinstance(errors[-1], InstanceCrashed) else pol.backoff_s * (2 ** (len(errors) - 1))
                     time.sleep(max(0.0, min(pause, deadline - time.time())))
                     if time.time() < deadline:
-                        launch()
+                        self._launch()
         finally:
-            if hedge and pol.hedge_percentile is not None and key is not None:
-                self.stats.record_call(key, hedged)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self.invoker.close()
+            if self._hedge and pol.hedge_percentile is not None and key is not None:
+                owner.stats.record_call(key, hedged)
 
 
 def _discard(f: Future[Reply], *, attempt: int, discard: Callable[[Reply], None] | None,

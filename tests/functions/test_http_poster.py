@@ -5,7 +5,9 @@ timeouts and unreachable servers as structured errors."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -132,3 +134,28 @@ def test_timeouts_and_unreachable_servers_are_structured_errors(server: _Server)
         HttpPoster(f"http://127.0.0.1:{port}").post("/ok", b"x", timeout_s=2)
     with pytest.raises(ValueError, match="http"):
         HttpPoster("ftp://example.com")
+
+
+def test_requests_sent_from_one_thread_are_answered_to_the_threads_that_wait_for_them(server: _Server) -> None:
+    """A master sends a stage's invocations one after another from its own thread, then waits for each in
+    another: every request is on the wire before send returns, and each waiter gets its own reply."""
+    p = HttpPoster(server.url)
+    replies = [p.send("/slow", b"part %d" % i, timeout_s=10) for i in range(4)]
+
+    def all_arrived() -> bool:
+        with server.lock:
+            return len(server.seen) == 4
+
+    deadline = time.monotonic() + 10
+    while not all_arrived():  # every request reached the server while none has been answered
+        assert time.monotonic() < deadline, f"only {len(server.seen)} of 4 requests reached the server"
+        time.sleep(0.01)
+    assert server.connections == 4
+    server.release.set()
+    with ThreadPoolExecutor(4) as pool:
+        bodies = list(pool.map(lambda reply: reply()[2], replies))
+    assert bodies == [b"part %d" % i for i in range(4)]
+    # the four connections are idle again, and reused
+    assert [p.post("/ok", b"%d" % i, timeout_s=5)[2] for i in range(4)] == [b"0", b"1", b"2", b"3"]
+    assert server.connections == 4
+    p.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,40 @@ def test_a_part_on_the_master_runs_in_its_own_process(bundles, reference, deploy
     _check_outputs(d, got, x, reference)
     assert [(f, s, p) for f, s, p, _ in d.invoker.calls] == [("unit-worker-1", 0, 1)]
     assert ("compute", 0, 0) in {(s.name, s.stage, s.part) for s in reply.trace}
+
+
+class SendingInvoker(InProcessInvoker):
+    """Logs when each invocation is sent (``start``, in the master's own thread, as the HTTP invokers put the
+    request on the wire there) beside when the master's own parts run."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+
+    def start(self, function: str, payload: bytes, *, timeout_s: float) -> Callable[[], bytes]:
+        event = Event.decode(payload)
+        self.log.append(f"sent s{event.stage}p{event.part} from {threading.current_thread().name}")
+        return super().start(function, payload, timeout_s=timeout_s)
+
+
+def test_a_stages_invocations_are_sent_before_the_master_computes_its_own_part(bundles, reference, deployed
+                                                                               ) -> None:
+    log: list[str] = []
+    d = deployed(bundles.conv_channel_master, SendingInvoker(log))
+    sessions = d.master.sessions
+    run = sessions.run
+
+    def logged_run(path: Any, inputs: Any) -> Any:
+        log.append(f"local from {threading.current_thread().name}")
+        return run(path, inputs)
+
+    sessions.run = logged_run  # type: ignore[method-assign]
+    x = d.inputs(1)
+    reply, got = d.infer(x)
+    assert reply.error is None, reply.error
+    _check_outputs(d, got, x, reference)
+    me = threading.current_thread().name
+    assert log == [f"sent s0p1 from {me}", f"local from {me}"]
 
 
 def test_partial_sums_are_added_and_the_epilogue_runs_on_the_master(bundles, reference, deployed) -> None:

@@ -225,6 +225,12 @@ class HttpPoster:
         else:
             self._drop(conn)
 
+    def _timed_out(self, what: str, timeout_s: float) -> InvokeTimeout:
+        return InvokeTimeout(f"no reply from {what or self.base_url} within {timeout_s:.3g} s")
+
+    def _unreachable(self, what: str, e: Exception) -> InvokeError:
+        return InvokeError(f"cannot reach {self.base_url} ({what}): {e}")
+
     def _drop(self, conn: _PlainConnection | http.client.HTTPConnection) -> None:
         conn.close()
         with self._lock:
@@ -262,10 +268,10 @@ class HttpPoster:
             conn.send_request(self._prefix + path, body, headers, timeout_s)
         except TimeoutError as e:
             self._drop(conn)
-            raise InvokeTimeout(f"no reply from {what or self.base_url} within {timeout_s:.3g} s") from e
+            raise self._timed_out(what, timeout_s) from e
         except OSError as e:
             self._drop(conn)
-            raise InvokeError(f"cannot reach {self.base_url} ({what}): {e}") from e
+            raise self._unreachable(what, e) from e
 
     def _receive(self, conn: _PlainConnection | http.client.HTTPConnection, reused: bool, path: str, body: bytes,
                  headers: dict[str, str], timeout_s: float, what: str) -> tuple[int, dict[str, str], bytes]:
@@ -274,7 +280,7 @@ class HttpPoster:
             status, out_headers, data, keep = conn.read_response()
         except TimeoutError as e:
             self._drop(conn)
-            raise InvokeTimeout(f"no reply from {what or self.base_url} within {timeout_s:.3g} s") from e
+            raise self._timed_out(what, timeout_s) from e
         except OSError as e:
             self._drop(conn)
             if reused:
@@ -283,7 +289,7 @@ class HttpPoster:
                 fresh, _ = self._checkout(fresh=True)
                 self._send(fresh, path, body, headers, timeout_s, what)
                 return self._receive(fresh, False, path, body, headers, timeout_s, what)
-            raise InvokeError(f"cannot reach {self.base_url} ({what}): {e}") from e
+            raise self._unreachable(what, e) from e
         self._release(conn, keep)
         return status, out_headers, data
 
@@ -296,12 +302,12 @@ class HttpPoster:
                 status, out_headers, data, keep = _post_https(conn, self._prefix + path, body, headers, timeout_s)
             except TimeoutError as e:
                 self._drop(conn)
-                raise InvokeTimeout(f"no reply from {what or self.base_url} within {timeout_s:.3g} s") from e
+                raise self._timed_out(what, timeout_s) from e
             except (ConnectionError, http.client.HTTPException, OSError) as e:
                 self._drop(conn)
                 if reused and attempt == 0:
                     continue
-                raise InvokeError(f"cannot reach {self.base_url} ({what}): {e}") from e
+                raise self._unreachable(what, e) from e
             self._release(conn, keep)
             return status, out_headers, data
         raise AssertionError("unreachable")

@@ -5,6 +5,11 @@ stage it slices the input regions of the parts, invokes the parts' functions con
 parts assigned to the master itself in its own process meanwhile), joins (tiles placed, channels
 concatenated, partial sums added), runs the epilogue, and goes on: Gillis's multi-round fork-join.
 
+Threads: the master's own thread sends every invocation of a stage, then waits for all of them at once
+(:func:`functions.invoker.policy.as_completed`: their hedges, retries and deadlines on one clock) and
+gathers each part as it answers. Its own parts of a stage that also has workers' parts run in one helper
+thread beside that wait. A thread per part cost a master at 0.29 vCPU its quota in hand-offs.
+
 A stage assigned wholly to one other function (MOPAR's vertical slice) leaves its outputs in the
 transport: the master holds a :class:`RemoteTensor` (a ref plus dtype and shape) and passes the ref on to
 the next stage's parts, so the tensor goes worker to worker without passing through the master's
@@ -46,7 +51,7 @@ from functions.config import FunctionConfig
 from functions.errors import BadRequest, FunctionError, PartError
 from functions.event import Event, Reply, TensorEntry
 from functions.executor import execute_plan, region_slices
-from functions.invoker.policy import CallKey, PolicyCall, PolicyInvoker
+from functions.invoker.policy import CallKey, PolicyCall, PolicyInvoker, as_completed
 from functions.plan import Part, Plan, Region, Stage, full_region, region_shape
 from functions.procstat import peak_rss_mb
 from functions.trace import TraceRecorder, breakdown
@@ -149,7 +154,6 @@ class Master:
     sessions: the instance's session cache, for parts and epilogues the master runs itself.
     transports: the instance's transports.
     caller: invokes the workers under the deadline / retry / hedging policy.
-    fanout_workers: most parts invoked at once.
     """
 
     def __init__(
@@ -160,8 +164,6 @@ class Master:
         sessions: PartSessions,
         transports: TransportSet,
         caller: PolicyInvoker,
-        *,
-        fanout_workers: int = 32,
     ) -> None:
         self.plan = plan
         self.bundle_dir = Path(bundle_dir)
@@ -179,7 +181,8 @@ class Master:
             compression=config.compression,
             wire=caller.invoker.wire,
         )
-        self._fanout = ThreadPoolExecutor(max_workers=fanout_workers, thread_name_prefix="flatpack-fanout")
+        # the master's own parts of a stage that also has workers' parts run here, beside the wait for them
+        self._local = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flatpack-local")
         self.final = {t.name for t in plan.model.outputs}
         self.parts: dict[tuple[int, int], Part] = {(st.index, p.index): p for st in plan.stages for p in st.parts}
         self.last_use: dict[str, int] = {}
@@ -251,7 +254,7 @@ class Master:
         return out
 
     def close(self) -> None:
-        self._fanout.shutdown(wait=False, cancel_futures=True)
+        self._local.shutdown(wait=False, cancel_futures=True)
         self.caller.close()
 
 
@@ -292,7 +295,7 @@ class _RequestRun:
         parts = stage.parts
         keep_remote = len(parts) == 1 and stage.join == "none"
         stage_puts: list[str] = []
-        futures: dict[int, Future[dict[str, Any]]] = {}
+        results: list[dict[str, Any]] = [{} for _ in parts]
         try:
             cache: dict[tuple[str, Region], TensorEntry] = {}
             events: dict[int, list[TensorEntry]] = {}
@@ -301,24 +304,35 @@ class _RequestRun:
                     ts = time.perf_counter()
                     events[i] = self._entries(stage, part, inputs[i], cache, stage_puts)
                     rec.add("scatter", stage.index, part.index, ts, time.perf_counter())
-            results: list[dict[str, Any]] = [{} for _ in parts]
+            calls: dict[PolicyCall, tuple[int, list[float]]] = {}
+            local: Future[None] | None = None
             try:
                 # every worker's invocation is on the wire before the master computes its own part: sent
                 # from this thread, one after another (a thread per send costs a 0.29-vCPU master its quota
                 # in hand-offs, and its local part would hold the CPU the sends wait for)
                 for i, entries in events.items():
                     call, sent = self._start_call(stage, parts[i], entries)
-                    futures[i] = m._fanout.submit(self._finish_call, stage, parts[i], call, sent, keep_remote)
-                for i, part in enumerate(parts):
-                    if i not in futures:
-                        ts = time.perf_counter()
-                        results[i] = self._run_local(part, inputs[i])
-                        rec.add("compute", stage.index, part.index, ts, time.perf_counter())
-                for i, fut in futures.items():
-                    results[i] = fut.result()
+                    calls[call] = (i, sent)
+                mine = [i for i in range(len(parts)) if i not in events]
+                if mine and calls:
+                    # the master's own parts run beside the wait, so that a crashed or straggling worker is
+                    # retried or hedged while they compute
+                    local = m._local.submit(self._run_locals, stage, parts, inputs, mine, results)
+                elif mine:
+                    self._run_locals(stage, parts, inputs, mine, results)
+                # one thread waits for all of the stage's calls, and gathers each part as it answers
+                for call in as_completed(calls):
+                    i, sent = calls[call]
+                    results[i] = self._finish_call(stage, parts[i], call.reply(), sent, keep_remote)
+                if local is not None:
+                    local.result()
             except BaseException:
-                for fut in futures.values():
-                    fut.add_done_callback(self._discard_future)
+                for call in calls:
+                    call.abandon()
+                if local is not None:
+                    local.cancel()
+                for res in results:
+                    self._discard_results(res)
                 raise
         finally:
             self._delete(stage_puts)
@@ -495,11 +509,10 @@ class _RequestRun:
         )
         return call, sent
 
-    def _finish_call(self, stage: Stage, part: Part, call: PolicyCall, sent: list[float],
+    def _finish_call(self, stage: Stage, part: Part, reply: Reply, sent: list[float],
                      keep_remote: bool) -> dict[str, Any]:
-        """Wait for one part (retrying / hedging it) and return its outputs: arrays, or remote tensors."""
+        """One part's outputs from its successful reply: arrays, or remote tensors."""
         m = self.m
-        reply = call.result()
         received = time.perf_counter()
         self._trace_call(stage.index, part.index, sent, received, reply.timings)
         refs = [e.ref for e in reply.outputs if e.ref is not None]
@@ -549,6 +562,14 @@ class _RequestRun:
             at = max((t for t in sent if t <= start), default=at)
         rec.worker(stage, part, at, received, timings)
 
+    def _run_locals(self, stage: Stage, parts: Sequence[Part], inputs: Sequence[Mapping[str, Any]],
+                    indices: Sequence[int], results: list[dict[str, Any]]) -> None:
+        """Run the stage's parts ``indices`` in this process, into ``results``."""
+        for i in indices:
+            ts = time.perf_counter()
+            results[i] = self._run_local(parts[i], inputs[i])
+            self.trace.add("compute", stage.index, parts[i].index, ts, time.perf_counter())
+
     def _run_local(self, part: Part, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         arrays = {name: self.materialize(v) for name, v in inputs.items()}
         try:
@@ -595,10 +616,9 @@ class _RequestRun:
         clean-up may have run before it was written."""
         self._delete(self._attempt_refs(stage, part, attempt))
 
-    def _discard_future(self, fut: Future[dict[str, Any]]) -> None:
-        if fut.cancelled() or fut.exception() is not None:
-            return
-        for v in fut.result().values():
+    def _discard_results(self, results: Mapping[str, Any]) -> None:
+        """Delete the remote tensors among a part's gathered outputs (its stage failed)."""
+        for v in results.values():
             if isinstance(v, RemoteTensor) and v.live:
                 self._delete([v.ref])
                 v.live = False

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +25,7 @@ from functions.errors import FunctionError, InstanceCrashed, InvokeTimeout, erro
 from functions.event import Reply
 from functions.invoker.base import Invoker
 
-__all__ = ["CallKey", "DurationStats", "InvokePolicy", "PolicyCall", "PolicyInvoker"]
+__all__ = ["CallKey", "DurationStats", "InvokePolicy", "PolicyCall", "PolicyInvoker", "as_completed"]
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +169,13 @@ class PolicyInvoker:
 
 
 class PolicyCall:
-    """One call under the policy (see :meth:`PolicyInvoker.call`), its first attempt sent on creation;
-    :meth:`result` runs the rest of it, once."""
+    """One call under the policy (see :meth:`PolicyInvoker.call`), its first attempt sent on creation.
+
+    The call is a small state machine that one thread drives, alone or with others: :meth:`result` waits
+    for this call; :func:`as_completed` waits for several in one thread (a master's stage: one waiting
+    thread for all of its parts, not one per part). Either way every timer is honoured: a hedge falling
+    due, a retry after its backoff, the deadline.
+    """
 
     def __init__(
         self,
@@ -196,12 +201,24 @@ class PolicyCall:
         self._hedge = hedge
         self._pending: dict[Future[Reply], _Attempt] = {}
         self._launched = 0
+        self._allowed = 1 + owner.policy.max_retries
+        self._errors: list[FunctionError] = []
+        self._hedged = False
+        self._retry_at: float | None = None  # a retry waits out its backoff until then
+        self._reply: Reply | None = None
+        self._error: FunctionError | None = None
+        self._over = False
         pol = owner.policy
         self._hedge_after = None
         if (hedge and pol.hedge_percentile is not None and key is not None
                 and owner.stats.hedged_share(key) < pol.hedge_budget):
             self._hedge_after = owner.stats.percentile(key, pol.hedge_percentile, pol.hedge_min_samples)
         self._launch()
+
+    @property
+    def done(self) -> bool:
+        """Whether the call is over: a reply won, or the last attempt's error ended it."""
+        return self._over
 
     def _launch(self, hedge: bool = False) -> None:
         owner = self._owner
@@ -218,81 +235,143 @@ class PolicyCall:
             fut = owner._pool.submit(owner._attempt, self.function, reply)
         self._pending[fut] = att
 
-    def _abandon(self) -> None:
+    def abandon(self) -> None:
+        """End the call where it stands (its caller gave up on it): attempts still out are discarded when
+        they answer. Nothing once the call is over."""
+        if not self._over:
+            self._end(None, None)
+
+    def _end(self, reply: Reply | None, error: FunctionError | None) -> None:
+        self._reply, self._error, self._over = reply, error, True
+        self._retry_at = None
         discard, lost = self._discard, self._lost
         for f, att in self._pending.items():
             if not f.cancel() and (discard is not None or lost is not None):
                 f.add_done_callback(functools.partial(_discard, attempt=att.number, discard=discard, lost=lost))
         self._pending.clear()
+        pol = self._owner.policy
+        if self._hedge and pol.hedge_percentile is not None and self.key is not None:
+            self._owner.stats.record_call(self.key, self._hedged)
+
+    def _hedge_at(self) -> float | None:
+        """When a hedge falls due (Unix seconds), or None where none will."""
+        if (self._hedge_after is None or self._hedged or self._launched >= self._allowed or not self._pending):
+            return None
+        return min(a.started for a in self._pending.values()) + self._hedge_after
+
+    def _wake_at(self) -> float:
+        """When this call must act even if no attempt answers: the deadline, a hedge, a retry."""
+        t = self.deadline
+        if self._retry_at is not None:
+            t = min(t, self._retry_at)
+        hedge_at = self._hedge_at()
+        if hedge_at is not None:
+            t = min(t, hedge_at)
+        return t
+
+    def _advance(self, answered: Iterable[Future[Reply]] = ()) -> bool:
+        """Take in this call's attempts in ``answered`` and act on the clock; True once the call is over."""
+        if self._over:
+            return True
+        function, key = self.function, self.key
+        for fut in answered:
+            att = self._pending.pop(fut)
+            try:
+                reply = fut.result()
+            except FunctionError as e:
+                self._errors.append(e)
+                if self._failed is not None:
+                    self._failed(att.number, e)
+                if not e.retryable:
+                    self._end(None, e)
+                    return True
+                log.info("%s attempt %d failed (%s)", function, att.number, e)
+                continue
+            except Exception as e:  # noqa: BLE001 - an invoker bug must still end as a structured error
+                err = FunctionError(f"invoker failed: {e!r}", function=function)
+                err.__cause__ = e
+                self._end(None, err)
+                return True
+            if key is not None:
+                self._owner.stats.record(key, time.time() - att.started)
+            self._end(reply, None)
+            return True
+        now = time.time()
+        if now >= self.deadline:
+            last = f"; last error: {self._errors[-1]}" if self._errors else ""
+            self._end(None, InvokeTimeout(
+                f"no reply before the request's deadline after {self._launched} attempt(s){last}", function=function))
+            return True
+        if not self._pending and self._retry_at is None:
+            if self._launched >= self._allowed:
+                last_err = self._errors[-1]
+                last_err.message = f"{last_err.message} (gave up after {self._launched} attempts)"
+                self._end(None, last_err)
+                return True
+            # A crashed instance is gone and the retry goes to another one: nothing to back off from. A
+            # throttled or unreachable platform, or a timeout, gets time to recover.
+            pol = self._owner.policy
+            crashed = isinstance(self._errors[-1], InstanceCrashed)
+            self._retry_at = now + (0.0 if crashed else pol.backoff_s * (2 ** (len(self._errors) - 1)))
+        if self._retry_at is not None:
+            if now >= self._retry_at:
+                self._retry_at = None
+                self._launch()
+            return False
+        hedge_at = self._hedge_at()
+        if hedge_at is not None and now >= hedge_at:
+            self._hedged = True
+            log.info("hedging %s (%s): running past p%s = %.1f ms", function, key, self._owner.policy.hedge_percentile,
+                     1000 * (self._hedge_after or 0))
+            self._launch(hedge=True)
+        return False
+
+    def reply(self) -> Reply:
+        """The successful reply of a call that is over, or the :class:`FunctionError` that ended it."""
+        if not self._over:
+            raise RuntimeError("the call is not over")
+        if self._error is not None:
+            raise self._error
+        if self._reply is None:
+            raise FunctionError("the call was abandoned", function=self.function)
+        return self._reply
 
     def result(self) -> Reply:
-        """The successful reply, or the :class:`FunctionError` that ended the last attempt."""
-        owner = self._owner
-        pol = owner.policy
-        function, deadline, key = self.function, self.deadline, self.key
-        pending = self._pending
-        allowed = 1 + pol.max_retries
-        errors: list[FunctionError] = []
-        hedged = False
-        hedge_after = self._hedge_after
-        try:
-            while True:
-                now = time.time()
-                if now >= deadline:
-                    self._abandon()
-                    last = f"; last error: {errors[-1]}" if errors else ""
-                    raise InvokeTimeout(
-                        f"no reply before the request's deadline after {self._launched} attempt(s){last}",
-                        function=function,
-                    )
-                wait_s = deadline - now
-                hedge_due = False
-                if hedge_after is not None and not hedged and self._launched < allowed and pending:
-                    hedge_due = True
-                    first = min(a.started for a in pending.values())
-                    wait_s = min(wait_s, max(0.0, first + hedge_after - now))
-                done, _ = wait(list(pending), timeout=wait_s, return_when=FIRST_COMPLETED)
-                if not done:
-                    if hedge_due and time.time() < deadline:
-                        hedged = True
-                        log.info("hedging %s (%s): running past p%s = %.1f ms", function, key, pol.hedge_percentile,
-                                 1000 * (hedge_after or 0))
-                        self._launch(hedge=True)
-                    continue
-                for fut in done:
-                    att = pending.pop(fut)
-                    try:
-                        reply = fut.result()
-                    except FunctionError as e:
-                        errors.append(e)
-                        if self._failed is not None:
-                            self._failed(att.number, e)
-                        if not e.retryable:
-                            self._abandon()
-                            raise
-                        log.info("%s attempt %d failed (%s)", function, att.number, e)
-                        continue
-                    except Exception as e:  # noqa: BLE001 - an invoker bug must still end as a structured error
-                        self._abandon()
-                        raise FunctionError(f"invoker failed: {e!r}", function=function) from e
-                    if key is not None:
-                        owner.stats.record(key, time.time() - att.started)
-                    self._abandon()
-                    return reply
-                if not pending:
-                    if self._launched >= allowed:
-                        last_err = errors[-1]
-                        last_err.message = f"{last_err.message} (gave up after {self._launched} attempts)"
-                        raise last_err
-                    # A crashed instance is gone and the retry goes to another one: nothing to back off from. A
-                    # throttled or unreachable platform, or a timeout, gets time to recover.
-                    pause = 0.0 if isinstance(errors[-1], InstanceCrashed) else pol.backoff_s * (2 ** (len(errors) - 1))
-                    time.sleep(max(0.0, min(pause, deadline - time.time())))
-                    if time.time() < deadline:
-                        self._launch()
-        finally:
-            if self._hedge and pol.hedge_percentile is not None and key is not None:
-                owner.stats.record_call(key, hedged)
+        """Wait for the call to end: the successful reply, or the :class:`FunctionError` that ended the last
+        attempt."""
+        for _ in as_completed([self]):
+            pass
+        return self.reply()
+
+
+def as_completed(calls: Iterable[PolicyCall]) -> Iterator[PolicyCall]:
+    """Drive ``calls`` from this one thread: each is yielded once it is over (take its :meth:`~PolicyCall.reply`),
+    in the order they end, while the others' hedges, retries and deadlines keep their times. Closing the
+    iterator before the end (the caller failed) abandons the calls still open."""
+    open_calls = [c for c in calls]
+    answered: dict[PolicyCall, list[Future[Reply]]] = {}
+    try:
+        while open_calls:
+            still: list[PolicyCall] = []
+            over: list[PolicyCall] = []
+            for c in open_calls:
+                (over if c._advance(answered.pop(c, ())) else still).append(c)
+            open_calls = still
+            for c in over:
+                yield c
+            if not open_calls:
+                return
+            owner_of = {f: c for c in open_calls for f in c._pending}
+            timeout = max(0.0, min(c._wake_at() for c in open_calls) - time.time())
+            if owner_of:
+                done, _ = wait(owner_of, timeout=timeout, return_when=FIRST_COMPLETED)
+                for f in done:
+                    answered.setdefault(owner_of[f], []).append(f)
+            else:  # every open call waits out a retry's backoff
+                time.sleep(timeout)
+    finally:
+        for c in open_calls:
+            c.abandon()
 
 
 def _discard(f: Future[Reply], *, attempt: int, discard: Callable[[Reply], None] | None,

@@ -22,7 +22,7 @@ import pytest
 from functions.codec import encode
 from functions.compare import rel_err
 from functions.config import FunctionConfig
-from functions.errors import PartError
+from functions.errors import InstanceCrashed, PartError
 from functions.event import Event, Reply, TensorEntry, now_ms
 from functions.invoker.base import Invoker
 from functions.master import cheap_to_duplicate
@@ -125,6 +125,31 @@ def test_a_part_on_the_master_runs_in_its_own_process(bundles, reference, deploy
     assert ("compute", 0, 0) in {(s.name, s.stage, s.part) for s in reply.trace}
 
 
+def _no_tensors_left(d: Deployed, within_s: float = 10.0) -> None:
+    """Nothing of the deployment's is left in shared memory, once the attempts still running have ended."""
+    t_end = time.monotonic() + within_s
+    while d.shm.count(DEPLOYMENT) and time.monotonic() < t_end:
+        time.sleep(0.01)
+    assert d.shm.count(DEPLOYMENT) == 0
+
+
+def _infer_with_local_hook(d: Deployed, reference, before_local: Callable[[], Any]) -> Reply:
+    """One request whose parts on the master call ``before_local`` first; its outputs are checked."""
+    sessions = d.master.sessions
+    run = sessions.run
+
+    def hooked(path: Any, inputs: Any) -> Any:
+        before_local()
+        return run(path, inputs)
+
+    sessions.run = hooked  # type: ignore[method-assign]
+    x = d.inputs(1)
+    reply, got = d.infer(x)
+    assert reply.error is None, reply.error
+    _check_outputs(d, got, x, reference)
+    return reply
+
+
 class SendingInvoker(InProcessInvoker):
     """Logs when each invocation is sent (``start``, in the master's own thread, as the HTTP invokers put the
     request on the wire there) beside when the master's own parts run."""
@@ -143,20 +168,39 @@ def test_a_stages_invocations_are_sent_before_the_master_computes_its_own_part(b
                                                                                ) -> None:
     log: list[str] = []
     d = deployed(bundles.conv_channel_master, SendingInvoker(log))
-    sessions = d.master.sessions
-    run = sessions.run
-
-    def logged_run(path: Any, inputs: Any) -> Any:
-        log.append(f"local from {threading.current_thread().name}")
-        return run(path, inputs)
-
-    sessions.run = logged_run  # type: ignore[method-assign]
-    x = d.inputs(1)
-    reply, got = d.infer(x)
-    assert reply.error is None, reply.error
-    _check_outputs(d, got, x, reference)
+    _infer_with_local_hook(d, reference, lambda: log.append(f"local from {threading.current_thread().name}"))
     me = threading.current_thread().name
-    assert log == [f"sent s0p1 from {me}", f"local from {me}"]
+    assert log[0] == f"sent s0p1 from {me}" and log[1].startswith("local from"), log
+
+
+class _CrashingOnce(InProcessInvoker):
+    """Attempt 0 of the parts in ``crash`` answers as the platform does when it sees the instance die; the
+    retry of each sets ``retried``."""
+
+    def __init__(self, crash: set[tuple[int, int]]) -> None:
+        super().__init__()
+        self.crash = crash
+        self.retried = threading.Event()
+
+    def invoke(self, function: str, payload: bytes, *, timeout_s: float) -> bytes:
+        ev = Event.decode(payload)
+        if (ev.stage, ev.part) in self.crash:
+            if ev.attempt == 0:
+                return Reply.failure(InstanceCrashed("the instance died (signal 9)", function=function)).encode()
+            self.retried.set()
+        return super().invoke(function, payload, timeout_s=timeout_s)
+
+
+def test_a_crashed_worker_is_retried_while_the_master_computes_its_own_part(bundles, reference, deployed) -> None:
+    """One thread waits for all of a stage's parts; the master's own part runs beside it, so a worker the
+    platform reports dead is invoked again at once, not after the master's part is done."""
+    inv = _CrashingOnce({(0, 1)})
+    d = deployed(bundles.conv_channel_master, inv)
+    seen: list[bool] = []
+    reply = _infer_with_local_hook(d, reference, lambda: seen.append(inv.retried.wait(timeout=30)))
+    assert seen == [True], "the crashed part was retried only after the master's own part"
+    assert reply.timings.get("attempts_failed_Crashed") == 1
+    assert d.shm.count(DEPLOYMENT) == 0
 
 
 def test_partial_sums_are_added_and_the_epilogue_runs_on_the_master(bundles, reference, deployed) -> None:
@@ -192,7 +236,8 @@ def test_a_failing_part_fails_the_request_and_leaves_no_tensors(bundles, deploye
     assert reply.error is not None and reply.error["type"] == "PartError"
     assert "part 1 broke" in reply.error["message"]
     assert not [c for c in d.invoker.calls if c[1] is not None and c[1] > 2]
-    assert d.shm.count(DEPLOYMENT) == 0
+    # the request fails as soon as one part does; a part of its stage still running is discarded when it ends
+    _no_tensors_left(d)
     d.invoker.failing = set()
     reply, _ = d.infer(d.inputs(4), request_id="r2")  # the next request on the same instances runs
     assert reply.error is None, reply.error
@@ -236,10 +281,7 @@ def test_hedging_is_on_by_default_for_split_stages_only(bundles, reference, depl
     slow = [(s, p, a) for r, s, p, a in inv.attempts if r == "slow"]
     assert (2, 0, 1) in slow, f"stage 2's straggler was not hedged: {slow}"
     assert [a for s, p, a in slow if (s, p) == (0, 0)] == [0], "a whole-stage part was hedged"
-    t_end = time.monotonic() + 10  # the straggler that lost still finishes; its outputs are deleted then
-    while d.shm.count(DEPLOYMENT) and time.monotonic() < t_end:
-        time.sleep(0.01)
-    assert d.shm.count(DEPLOYMENT) == 0
+    _no_tensors_left(d)  # the straggler that lost still finishes; its outputs are deleted then
 
 
 def test_hedging_can_be_turned_off(bundles, deployed) -> None:

@@ -1,10 +1,11 @@
 """Each function gets the CPU its memory buys, through the platform, for every mechanism this machine has.
 
-A one-thread MatMul chain is deployed at 1769 MB (one vCPU on the Lambda-like profile) and at 512 MB (0.29
-vCPU). Its time at 1769 MB is the CPU time its instance spends per request (read from the kernel's
-per-thread schedstat): that is what the request takes with a whole core, and unlike wall time it does not
-grow when other tests keep the cores busy. The median 512 MB request (as the platform's meter times it)
-must take at least 2.5x that (3.45x expected): a share can be exceeded by contention, never beaten.
+A one-thread MatMul chain is deployed at 512 MB (0.29 vCPU on the Lambda-like profile). Each request's
+CPU time is read from the kernel's per-thread schedstat, beside its duration as the platform's meter times
+it. The median request must take at least 2.5x its own CPU time (3.45x expected): a share can be exceeded
+by contention, never beaten. The ratio is taken request by request, so a busy machine (other tests, a
+sibling hyperthread) that slows the computation itself moves both sides alike; the CPU time of a run at
+another moment, or at another memory size, would not.
 """
 
 from __future__ import annotations
@@ -63,15 +64,15 @@ def _run_ms(platform, bundle: Path, memory_mb: int, runs: int = 5) -> tuple[list
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
-def test_a_part_at_512_mb_takes_its_share_of_the_time_at_1769_mb(mechanism: str, chain: Path, shm_root: Path) -> None:
+def test_a_part_at_512_mb_takes_its_cpu_time_over_its_share(mechanism: str, chain: Path, shm_root: Path) -> None:
     from serving.platform import LocalPlatform, PlatformConfig
 
     with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, cpu_limit=mechanism)) as p:
         assert p.client.health()["cpu_limit"] == mechanism
-        full = float(np.median(_run_ms(p, chain, 1769)[1]))  # CPU time: the request with a whole core
-        share = float(np.median(_run_ms(p, chain, 512)[0]))
+        times, cpu = _run_ms(p, chain, 512)
+    stretch = float(np.median([t / c for t, c in zip(times, cpu, strict=True)]))
     # 1769 / 512 = 3.45x expected; a quota's period rounding and the instance's fixed costs pull it down a little
-    assert share >= 2.5 * full, (mechanism, full, share)
+    assert stretch >= 2.5, (mechanism, times, cpu)
 
 
 def test_auto_picks_a_cgroup_where_one_can_be_written_and_status_names_it(shm_root: Path) -> None:

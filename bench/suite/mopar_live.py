@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +61,26 @@ class MoparRow:
     # retried answers the client, so ``errors`` does not show it, but its cold start is in the latency
     function_errors: int = 0
     cold_starts: int = 0
+    # per function of the plan, from the meter over the measured rounds: its memory and its billed ms per
+    # request (where a row's MC departs from its prediction, this says which function's time it is)
+    billed: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {k: round(v, 8) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+def billed_per_function(delta: Mapping[str, Mapping[str, Any]], requests: int, functions: Sequence[str]
+                        ) -> dict[str, dict[str, float]]:
+    """A meter delta's functions by their names in the plan (``functions``; the meter's names carry the
+    deployment's prefix): memory and billed ms per request."""
+    out: dict[str, dict[str, float]] = {}
+    for name, r in delta.items():
+        if not r.get("invocations"):
+            continue
+        short = max((f for f in functions if name == f or name.endswith("-" + f)), key=len, default=name)
+        out[short] = {"memory_mb": float(r["memory_mb"]),
+                      "billed_ms": round(float(r["billed_ms"]) / max(1, requests), 3)}
+    return out
 
 
 def predicted_gb_s(pm: Any, choices: Sequence[Any], master_mb: int) -> float:
@@ -209,13 +226,15 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 samples[k], usage[k], bundles[k] = samples[twin], usage[twin], bundles[twin]
             for k in PLANS:
                 ch, mb = plans[k]
+                fns = [f.name for f in Plan.load(bundles[k] / "plan.json").functions]
                 out.append(MoparRow(
-                    model=name, plan=k, slices=len(ch), functions=len(Plan.load(bundles[k] / "plan.json").functions),
+                    model=name, plan=k, slices=len(ch), functions=len(fns),
                     mc_gb_s=usage[k].mc_gb_s_per_request, memory_utilisation=usage[k].memory_utilisation,
                     p50_ms=p50(samples[k]), predicted_mc_gb_s=predicted_gb_s(pm, ch, mb),
                     predicted_p50_ms=pm.estimate(ch, mb).latency_ms, stages=[str(c) for c in ch],
                     errors=bad(samples[k]), cpu_model=cpu_model, compute=compute,
-                    function_errors=usage[k].function_errors, cold_starts=usage[k].cold_starts))
+                    function_errors=usage[k].function_errors, cold_starts=usage[k].cold_starts,
+                    billed=billed_per_function(usage[k].functions, rounds, fns)))
             say(f"{name}: MC mopar {out[-3].mc_gb_s:.5f} vs unsplit {out[-2].mc_gb_s:.5f} GB-s")
     return out, cpu
 

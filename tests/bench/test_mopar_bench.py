@@ -47,6 +47,19 @@ def test_a_row_names_its_cpu_model() -> None:
     assert row.to_json()["cpu_model"] == "per_function"
 
 
+def test_a_row_bills_each_function_per_request_by_its_name_in_the_plan() -> None:
+    from bench.suite.mopar_live import MoparRow, billed_per_function
+
+    delta = {"dlrm-uniform-master": {"invocations": 20, "memory_mb": 3136, "billed_ms": 70.0},
+             "dlrm-uniform-s00-p01": {"invocations": 40, "memory_mb": 128, "billed_ms": 90.0},
+             "dlrm-uniform-s01-p00": {"invocations": 0, "memory_mb": 256, "billed_ms": 0.0}}
+    billed = billed_per_function(delta, 20, ["master", "s00-p01", "s01-p00"])
+    assert billed == {"master": {"memory_mb": 3136.0, "billed_ms": 3.5},
+                      "s00-p01": {"memory_mb": 128.0, "billed_ms": 4.5}}
+    row = MoparRow("m", "mopar", 2, 3, 0.1, 0.5, 10.0, 0.1, 10.0, [], 0, billed=billed)
+    assert row.to_json()["billed"]["s00-p01"]["billed_ms"] == 4.5
+
+
 def test_the_emulated_facts_take_the_profiles_cpu_memory_and_prices_and_this_hosts_figures() -> None:
     from bench.suite.planning import emulated_facts
 

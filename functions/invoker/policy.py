@@ -215,11 +215,6 @@ class PolicyCall:
             self._hedge_after = owner.stats.percentile(key, pol.hedge_percentile, pol.hedge_min_samples)
         self._launch()
 
-    @property
-    def done(self) -> bool:
-        """Whether the call is over: a reply won, or the last attempt's error ended it."""
-        return self._over
-
     def _launch(self, hedge: bool = False) -> None:
         owner = self._owner
         timeout = min(owner.policy.timeout_s, self.deadline - time.time())

@@ -25,7 +25,9 @@ class PlatformConfig:
     default_concurrency: instance limit of a function registered without one (None: the profile's
         ``max_concurrency``).
     function_timeout_s: default per-invocation time limit of a function (Lambda's "timeout").
-    memory_poll_ms: how often a busy instance's resident memory is checked against its limit.
+    memory_poll_ms: how often a busy instance's resident memory is checked against its limit, where no memory
+        cgroup holds it to its size (with one, the kernel does; each instance's peak is checked after every
+        request either way).
     init_timeout_s: how long an instance may take to start (import, load its parts).
     shm_dir: shared-memory root swept of stale tensors every ``sweep_interval_s``, files older than
         ``shm_max_age_s``.

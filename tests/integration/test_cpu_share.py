@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,14 @@ def _cpu_ns(pid: int) -> int:
         with contextlib.suppress(OSError):
             total += int(stat.read_text().split()[0])
     return total
+
+
+def _ends(inst, timeout_s: float = 30.0) -> bool:
+    """Whether platform instance ``inst`` is gone within ``timeout_s`` (a kill is reaped asynchronously)."""
+    end = time.monotonic() + timeout_s
+    while inst.alive and time.monotonic() < end:
+        time.sleep(0.01)
+    return not inst.alive
 
 
 def _run_ms(platform, bundle: Path, memory_mb: int, runs: int = 5) -> tuple[list[float], list[float]]:
@@ -110,8 +119,9 @@ def test_the_cgroup_memory_limit_is_reported_as_out_of_memory(shm_root: Path, bu
     from serving.platform.deploy import deploy_bundle
     from tests.integration.test_platform import part_event
 
-    # a 256 MiB tensor in a 192 MB function; the watchdog polls once a minute, so the kernel's limit (the
-    # cgroup's memory.limit_in_bytes) is what stops it, and the platform must still say out of memory
+    # a 256 MiB tensor in a 192 MB function; the watchdog does not poll an instance in a memory cgroup (and
+    # here would only once a minute), so the kernel's limit (the cgroup's memory.limit_in_bytes) is what
+    # stops it, and the platform must still say out of memory
     with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="cgroup-v1", memory_poll_ms=60_000)) as p:
         d = deploy_bundle(p.client, bundles.hog(64 * 2**20, worker_memory_mb=192))
         worker = d.names["worker-1"]
@@ -120,4 +130,36 @@ def test_the_cgroup_memory_limit_is_reported_as_out_of_memory(shm_root: Path, bu
                 LocalInvoker(p.url).invoke(worker, part_event(d, {"x": np.ones(1, np.float32)}).encode(), timeout_s=60)
             assert p.client.meter()["functions"][worker]["errors_by_type"] == {"OutOfMemory": 1}
         finally:
+            d.remove()
+
+
+@pytest.mark.skipif(detect("cgroup-v1") != "cgroup-v1", reason="no writable cgroup v1 here")
+def test_an_instance_in_a_memory_cgroup_is_not_polled_and_its_peak_is_checked_after_each_request(
+        chain: Path, shm_root: Path) -> None:
+    from functions.errors import OutOfMemory
+    from serving.platform import LocalPlatform, PlatformConfig
+    from serving.platform.deploy import deploy_bundle
+    from serving.platform.master_client import MasterClient
+
+    # the poll would look every millisecond; an instance the kernel holds to its size is left to the kernel
+    with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="cgroup-v1", memory_poll_ms=1)) as p:
+        d = deploy_bundle(p.client, chain, memory_mb={"master": 512})
+        client = MasterClient(d, p.url, timeout_s=120)
+        x = {"x": np.ones((512, 512), np.float32)}
+        name = d.names["master"]
+        try:
+            client.infer(x)
+            (inst,) = p.service.pool(name).idle
+            assert inst.kernel_limits_memory
+            # what the chaos bench does to squeeze a worker: its limit lowered below what it holds
+            inst.memory_mb = 8
+            assert inst.check_memory() == 0.0 and inst.alive
+            # the peak read after the request still finds it over and ends it, as Lambda would
+            with pytest.raises(OutOfMemory, match="8 MB"):
+                client.infer(x)
+            assert _ends(inst)
+            assert p.client.meter()["functions"][name]["errors_by_type"] == {"OutOfMemory": 1}
+            client.infer(x)  # a fresh instance, at the function's own size
+        finally:
+            client.close()
             d.remove()

@@ -32,7 +32,7 @@ def _breakdown(b: dict[str, float] | None) -> str:
               "resnet50 and wrn-50-2/w2, each @224).")
 @click.option("--memory", "memories", type=int, multiple=True, default=(512, 1769), show_default=True,
               help="Memory of every function (MB); repeat.")
-@click.option("--rounds", type=int, default=20, show_default=True, help="Interleaved requests per arm.")
+@click.option("--rounds", type=int, default=60, show_default=True, help="Interleaved requests per arm.")
 @click.option("--max-group", type=int, default=None, help="Units per stage at most (default: any).")
 @click.option("--measure-budget", type=float, default=120.0, show_default=True, metavar="SECONDS",
               help="Per model and memory: time for deploying plans and timing their stages before the one compared "

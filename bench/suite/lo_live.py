@@ -69,6 +69,7 @@ class LoRow:
     measured_stages: int  # stages whose time the prediction takes from a live measurement of that stage
     measure_rounds: int  # plans deployed and timed before this one stood on measurements
     refine_stopped: str = ""  # why the measure-and-replan loop stopped (and whether a runoff changed the plan)
+    cold_starts: int = 0  # instances started during the timed rounds (every arm): each takes CPU from the others
     breakdown: dict[str, float] | None = None  # compute_ms / communication_ms / dispatch_ms / waiting_ms of lo's p50
 
     def to_json(self) -> dict[str, Any]:
@@ -174,7 +175,8 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
                                "timed": st.deploy(lo, "timed", keep_timings=True)}
                     say(f"{name} at {mb} MB: {rounds} interleaved rounds ({len(result.choices)} stages)")
                     before = dict(pp.client.health().get("cpu") or {})
-                    samples, _, _ = interleaved(targets, pool, rounds)
+                    # two at once first: every function then has the warm instance its hedges land on
+                    samples, usage, _ = interleaved(targets, pool, rounds, burst=2)
                     after = dict(pp.client.health().get("cpu") or {})
                     timed = StageTimes()
                     for rec in stage_records(pm, result, targets["timed"].timings[-rounds:]):
@@ -195,6 +197,7 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
                     platform_oversubscribed=(int(after.get("oversubscribed_invocations", 0))
                                              > int(before.get("oversubscribed_invocations", 0))),
                     errors=bad(samples["lo"]) + bad(samples["unsplit"]), compute=source,
+                    cold_starts=sum(usage[k].cold_starts for k in targets),
                     measured_stages=sum(1 for c in result.choices
                                         if (o := pm.option(c, result.master_mb)) is not None and o.measured),
                     measure_rounds=refined.rounds, refine_stopped=refined.stopped,

@@ -123,6 +123,21 @@ def test_alternate_interleaves_and_uses_the_same_inputs(conv) -> None:
     assert firsts == ["a", "b", "a"]
 
 
+def test_an_interleaved_comparisons_concurrent_warm_up_is_sent_and_not_measured(conv, platform) -> None:
+    from bench.suite.deployments import interleaved
+
+    target, bundle = conv
+    pool = InputPool.from_bundle(bundle, 3)
+    before = platform.client.meter()["functions"]
+    samples, usage, _ = interleaved({"a": target}, pool, 2, warmup=1, burst=2)
+    after = platform.client.meter()["functions"]
+    assert [s.index for s in samples["a"]] == [0, 1] and all(s.correct for s in samples["a"])
+    # two at once, twice, and one warm-up round before the two timed ones; only those two are in the usage
+    sent = sum(after[k]["invocations"] - before.get(k, {}).get("invocations", 0) for k in after)
+    assert sent == (2 * 2 + 1 + 2) * INVOCATIONS_PER_REQUEST
+    assert usage["a"].invocations == 2 * INVOCATIONS_PER_REQUEST
+
+
 def test_summary_statistics_on_synthetic_samples() -> None:
     samples = [Sample(i, 0, i * 0.01, i * 0.01, float(i + 1), float(i + 1), None, True, 0.0) for i in range(100)]
     samples.append(Sample(100, 0, 1.0, 1.0, 5000.0, 5000.0, "InvokeTimeout: late"))

@@ -166,9 +166,12 @@ class Instance:
             duration_ms = 1e3 * (time.perf_counter() - t0)
             peak = peak_rss_mb(self.proc.pid)
             if peak > self.memory_mb:
-                # It finished, but went over its limit on the way (between two polls): Lambda would have
-                # killed it, so the result does not count.
+                # It finished, but went over its limit on the way (between two polls, or where the kernel's
+                # limit is higher than its size): Lambda would have killed it, so the result does not count.
+                # Reaped before its pool sees it again: a killed process the kernel has yet to reap still
+                # looks alive, and would be handed the next request.
                 self.kill_for_memory(peak)
+                await self._reap()
                 raise self._oom_error()
             return InstanceReply(status != 0, body, duration_ms, peak)
         finally:

@@ -159,6 +159,24 @@ def test_reply_round_trip_and_error() -> None:
     assert err.error == {"type": "OutOfMemory", "message": "m"}
 
 
+@pytest.mark.parametrize("wire", ["binary", "json"])
+def test_a_timing_that_is_not_a_number_is_left_out_and_the_rest_reads_back(wire: str) -> None:
+    r = Reply(timings={"run_ms": 1.5, "odd_ms": float("nan"), "inf_ms": float("inf")}, peak_rss_mb=80.0)
+    back = Reply.decode(r.encode(wire))
+    assert back.timings.get("run_ms") == 1.5 and back.peak_rss_mb == 80.0 and back.error is None
+    # orjson writes them as null (left out); the standard library as NaN and Infinity (read back as such)
+    for k in ("odd_ms", "inf_ms"):
+        assert k not in back.timings or not np.isfinite(back.timings[k])
+
+
+def test_what_the_fast_parser_refuses_the_standard_library_decides() -> None:
+    # NaN is not JSON, and orjson refuses it; the standard library reads it, as it did before orjson
+    doc, blobs = decode_message(b'{"timings": {"run_ms": NaN}, "outputs": []}')
+    assert blobs == [] and np.isnan(doc["timings"]["run_ms"])
+    with pytest.raises(BadRequest, match="neither flatpack binary nor JSON: Expecting value"):
+        decode_message(b"not json")
+
+
 @pytest.mark.parametrize("data", [b"not json", b"FPEV" + b"\xff" * 12, b"[1, 2]", b'{"kind": "part"}'])
 def test_malformed_events_are_bad_requests(data: bytes) -> None:
     with pytest.raises(BadRequest):

@@ -34,8 +34,8 @@ def _print(result: ChaosResult, console: Any) -> None:
 @click.command("chaos")
 @click.argument("deployment", required=False)
 @click.option("--clients", "-c", default=4, show_default=True, help="Concurrent closed-loop clients.")
-@click.option("--requests", "-n", default=60, show_default=True, help="Requests per client under faults.")
-@click.option("--fault-free-requests", default=40, show_default=True, help="Requests per client, baseline.")
+@click.option("--requests", "-n", default=120, show_default=True, help="Requests per client under faults.")
+@click.option("--fault-free-requests", default=80, show_default=True, help="Requests per client, baseline.")
 @click.option("--disruption-requests", default=25, show_default=True,
               help="Requests per client while instances are reaped / Redis restarts (0: skip).")
 @click.option("--rounds", default=3, show_default=True,

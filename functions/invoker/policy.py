@@ -240,8 +240,11 @@ class PolicyCall:
         self._reply, self._error, self._over = reply, error, True
         self._retry_at = None
         discard, lost = self._discard, self._lost
+        # Every attempt still out was sent: its reply is read even where no thread has started to (cancelling
+        # that read left the worker's outputs, stored before it answered, with no one to delete them, and its
+        # connection checked out for good).
         for f, att in self._pending.items():
-            if not f.cancel() and (discard is not None or lost is not None):
+            if discard is not None or lost is not None:
                 f.add_done_callback(functools.partial(_discard, attempt=att.number, discard=discard, lost=lost))
         self._pending.clear()
         pol = self._owner.policy

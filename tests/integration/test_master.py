@@ -496,6 +496,26 @@ def test_a_lost_attempt_that_fails_later_is_reported_with_its_number() -> None:
     assert lost == [0] and failed == []
 
 
+def test_an_attempt_whose_reply_no_thread_has_started_to_read_is_still_discarded() -> None:
+    """The call ends while an attempt it sent waits for a pool thread (here: the only one is busy). That
+    attempt's reply is read when a thread is free and handed to ``discard``: its worker stored its outputs
+    before it answered, and nothing else names them."""
+    import threading
+
+    pinv = PolicyInvoker(ScriptedInvoker([(0, None)]), InvokePolicy(), max_workers=1)
+    busy = threading.Event()
+    blocker = pinv._pool.submit(busy.wait, 10)
+    discarded: list[Reply] = []
+    call = pinv.start("f", lambda a: str(a).encode(), deadline=time.time() + 10, discard=discarded.append)
+    call.abandon()
+    busy.set()
+    blocker.result(timeout=10)
+    t_end = time.monotonic() + 10
+    while not discarded and time.monotonic() < t_end:
+        time.sleep(0.01)
+    assert [r.timings["attempt"] for r in discarded] == [0]
+
+
 def test_failed_attempts_are_reported_with_their_kind() -> None:
     inv = ScriptedInvoker([(0, InstanceCrashed("boom")), (0, None)])
     failed: list[tuple[int, str]] = []

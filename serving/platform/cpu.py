@@ -186,6 +186,11 @@ class CpuLimiter:
         :meth:`share` gives it, memory ``memory_mb`` whatever its CPU."""
         return InstanceLimit()
 
+    @property
+    def holds_memory(self) -> bool:
+        """Whether every instance it attaches is held to its memory by the kernel (a memory cgroup)."""
+        return False
+
     def close(self) -> None:
         """Remove what the limiter created."""
 
@@ -215,6 +220,10 @@ class _CgroupLimiter(CpuLimiter):
         _sweep_stale(r for r in (cpu_root, memory_root) if r is not None)
         self.cpu_base = _mkdir(cpu_root / f"flatpack-{os.getpid()}")
         self.memory_base = _mkdir(memory_root / f"flatpack-{os.getpid()}") if memory_root is not None else None
+
+    @property
+    def holds_memory(self) -> bool:
+        return self.memory_base is not None
 
     def close(self) -> None:
         for base in (self.cpu_base, self.memory_base):
@@ -279,6 +288,10 @@ class CgroupV2Limiter(_CgroupLimiter):
                 _write(d / "memory.swap.max", "0", missing_ok=True)
             limit.memory_dir, limit.memory_version = d, 2
         return limit
+
+    @property
+    def holds_memory(self) -> bool:
+        return self.memory
 
 
 def make_limiter(kind: str, *, mb_per_vcpu: float, max_vcpu: float | None, cores: int | None = None,

@@ -79,10 +79,11 @@ class PlatformService:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._tasks = [
-            asyncio.create_task(self._watch_memory()),
             asyncio.create_task(self._reap_idle()),
             asyncio.create_task(self._sweep_shm()),
         ]
+        if not self.limiter.holds_memory:  # else the kernel ends an instance at its size (Instance.check_memory)
+            self._tasks.append(asyncio.create_task(self._watch_memory()))
 
     async def stop(self) -> None:
         for t in self._tasks:

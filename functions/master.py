@@ -492,10 +492,13 @@ class _RequestRun:
 
         def failed(attempt: int, err: FunctionError) -> None:
             # why attempts failed, by the error's kind: a killed instance shows as the platform's report
-            # (InstanceCrashed), not as a timeout
+            # (InstanceCrashed), not as a timeout; the trace shows the time each failed attempt took
+            now = time.perf_counter()
             name = f"attempts_failed_{err.type}"
             with self._lock:
                 self.timings[name] = self.timings.get(name, 0.0) + 1
+            if attempt < len(sent):
+                self.trace.add("failed", stage.index, part.index, sent[attempt], now)
 
         call = m.caller.start(
             m.config.invoke_name(part.function),

@@ -16,8 +16,9 @@ The span names and what they cover:
   ``cold_start`` (the instance's runtime being built, when the invocation started one), ``read`` (the
   worker reading its inputs), ``compute`` (running the part; a part the master runs itself has only
   this), ``write`` (the worker writing its outputs), ``reply`` (its reply back to the master),
-  ``gather`` (the master reading the part's outputs); per stage ``join`` (the parts' outputs joined) and
-  ``epilogue``; and ``outputs`` (the model's outputs read and sent back).
+  ``gather`` (the master reading the part's outputs), ``failed`` (an attempt that failed, from its
+  invocation until its error came back: a killed instance, a timeout; the retry follows it); per stage
+  ``join`` (the parts' outputs joined) and ``epilogue``; and ``outputs`` (the model's outputs read and sent back).
 
 A worker's own steps come from its reply's timings (``start_unix_ms``, ``read_ms``, ``run_ms``,
 ``write_ms``, ``cold_start_ms``); its start is placed by wall clock where the clocks agree (the local

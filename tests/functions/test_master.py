@@ -200,6 +200,10 @@ def test_a_crashed_worker_is_retried_while_the_master_computes_its_own_part(bund
     reply = _infer_with_local_hook(d, reference, lambda: seen.append(inv.retried.wait(timeout=30)))
     assert seen == [True], "the crashed part was retried only after the master's own part"
     assert reply.timings.get("attempts_failed_Crashed") == 1
+    (failed,) = [s for s in reply.trace if s.name == "failed"]  # the dead attempt, in the waterfall
+    assert (failed.stage, failed.part) == (0, 1)
+    (retry,) = [s for s in reply.trace if s.name == "invoke" and (s.stage, s.part) == (0, 1)]
+    assert failed.start_ms <= failed.end_ms <= retry.start_ms + 1e-6  # the retry was sent once it failed
     assert d.shm.count(DEPLOYMENT) == 0
 
 

@@ -59,6 +59,10 @@ class AutoencoderCache:
     def _dir(self, key: str) -> Path:
         return self.root / key[:32]
 
+    def lock_path(self, key: str) -> Path:
+        """The file whose lock a process holds while it trains the entry for ``key``."""
+        return self.root / f".{key[:32]}.lock"
+
     def load(self, key: str) -> CacheEntry | None:
         """The entry for ``key``, or None if there is none or it cannot be read."""
         d = self._dir(key)

@@ -9,6 +9,7 @@ lossless codecs achieve on the same tensors. Results are cached (see :mod:`autoe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
@@ -31,6 +32,7 @@ from autoencoder.fidelity import Fidelity, measure_fidelity
 from autoencoder.lossless import LosslessResult, measure_lossless
 from autoencoder.runner import BatchRunner, session_for
 from autoencoder.splice import insert_autoencoder
+from functions.filelock import exclusive
 from partitioner.errors import ModelError
 from partitioner.graph import LayerGraph
 
@@ -339,67 +341,72 @@ def compress_split(
     config = config or TrainConfig()
     lg, sha, sp, calib, key = _prepare(model, split_after_unit, ratio, config, calibration, input_shapes)
     store = cache if cache is not None else AutoencoderCache()
-    if use_cache:
-        hit = store.load(key)
-        if hit is not None:
-            log.info("autoencoder for %s after unit %d at R=%g from the cache (%s)", lg.name, sp.unit, ratio, hit.path)
-            return SplitCompression._from_cache(key, hit.encoder, hit.decoder, {**hit.metrics, "model": lg.name})
+    with contextlib.ExitStack() as held:
+        if use_cache:
+            # another process training this autoencoder: wait for it, then take its result from the cache
+            held.enter_context(exclusive(store.lock_path(key)))
+            hit = store.load(key)
+            if hit is not None:
+                log.info("autoencoder for %s after unit %d at R=%g from the cache (%s)", lg.name, sp.unit, ratio,
+                         hit.path)
+                return SplitCompression._from_cache(key, hit.encoder, hit.decoder,
+                                                    {**hit.metrics, "model": lg.name})
 
-    def phase(name: str, done: int, total: int) -> None:
-        if progress is not None:
-            progress(name, done, total)
+        def phase(name: str, done: int, total: int) -> None:
+            if progress is not None:
+                progress(name, done, total)
 
-    # -- activations at the split, from the training split (augmented) and the held-out split (clean)
-    phase("activations", 0, 1)
-    from autoencoder.augment import augment_images
+        # -- activations at the split, from the training split (augmented) and the held-out split (clean)
+        phase("activations", 0, 1)
+        from autoencoder.augment import augment_images
 
-    rng = np.random.default_rng(config.seed)
-    train = calib.train
-    by_memory = config.max_activation_mb * 2**20 // (sp.nbytes * (1 + config.augment_copies))
-    keep = max(1, min(config.max_train_inputs, by_memory))
-    if len(train) > keep:
-        train = train[np.sort(rng.choice(len(train), keep, replace=False))]
-    augmented = augment_images(train, config.augment_copies, seed=config.seed, bounds=calib.bounds)
-    x_train = np.concatenate([train, augmented]) if len(augmented) else train
-    prefix = BatchRunner(prefix_model(lg, sp.tensor), threads=1)
-    a_train = prefix.run({calib.input_name: x_train})[sp.tensor]
-    a_test = prefix.run({calib.input_name: calib.test})[sp.tensor]
-    phase("activations", 1, 1)
+        rng = np.random.default_rng(config.seed)
+        train = calib.train
+        by_memory = config.max_activation_mb * 2**20 // (sp.nbytes * (1 + config.augment_copies))
+        keep = max(1, min(config.max_train_inputs, by_memory))
+        if len(train) > keep:
+            train = train[np.sort(rng.choice(len(train), keep, replace=False))]
+        augmented = augment_images(train, config.augment_copies, seed=config.seed, bounds=calib.bounds)
+        x_train = np.concatenate([train, augmented]) if len(augmented) else train
+        prefix = BatchRunner(prefix_model(lg, sp.tensor), threads=1)
+        a_train = prefix.run({calib.input_name: x_train})[sp.tensor]
+        a_test = prefix.run({calib.input_name: calib.test})[sp.tensor]
+        phase("activations", 1, 1)
 
-    # -- train and export
-    from autoencoder.train import train_weights
+        # -- train and export
+        from autoencoder.train import train_weights
 
-    design = design_for(sp.shape, ratio, stride=config.stride, relu_out=bool(a_train.min() >= 0),
-                        min_stride1_channels=config.min_stride1_channels)
-    log.info("training %s at R=%g on %d activations of %s: code %s, stride %d", lg.name, ratio, len(a_train),
-             list(sp.shape), [design.code_channels, design.code_height, design.code_width], design.stride)
-    weights = train_weights(design, a_train, config=config,
-                            progress=lambda e, total, _loss: phase("training", e, total))
-    encoder = encoder_model(design, weights, sp.tensor, host=lg.model)
-    decoder = decoder_model(design, weights, sp.tensor, host=lg.model)
+        design = design_for(sp.shape, ratio, stride=config.stride, relu_out=bool(a_train.min() >= 0),
+                            min_stride1_channels=config.min_stride1_channels)
+        log.info("training %s at R=%g on %d activations of %s: code %s, stride %d", lg.name, ratio, len(a_train),
+                 list(sp.shape), [design.code_channels, design.code_height, design.code_width], design.stride)
+        weights = train_weights(design, a_train, config=config,
+                                progress=lambda e, total, _loss: phase("training", e, total))
+        encoder = encoder_model(design, weights, sp.tensor, host=lg.model)
+        decoder = decoder_model(design, weights, sp.tensor, host=lg.model)
 
-    # -- evaluate on held-out inputs: the real compressed model against the original
-    phase("evaluating", 0, 1)
-    compressed = insert_autoencoder(lg.model, sp.tensor, encoder, decoder)
-    out = lg.outputs[0]
-    y_full = BatchRunner(lg.model, threads=1).run({calib.input_name: calib.test}, [out])[out]
-    y_ae = BatchRunner(compressed, threads=1).run({calib.input_name: calib.test}, [out])[out]
-    enc_runner = BatchRunner(encoder, threads=1)
-    code = enc_runner.run({sp.tensor: a_test})[enc_runner.output_names[0]]
-    dec_runner = BatchRunner(decoder, threads=1)
-    recon = dec_runner.run({dec_runner.input_names[0]: code})[sp.tensor]
-    fidelity = measure_fidelity(y_full, y_ae, calib.test_labels, activations=a_test, reconstructed=recon)
-    encoder_ms = _median_ms(encoder, {sp.tensor: a_test[:1]})
-    decoder_ms = _median_ms(decoder, {dec_runner.input_names[0]: code[:1]})
-    lossless = tuple(measure_lossless(a_test))
-    phase("evaluating", 1, 1)
+        # -- evaluate on held-out inputs: the real compressed model against the original
+        phase("evaluating", 0, 1)
+        compressed = insert_autoencoder(lg.model, sp.tensor, encoder, decoder)
+        out = lg.outputs[0]
+        y_full = BatchRunner(lg.model, threads=1).run({calib.input_name: calib.test}, [out])[out]
+        y_ae = BatchRunner(compressed, threads=1).run({calib.input_name: calib.test}, [out])[out]
+        enc_runner = BatchRunner(encoder, threads=1)
+        code = enc_runner.run({sp.tensor: a_test})[enc_runner.output_names[0]]
+        dec_runner = BatchRunner(decoder, threads=1)
+        recon = dec_runner.run({dec_runner.input_names[0]: code})[sp.tensor]
+        fidelity = measure_fidelity(y_full, y_ae, calib.test_labels, activations=a_test, reconstructed=recon)
+        encoder_ms = _median_ms(encoder, {sp.tensor: a_test[:1]})
+        decoder_ms = _median_ms(decoder, {dec_runner.input_names[0]: code[:1]})
+        lossless = tuple(measure_lossless(a_test))
+        phase("evaluating", 1, 1)
 
-    result = SplitCompression(
-        model=lg.name, model_sha256=sha, split=sp, ratio=float(ratio), design=design, encoder=encoder,
-        decoder=decoder, fidelity=fidelity, lossless=lossless, encoder_ms=encoder_ms, decoder_ms=decoder_ms,
-        train_seconds=weights.seconds, train_loss=weights.train_loss, train_samples=len(a_train),
-        calibration=calib.name, cache_key=key,
-    )
-    if use_cache:
-        store.store(key, encoder, decoder, result._metrics())
-    return result
+        result = SplitCompression(
+            model=lg.name, model_sha256=sha, split=sp, ratio=float(ratio), design=design, encoder=encoder,
+            decoder=decoder, fidelity=fidelity, lossless=lossless, encoder_ms=encoder_ms, decoder_ms=decoder_ms,
+            train_seconds=weights.seconds, train_loss=weights.train_loss, train_samples=len(a_train),
+            calibration=calib.name, cache_key=key,
+        )
+        if use_cache:
+            store.store(key, encoder, decoder, result._metrics())
+        return result

@@ -229,6 +229,25 @@ def slow_model(n: int = 512, layers: int = 24) -> onnx.ModelProto:
     return _model(nodes, {"x": (n, n)}, {"y": (n, n)}, {"w": q.astype(np.float32)})
 
 
+def calibrated_cache(cache: Path) -> Path:
+    """``cache`` (made if missing) holding this machine's calibrated local profile, as `flatpack deploy`
+    leaves it after its first run on a machine. The profile is measured once per test run, in the run's own
+    cache (an xdist worker that asks while another measures waits for it), so a test that deploys into a
+    fresh cache does not spend 20 s calibrating again. Tests of calibration itself use a bare cache."""
+    from functions.filelock import exclusive
+    from serving.calibrate import calibrate, calibrated_profile_path
+    from serving.cli.deploy import LOCAL_CALIBRATION_SAMPLES
+
+    shared = calibrated_profile_path("local", cache_dir=TEST_ROOT / "cache")
+    with exclusive(shared.with_name(f".{shared.name}.lock")):
+        if not shared.is_file():
+            calibrate("local", output=shared, samples=LOCAL_CALIBRATION_SAMPLES)
+    mine = calibrated_profile_path("local", cache_dir=cache)
+    mine.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(shared, mine)
+    return cache
+
+
 class Bundles:
     """Builds each hand-made bundle once per session, in a temporary directory."""
 

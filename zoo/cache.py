@@ -7,9 +7,11 @@ Nothing here imports torch until a model has to be built, so resolving a file ne
 from __future__ import annotations
 
 import logging
-import os
+import shutil
+import tempfile
 from pathlib import Path
 
+from functions.filelock import exclusive
 from functions.settings import cache_dir
 from zoo.errors import ZooError
 
@@ -21,29 +23,33 @@ log = logging.getLogger(__name__)
 def zoo_file(name: str, *, width_div: int = 1, input_size: int | None = None) -> Path:
     """The zoo model ``name`` at ``width_div`` / ``input_size`` as an ONNX file under the cache
     (``<cache>/zoo/<tag>.onnx``), built on first use. torch's export is deterministic for a seed, so a
-    cached file is the same model. A concurrent builder never sees a half-written file: the model is
-    written under a temporary name and renamed.
+    cached file is the same model. Processes asking for a model being built wait for it rather than build it
+    too (a lock per model), and none ever sees a half-written file: the model (with its external data, if
+    it has any) is built in a directory of its own and moved into place, the model file last.
 
     Raises:
         ZooError: ``name`` or the options are not a zoo model; ImportError: torch is not installed.
     """
-    from zoo.builder import build_to_file  # torch: only when something has to be built
-
     tag = name if (width_div, input_size) == (1, None) else \
         f"{name}-w{width_div}" + (f"-s{input_size}" if input_size else "")
     path = cache_dir() / "zoo" / f"{tag}.onnx"
     if path.is_file():
         return path
-    log.info("building zoo model %s (once; cached in %s)", tag, path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    build_to_file(name, tmp, width_div=width_div, input_size=input_size)
-    data = tmp.with_name(tmp.name + ".data")
-    if data.exists():  # external data is named after its model file: build the pair under the final name
-        build_to_file(name, path, width_div=width_div, input_size=input_size)
-        tmp.unlink(missing_ok=True)
-        data.unlink(missing_ok=True)
-    else:
-        tmp.replace(path)
+    with exclusive(path.with_name(f".{path.name}.lock")):
+        if path.is_file():  # built by the process this one waited for
+            return path
+        from zoo.builder import build_to_file  # torch: only when something has to be built
+
+        log.info("building zoo model %s (once; cached in %s)", tag, path.parent)
+        staging = Path(tempfile.mkdtemp(prefix=f".{tag}.", dir=path.parent))
+        try:
+            built = build_to_file(name, staging / path.name, width_div=width_div, input_size=input_size)
+            data = built.with_name(built.name + ".data")  # external data is named after its model file
+            if data.exists():
+                data.replace(path.with_name(data.name))
+            built.replace(path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return path
 
 

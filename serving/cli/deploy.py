@@ -112,22 +112,32 @@ def _announce(r: DeploymentRecord) -> None:
     console.print(f"try: flatpack invoke {r.name} --input random    stop: flatpack undeploy {r.name}")
 
 
+#: warm no-op round trips the first deploy on a machine measures the local platform with
+LOCAL_CALIBRATION_SAMPLES = 60
+
+
 def calibrated_local(recalibrate: bool) -> str:
-    """This machine's calibrated local profile (a YAML path), measured now if there is none yet."""
+    """This machine's calibrated local profile (a YAML path), measured now if there is none yet. Two
+    commands that both find none (two deploys started at once on a fresh machine) measure it once: the
+    second waits for the first's profile, rather than measuring a platform the first is loading."""
+    from functions.filelock import exclusive
     from serving.calibrate import calibrate, calibrated_profile_path
 
     path = calibrated_profile_path("local")
     if path.is_file() and not recalibrate:
         return str(path)
-    with err_console.status("calibrating the local platform (once per machine; `flatpack calibrate` to redo it)"
-                            ) as st:
-        try:
-            result = calibrate("local", samples=60,
-                               progress=lambda m, done, total: st.update(f"calibrating: {m} ({done}/{total})"))
-        except (OSError, ValueError, RuntimeError) as e:
-            err_console.print(f"[yellow]calibrating the local platform failed ({e}); planning with the published "
-                              f"local profile[/]")
-            return "local"
+    with exclusive(path.with_name(f".{path.name}.lock")):
+        if path.is_file() and not recalibrate:
+            return str(path)
+        with err_console.status("calibrating the local platform (once per machine; `flatpack calibrate` to redo it)"
+                                ) as st:
+            try:
+                result = calibrate("local", samples=LOCAL_CALIBRATION_SAMPLES,
+                                   progress=lambda m, done, total: st.update(f"calibrating: {m} ({done}/{total})"))
+            except (OSError, ValueError, RuntimeError) as e:
+                err_console.print(f"[yellow]calibrating the local platform failed ({e}); planning with the "
+                                  f"published local profile[/]")
+                return "local"
     err_console.print(f"calibrated the local platform: {result.path}")
     return str(result.path)
 
@@ -208,8 +218,7 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     from serving.deploy.local import prepare
     from serving.deploy.state import DeploymentRecord
 
-    if target == "local" and platform is None and (calibrate_platform or recalibrate):
-        platform = calibrated_local(recalibrate)
+    calibrate_here = target == "local" and platform is None and (calibrate_platform or recalibrate)
     platform = platform or {"local": "local", "lambda": "aws-lambda", "openfaas": "openfaas"}[target]
     transport = transport or ("shm" if target == "local" else "inline")
     if target == "local" and (dry_run or out_dir or gateway or endpoint_url or region):
@@ -230,6 +239,8 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     name = name or _name_for(str(path))
     if target == "local" or not dry_run:
         _check_name(name)
+    if calibrate_here:  # once every argument is known good: a mistyped flag does not wait for a calibration
+        request = dataclasses.replace(request, platform=calibrated_local(recalibrate))
     try:
         with err_console.status("planning") as st:
             bundle, planned = prepare(path, request, name, shapes=shapes, progress=lambda m: st.update(m),

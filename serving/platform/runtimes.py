@@ -11,8 +11,6 @@ the project on ``PYTHONPATH`` for every instance, so instances always run the co
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import logging
 import os
@@ -20,12 +18,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import functions
 from functions.backends import DEFAULT_BACKEND, check_backend
+from functions.filelock import exclusive
 from functions.settings import cache_dir
 
 __all__ = [
@@ -118,17 +117,6 @@ def backend_python(backend: str) -> str:
     return str(env.python)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def ensure_backend_env(backend: str, *, progress: Callable[[str], None] | None = None,
                        timeout_s: float = 1800.0) -> BackendEnv:
     """Create ``backend``'s environment unless it is ready; returns it.
@@ -142,7 +130,7 @@ def ensure_backend_env(backend: str, *, progress: Callable[[str], None] | None =
     if env.ready:
         return env
     say = progress or (lambda _m: None)
-    with _locked(env.root.with_name(env.root.name + ".lock")):
+    with exclusive(env.root.with_name(env.root.name + ".lock")):
         if env.ready:
             return env
         tmp = env.root.with_name(env.root.name + f".tmp{os.getpid()}")

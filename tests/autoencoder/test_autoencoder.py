@@ -440,16 +440,16 @@ def test_cli_unknown_model() -> None:
 
 
 @pytest.fixture(scope="module")
-def digits_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from zoo import build_to_file
+def digits_path() -> Path:
+    from zoo import zoo_file
 
-    return build_to_file("digits-cnn", tmp_path_factory.mktemp("digits") / "digits.onnx")
+    return zoo_file("digits-cnn")  # trained once per test run, for every xdist worker
 
 
+# The two digits-cnn tests share the run's cache: the autoencoder after unit 1 at R=4 is trained once, by
+# whichever runs first (the cache's lock makes the other wait for it).
 @pytest.mark.slow
-def test_digits_cnn_at_ratio_4_keeps_its_accuracy(tmp_path: Path, digits_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
+def test_digits_cnn_at_ratio_4_keeps_its_accuracy(tmp_path: Path, digits_path: Path) -> None:
     res = CliRunner().invoke(main, ["compress", str(digits_path), "--split-after", "1", "--ratio", "4", "--json",
                                     "-o", str(tmp_path / "b")])
     assert res.exit_code == 0, res.output
@@ -461,9 +461,7 @@ def test_digits_cnn_at_ratio_4_keeps_its_accuracy(tmp_path: Path, digits_path: P
 
 
 @pytest.mark.slow
-def test_digits_cnn_ships_the_data_its_autoencoders_are_measured_on(tmp_path: Path, digits_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
+def test_digits_cnn_ships_the_data_its_autoencoders_are_measured_on(digits_path: Path) -> None:
     codecs, why = PlanCodecs.for_model(LayerGraph.load(digits_path), AutoencoderOptions(parse_compress("ae:4")))
     assert codecs is not None and why == "" and codecs.calibration.name.startswith("digits")
     offered = codecs(1)

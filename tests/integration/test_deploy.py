@@ -15,6 +15,7 @@ import pytest
 
 from functions.procstat import pid_alive
 from functions.session import make_session
+from tests.conftest import calibrated_cache
 from tests.onnx_builders import conv_stack, mlp
 
 pytest.importorskip("zoo.builder")
@@ -30,7 +31,7 @@ def flatpack(*args: str, env: dict[str, str], timeout: float = 300) -> subproces
 def env(tmp_path: Path) -> dict[str, str]:
     e = os.environ.copy()
     e["FLATPACK_STATE_DIR"] = str(tmp_path / "state")
-    e["FLATPACK_CACHE_DIR"] = str(tmp_path / "cache")
+    e["FLATPACK_CACHE_DIR"] = str(calibrated_cache(tmp_path / "cache"))
     return e
 
 
@@ -115,5 +116,7 @@ def test_unknown_deployment_and_bad_model_are_one_line_errors(env: dict[str, str
     assert res.returncode != 0 and "no deployment named 'ghost'" in res.stderr and "Traceback" not in res.stderr
     res = flatpack("deploy", str(tmp_path / "missing.onnx"), env=env)
     assert res.returncode != 0 and "no such file" in res.stderr and "Traceback" not in res.stderr
-    res = flatpack("deploy", "vgg11", "--mode", "slo", env=env)
+    bare = {**env, "FLATPACK_CACHE_DIR": str(tmp_path / "bare")}  # a fresh machine: no calibrated profile yet
+    res = flatpack("deploy", str(tmp_path / "missing.onnx"), "--mode", "slo", env=bare)
     assert res.returncode != 0 and "--slo" in res.stderr
+    assert "calibrat" not in res.stderr and not (tmp_path / "bare" / "platforms").exists()  # refused at once

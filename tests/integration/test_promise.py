@@ -22,6 +22,7 @@ import yaml
 
 from functions.procstat import pid_alive
 from serving.api.client import InferClient
+from tests.conftest import calibrated_cache
 from tests.onnx_builders import conv_stack
 
 _DEADLINE_S = 300.0
@@ -35,7 +36,7 @@ def flatpack(*args: str, env: dict[str, str], timeout: float = 600) -> subproces
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     monkeypatch.setenv("FLATPACK_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(calibrated_cache(tmp_path / "cache")))
     return os.environ.copy()
 
 

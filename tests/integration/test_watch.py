@@ -22,6 +22,7 @@ import onnx
 import pytest
 
 from serving.api.client import InferClient
+from tests.conftest import calibrated_cache
 from tests.integration.test_promise import flatpack
 from tests.onnx_builders import conv_stack
 
@@ -31,7 +32,7 @@ _DEADLINE_S = 300.0
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     monkeypatch.setenv("FLATPACK_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(calibrated_cache(tmp_path / "cache")))
     for k, v in {"EVERY_S": "0.2", "CHECKS": "3", "MIN_REQUESTS": "10", "WINDOW_REQUESTS": "20",
                  "COOLDOWN_S": "600"}.items():
         monkeypatch.setenv(f"FLATPACK_WATCH_{k}", v)

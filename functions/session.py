@@ -6,6 +6,7 @@ environment without it (the MXNet backend's, see :mod:`functions.backends`).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +18,13 @@ if TYPE_CHECKING:
     import onnxruntime as ort
 
 __all__ = ["SessionCache", "make_session"]
+
+log = logging.getLogger(__name__)
+
+# onnxruntime's input types that a warm-up feeds zeros of
+_ZEROS = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+          "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+          "tensor(bool)": np.bool_}
 
 
 def make_session(path: str | Path, *, intra_op_threads: int = 0) -> ort.InferenceSession:
@@ -63,6 +71,25 @@ class SessionCache:
 
     def input_names(self, path: str | Path) -> list[str]:
         return [i.name for i in self.get(path).get_inputs()]
+
+    def warm_up(self, path: str | Path) -> bool:
+        """Run the part once on zeros, so that its first request does not pay onnxruntime's first run (its
+        memory arena grown, each kernel's first call): on a fresh instance at a fraction of a core that was
+        tens of ms. False where the part's inputs have no fixed shape, or it fails on zeros (a shape tensor
+        among its inputs): its first request then pays it, as before."""
+        sess = self.get(path)
+        feeds = {}
+        for i in sess.get_inputs():
+            dtype = _ZEROS.get(i.type)
+            if dtype is None or not all(isinstance(d, int) and d >= 0 for d in i.shape):
+                return False
+            feeds[i.name] = np.zeros(i.shape, dtype)
+        try:
+            sess.run(None, feeds)
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own untyped errors
+            log.debug("no warm-up run of %s on zeros: %s", path, e)
+            return False
+        return True
 
     def run(self, path: str | Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         sess = self.get(path)

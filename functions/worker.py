@@ -58,11 +58,12 @@ class Worker:
         self._share = cpu_share()
 
     def preload(self) -> int:
-        """Create the sessions of every part this function runs; returns how many."""
+        """Create the sessions of every part this function runs, and run each once on zeros (the instance's
+        cold start pays the first run, not its first request); returns how many."""
         n = 0
         for _, part in self._parts.values():
             if part.function == self.function:
-                self.sessions.get(self.bundle_dir / part.file)
+                self.sessions.warm_up(self.bundle_dir / part.file)
                 n += 1
         return n
 

@@ -211,11 +211,17 @@ def single_part_bundle(root: Path, model: onnx.ModelProto, *, function: str = "w
 
 
 def hog_model(n_floats: int) -> onnx.ModelProto:
-    """x[1] -> Expand to n_floats -> ReduceSum: allocates 4 * n_floats bytes while it runs."""
+    """x[1] -> Expand to n_floats -> ReduceSum: allocates 4 * n_floats bytes while it runs on a nonzero x.
+    On x = 0 it expands to nothing, so an instance's warm-up run on zeros (functions.session) starts it, and
+    its first real request is the one that goes over its memory."""
     shape = np.array([n_floats], dtype=np.int64)
-    return _model([helper.make_node("Expand", ["x", "shape"], ["big"]),
+    return _model([helper.make_node("Equal", ["x", "zero"], ["is_zero"]),
+                   helper.make_node("Not", ["is_zero"], ["nonzero"]),
+                   helper.make_node("Cast", ["nonzero"], ["scale"], to=TensorProto.INT64),
+                   helper.make_node("Mul", ["shape", "scale"], ["n"]),
+                   helper.make_node("Expand", ["x", "n"], ["big"]),
                    helper.make_node("ReduceSum", ["big"], ["y"], keepdims=1)],
-                  {"x": (1,)}, {"y": (1,)}, {"shape": shape})
+                  {"x": (1,)}, {"y": (1,)}, {"shape": shape, "zero": np.zeros(1, np.float32)})
 
 
 def slow_model(n: int = 512, layers: int = 24) -> onnx.ModelProto:

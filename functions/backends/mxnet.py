@@ -128,6 +128,16 @@ class MXNetSessionCache:
     def input_names(self, path: str | Path) -> list[str]:
         return list(self.get(path).input_names)
 
+    def warm_up(self, path: str | Path) -> bool:
+        """Run the part once on zeros of the shapes it was bound for (see :class:`functions.session.SessionCache`)."""
+        part = self.get(path)
+        args = part.executor.arg_dict
+        try:
+            part.run({n: np.zeros(tuple(args[n].shape), args[n].dtype) for n in part.input_names})
+        except Exception:  # noqa: BLE001 - MXNet raises its own untyped errors
+            return False
+        return True
+
     def run(self, path: str | Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.get(path).run(inputs)
 

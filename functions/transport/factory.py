@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -12,6 +13,8 @@ import numpy as np
 from functions.config import FunctionConfig
 from functions.errors import BadRequest
 from functions.transport.base import Transport, scheme_of
+
+log = logging.getLogger(__name__)
 
 __all__ = ["TransportSet", "open_transport"]
 
@@ -58,6 +61,20 @@ class TransportSet:
     @property
     def schemes(self) -> list[str]:
         return sorted(set(self._factories) | set(self._open))
+
+    @property
+    def opened(self) -> list[str]:
+        """The schemes of the transports open now."""
+        return sorted(self._open)
+
+    def open_all(self) -> None:
+        """Open every configured transport now rather than on first use. One that cannot open now (a Redis
+        that is away) is left to its first use, which reports why and is retried like any transport error."""
+        for scheme in self._factories:
+            try:
+                self.transport(scheme)
+            except Exception as e:  # noqa: BLE001 - each client fails in its own way; the first use says how
+                log.info("the %s transport did not open at start (%s); it opens on first use", scheme, e)
 
     def transport(self, scheme: str) -> Transport:
         t = self._open.get(scheme)

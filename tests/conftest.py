@@ -241,8 +241,7 @@ def calibrated_cache(cache: Path) -> Path:
     cache (an xdist worker that asks while another measures waits for it), so a test that deploys into a
     fresh cache does not spend 20 s calibrating again. Tests of calibration itself use a bare cache."""
     from functions.filelock import exclusive
-    from serving.calibrate import calibrate, calibrated_profile_path
-    from serving.cli.deploy import LOCAL_CALIBRATION_SAMPLES
+    from serving.calibrate import LOCAL_CALIBRATION_SAMPLES, calibrate, calibrated_profile_path
 
     shared = calibrated_profile_path("local", cache_dir=TEST_ROOT / "cache")
     with exclusive(shared.with_name(f".{shared.name}.lock")):

@@ -169,13 +169,11 @@ def _calibrated_local(say: Callable[[str], None]) -> str:
     """This machine's calibrated local profile (its path), measured now if there is none: the plans are
     predicted with it, as ``flatpack deploy`` plans with it. The published profile's CPU shares below one
     vCPU are the proportional ones, and a function of 128 MB computes about 1.5x slower than that here."""
-    from serving.calibrate import LOCAL, calibrate, calibrated_profile_path
+    from serving.calibrate import LOCAL, calibrated_profile_path, ensure_local_calibration
 
-    path = calibrated_profile_path(LOCAL)
-    if not path.is_file():
+    if not calibrated_profile_path(LOCAL).is_file():
         say("calibrating the local platform (once per machine)")
-        calibrate(LOCAL, samples=60)
-    return str(path)
+    return str(ensure_local_calibration())
 
 
 def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None], platform: str = "local"

@@ -59,6 +59,7 @@ __all__ = [
     "calibrated_profile_data",
     "calibrated_profile_path",
     "check_supported",
+    "ensure_local_calibration",
     "local_platform",
     "measure_cpu_share",
     "write_profile",
@@ -204,3 +205,24 @@ def calibrated_profile(name: str = LOCAL, *, recalibrate: bool = False, samples:
     if not path.is_file():
         return None
     return load_profile(path)
+
+
+#: warm no-op round trips the first calibration of the local platform on a machine measures with
+LOCAL_CALIBRATION_SAMPLES = 60
+
+
+def ensure_local_calibration(*, recalibrate: bool = False, samples: int = LOCAL_CALIBRATION_SAMPLES,
+                             progress: Progress | None = None) -> Path:
+    """This machine's calibrated local profile (its path), measured now if there is none yet (or with
+    ``recalibrate``). Processes that all find none (two deploys started at once on a fresh machine, a deploy
+    and a benchmark) measure it once: the others wait for the first one's profile rather than measure a
+    platform it is loading. Raises what :func:`calibrate` raises."""
+    from functions.filelock import exclusive
+
+    path = calibrated_profile_path(LOCAL)
+    if path.is_file() and not recalibrate:
+        return path
+    with exclusive(path.with_name(f".{path.name}.lock")):
+        if path.is_file() and not recalibrate:
+            return path
+        return calibrate(LOCAL, samples=samples, progress=progress).path

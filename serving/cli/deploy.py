@@ -112,34 +112,25 @@ def _announce(r: DeploymentRecord) -> None:
     console.print(f"try: flatpack invoke {r.name} --input random    stop: flatpack undeploy {r.name}")
 
 
-#: warm no-op round trips the first deploy on a machine measures the local platform with
-LOCAL_CALIBRATION_SAMPLES = 60
-
-
 def calibrated_local(recalibrate: bool) -> str:
-    """This machine's calibrated local profile (a YAML path), measured now if there is none yet. Two
-    commands that both find none (two deploys started at once on a fresh machine) measure it once: the
-    second waits for the first's profile, rather than measuring a platform the first is loading."""
-    from functions.filelock import exclusive
-    from serving.calibrate import calibrate, calibrated_profile_path
+    """This machine's calibrated local profile (a YAML path), measured now if there is none yet (see
+    :func:`serving.calibrate.ensure_local_calibration`: two commands that find none measure it once)."""
+    from serving.calibrate import calibrated_profile_path, ensure_local_calibration
 
     path = calibrated_profile_path("local")
     if path.is_file() and not recalibrate:
         return str(path)
-    with exclusive(path.with_name(f".{path.name}.lock")):
-        if path.is_file() and not recalibrate:
-            return str(path)
-        with err_console.status("calibrating the local platform (once per machine; `flatpack calibrate` to redo it)"
-                                ) as st:
-            try:
-                result = calibrate("local", samples=LOCAL_CALIBRATION_SAMPLES,
-                                   progress=lambda m, done, total: st.update(f"calibrating: {m} ({done}/{total})"))
-            except (OSError, ValueError, RuntimeError) as e:
-                err_console.print(f"[yellow]calibrating the local platform failed ({e}); planning with the "
-                                  f"published local profile[/]")
-                return "local"
-    err_console.print(f"calibrated the local platform: {result.path}")
-    return str(result.path)
+    with err_console.status("calibrating the local platform (once per machine; `flatpack calibrate` to redo it)"
+                            ) as st:
+        try:
+            path = ensure_local_calibration(recalibrate=recalibrate, progress=lambda m, done, total: st.update(
+                f"calibrating: {m} ({done}/{total})"))
+        except (OSError, ValueError, RuntimeError) as e:
+            err_console.print(f"[yellow]calibrating the local platform failed ({e}); planning with the published "
+                              f"local profile[/]")
+            return "local"
+    err_console.print(f"calibrated the local platform: {path}")
+    return str(path)
 
 
 @click.command("deploy")

@@ -240,13 +240,9 @@ def calibrated_cache(cache: Path) -> Path:
     leaves it after its first run on a machine. The profile is measured once per test run, in the run's own
     cache (an xdist worker that asks while another measures waits for it), so a test that deploys into a
     fresh cache does not spend 20 s calibrating again. Tests of calibration itself use a bare cache."""
-    from functions.filelock import exclusive
-    from serving.calibrate import LOCAL_CALIBRATION_SAMPLES, calibrate, calibrated_profile_path
+    from serving.calibrate import calibrated_profile_path, ensure_local_calibration
 
-    shared = calibrated_profile_path("local", cache_dir=TEST_ROOT / "cache")
-    with exclusive(shared.with_name(f".{shared.name}.lock")):
-        if not shared.is_file():
-            calibrate("local", output=shared, samples=LOCAL_CALIBRATION_SAMPLES)
+    shared = ensure_local_calibration(cache_dir=TEST_ROOT / "cache")
     mine = calibrated_profile_path("local", cache_dir=cache)
     mine.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(shared, mine)

@@ -212,17 +212,17 @@ LOCAL_CALIBRATION_SAMPLES = 60
 
 
 def ensure_local_calibration(*, recalibrate: bool = False, samples: int = LOCAL_CALIBRATION_SAMPLES,
-                             progress: Progress | None = None) -> Path:
-    """This machine's calibrated local profile (its path), measured now if there is none yet (or with
-    ``recalibrate``). Processes that all find none (two deploys started at once on a fresh machine, a deploy
-    and a benchmark) measure it once: the others wait for the first one's profile rather than measure a
-    platform it is loading. Raises what :func:`calibrate` raises."""
+                             progress: Progress | None = None, cache_dir: Path | None = None) -> Path:
+    """This machine's calibrated local profile (its path, under ``cache_dir``: default flatpack's cache),
+    measured now if there is none yet (or with ``recalibrate``). Processes that all find none (two deploys
+    started at once on a fresh machine, a deploy and a benchmark) measure it once: the others wait for the
+    first one's profile rather than measure a platform it is loading. Raises what :func:`calibrate` raises."""
     from functions.filelock import exclusive
 
-    path = calibrated_profile_path(LOCAL)
+    path = calibrated_profile_path(LOCAL, cache_dir=cache_dir)
     if path.is_file() and not recalibrate:
         return path
     with exclusive(path.with_name(f".{path.name}.lock")):
         if path.is_file() and not recalibrate:
             return path
-        return calibrate(LOCAL, samples=samples, progress=progress).path
+        return calibrate(LOCAL, output=path, samples=samples, progress=progress).path

@@ -541,6 +541,26 @@ def merge_master_stages(pm: PerfModel, result: SolverResult) -> SolverResult:
     return replace(result, choices=tuple(out), estimate=est)
 
 
+def placement_variants(pm: PerfModel, result: SolverResult) -> list[SolverResult]:
+    """``result`` with its split stages' parts placed the other way: every split stage with the master
+    computing a part (m+w) or every one all on workers (w), where that fits its memory and limits. Which is faster turns
+    on what the model knows least well (the master's share at a fraction of a core against one more
+    function's dispatch and reply), so :func:`partitioner.stage_times.refine` times a close variant beside
+    the plan rather than trust the estimate."""
+    found: list[SolverResult] = []
+    for master_part in (False, True):
+        choices = [replace(c, master_part=master_part) if c.split.degree > 1 else c for c in result.choices]
+        if choices == list(result.choices):
+            continue
+        try:
+            est = pm.estimate(choices, result.master_mb)
+        except ValueError:
+            continue
+        if not est.warnings:
+            found.append(replace(result, choices=tuple(choices), estimate=est, solver=f"{result.solver}+placement"))
+    return found
+
+
 def codecs_of(result: SolverResult) -> list[CutCodec]:
     """The codecs a plan places, by cut."""
     return [c.encode for c in result.choices if c.encode is not None]

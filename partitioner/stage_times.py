@@ -201,13 +201,16 @@ MeasureTogetherFn = Callable[[Sequence[Any]], Sequence[Sequence[StageRecord | No
 #: a plan measured in an earlier round whose estimate is within this fraction of the loop's last plan is timed
 #: again beside it (see :func:`refine`)
 RUNOFF_MARGIN = 0.08
+#: runoffs at most in one :func:`refine`
+MAX_RUNOFFS = 3
 
 
 def refine(plan: PlanFn, measure: MeasureFn, times: StageTimes, apply: Callable[[StageTimes], None], *,
            budget_s: float, max_rounds: int = 6, split_only: bool = True,
            progress: Callable[[str], None] | None = None, on_record: Callable[[StageTimes], None] | None = None,
            measure_together: MeasureTogetherFn | None = None, estimate: Callable[[Any], float] | None = None,
-           runoff_margin: float = RUNOFF_MARGIN) -> Refined:
+           variants: Callable[[Any], Sequence[Any]] | None = None, runoff_margin: float = RUNOFF_MARGIN,
+           max_runoffs: int = MAX_RUNOFFS) -> Refined:
     """Plan, measure the plan's stages not measured yet, apply the measurements and plan again, until every
     stage of the plan is measured, ``budget_s`` is spent or ``max_rounds`` plans were measured.
 
@@ -215,28 +218,33 @@ def refine(plan: PlanFn, measure: MeasureFn, times: StageTimes, apply: Callable[
     runs is its units' profiled time, which the whole-model timing already calibrates). ``on_record`` is
     called after each round with the times so far (to save them).
 
-    ``measure_together``: a runoff once the plan stands on measurements. Each round's plan was timed in its
+    ``measure_together``: runoffs once the plan stands on measurements. Each round's plan was timed in its
     own minutes, and a host's speed drifts by 10 % over minutes: a plan that lost because its round fell in
     a slow moment is never measured again, and the loop's choice between near-equal plans follows the noise
     (vgg16/w2 at 512 MB: the classifier on a reduction=4 stage or on the master, x2.05 against x1.89 live,
-    either way across runs). So the best plan of the earlier rounds whose estimate lies within
-    ``runoff_margin`` of the last plan's (``estimate``: a plan's latency on the times applied now) is
-    deployed beside it, both are timed with their requests interleaved (the baseline in the same run), their
-    stages' records replace the earlier ones, and the loop plans again. At most one runoff; it counts as a
-    round."""
+    either way across runs). So once a plan stands, its closest rival within ``runoff_margin`` of it
+    (``estimate``: a plan's latency on the times applied now) is deployed beside it, and both are timed with
+    their requests interleaved (the baseline in the same run). The rivals are the plans of the earlier rounds
+    and ``variants`` of the standing plan (plans the model cannot tell apart from it well, such as the same
+    stages with the master's share moved to a worker: timed alone they were never measured at all). The
+    pair's records replace the earlier ones, and the loop plans again. A plan stands at the end only once it
+    has been timed beside every rival within the margin, so the final pick is made between plans timed
+    together, not between one timed in a quiet minute and one in a busy one; at most ``max_runoffs``
+    runoffs, each counted as a round."""
     say = progress or (lambda _m: None)
     t0 = time.perf_counter()
     apply(times)
     result = plan()
-    rounds = 0
+    rounds = runoffs = 0
     stopped = "every stage of the plan is measured"
-    measured: list[Any] = []  # the plans timed so far, one per round
-    runoff: Any = None  # the earlier plan timed beside the last one, once that happened
+    measured: list[Any] = []  # the plans timed so far, alone or in a runoff
+    raced: set[frozenset[Any]] = set()  # the pairs of plans timed together
     while True:
         todo = _unmeasured(result, times, split_only)
         rival = None
-        if not todo and runoff is None and measure_together is not None and estimate is not None:
-            rival = _runoff_rival(result, measured, estimate, runoff_margin)
+        if not todo and runoffs < max_runoffs and measure_together is not None and estimate is not None:
+            rivals = [*measured, *(variants(result) if variants is not None else ())]
+            rival = _runoff_rival(result, rivals, estimate, runoff_margin, raced)
         if not todo and rival is None:
             break
         if rounds >= max_rounds:
@@ -248,10 +256,13 @@ def refine(plan: PlanFn, measure: MeasureFn, times: StageTimes, apply: Callable[
             break
         rounds += 1
         if rival is not None and measure_together is not None:
-            est, runoff = rival
-            say(f"round {rounds}: timing the plan beside an earlier one within {runoff_margin:.0%} of it, requests "
+            est, other = rival
+            runoffs += 1
+            raced.add(frozenset((_plan_key(result), _plan_key(other))))
+            say(f"round {rounds}: timing the plan beside a rival within {runoff_margin:.0%} of it, requests "
                 f"interleaved ({est:.1f} vs {result.estimate.latency_ms:.1f} ms estimated)")
-            records = [r for recs in measure_together([result, runoff]) for r in recs]
+            measured.append(other)
+            records = [r for recs in measure_together([result, other]) for r in recs]
         else:
             say(f"measuring the plan on the target, round {rounds}: {len(todo)} stage(s) not measured yet")
             measured.append(result)
@@ -263,29 +274,32 @@ def refine(plan: PlanFn, measure: MeasureFn, times: StageTimes, apply: Callable[
             on_record(times)
         apply(times)
         result = plan()
-    if runoff is not None and stopped.startswith("every stage"):
-        stopped += ("; the earlier plan it was timed beside, interleaved, won" if _same_plan(result, runoff)
-                    else "; timed beside an earlier plan, interleaved")
+    if runoffs and stopped.startswith("every stage"):
+        won = any(_plan_key(result) in pair for pair in raced)
+        stopped += (f"; it won a runoff, timed beside its rival with requests interleaved ({runoffs} runoff(s))"
+                    if won else f"; {runoffs} runoff(s) between other plans")
     timed = tuple(_is_measured(c, result.master_mb, times, False) for c in result.choices)
     return Refined(result, rounds, time.perf_counter() - t0, timed, not _unmeasured(result, times, split_only),
                    stopped)
 
 
-def _same_plan(a: Any, b: Any) -> bool:
-    return a.master_mb == b.master_mb and tuple(a.choices) == tuple(b.choices)
+def _plan_key(r: Any) -> tuple[Any, ...]:
+    return (r.master_mb, tuple(c.plain for c in r.choices))
 
 
-def _runoff_rival(result: Any, measured: Sequence[Any], estimate: Callable[[Any], float],
-                  margin: float) -> tuple[float, Any] | None:
-    """The plan measured earlier whose estimate on the times applied now comes closest to ``result``'s, with
-    that estimate, if within ``margin`` of it."""
+def _runoff_rival(result: Any, candidates: Sequence[Any], estimate: Callable[[Any], float], margin: float,
+                  raced: set[frozenset[Any]]) -> tuple[float, Any] | None:
+    """Of ``candidates``, the plan whose estimate on the times applied now comes closest to ``result``'s, with
+    that estimate, if within ``margin`` of it and not yet timed beside it."""
+    key = _plan_key(result)
     best: tuple[float, Any] | None = None
-    for old in measured:
-        if _same_plan(old, result):
+    for other in candidates:
+        k = _plan_key(other)
+        if k == key or frozenset((key, k)) in raced:
             continue
-        est = estimate(old)
+        est = estimate(other)
         if est <= result.estimate.latency_ms * (1 + margin) and (best is None or est < best[0]):
-            best = (est, old)
+            best = (est, other)
     return best
 
 

@@ -157,6 +157,7 @@ def refine_on_target(lg: Any, request: Any, pm: Any, plan: Any, *, budget_s: flo
     :class:`partitioner.stage_times.Refined`; ``pm`` keeps the stage times applied."""
     import tempfile
 
+    from partitioner.planner import placement_variants
     from partitioner.stage_times import refine
     from serving.calibrate.target import local_platform
 
@@ -192,7 +193,8 @@ def refine_on_target(lg: Any, request: Any, pm: Any, plan: Any, *, budget_s: flo
         return refine(plan, measure, load_stage_times(path), pm.use_stage_times, budget_s=budget_s,
                       max_rounds=max_rounds, progress=progress, on_record=save,
                       measure_together=measure_together if fastest else None,
-                      estimate=lambda r: pm.estimate(list(r.choices), r.master_mb).latency_ms)
+                      estimate=lambda r: pm.estimate(list(r.choices), r.master_mb).latency_ms,
+                      variants=(lambda r: placement_variants(pm, r)) if fastest else None)
 
 
 @dataclass

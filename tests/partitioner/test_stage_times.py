@@ -16,6 +16,7 @@ import pytest
 from functions.plan import Split
 from partitioner.graph import LayerGraph
 from partitioner.perfmodel import ComputeModel, ExGauss, PerfModel, PlatformFacts, StageChoice
+from partitioner.planner import placement_variants
 from partitioner.solvers.common import SPLITS, SearchSpace
 from partitioner.solvers.dp import latency_dp
 from partitioner.stage_times import StageRecord, StageTimes, records_from, refine, stage_key
@@ -350,3 +351,110 @@ def test_no_runoff_for_a_plan_that_lost_by_more_than_the_margin() -> None:
 
     refined = refine(plan, measure, StageTimes(), apply, budget_s=1e9, measure_together=counted, estimate=estimate)
     assert refined.result.choices == _ROWS and refined.rounds == 2 and not calls
+
+
+# -- runoffs against a plan's placement variant, and the final pick made between plans timed together ----------
+
+_SHARED = (StageChoice(0, 3, Split("spatial", (2, 2)), master_part=True),)  # the master computes a part
+_WORKERS = (StageChoice(0, 3, Split("spatial", (2, 2)), master_part=False),)
+_GRID = (StageChoice(0, 3, Split("spatial", (3, 1)), master_part=True),)
+
+
+def _field(true_ms: dict, model_ms: dict, alone: list[float]):  # noqa: ANN202
+    """A toy loop over several plans: ``true_ms`` what each takes live (interleaved timing sees exactly that),
+    ``model_ms`` what the model says before a plan is measured (or a function of how many stages are
+    measured: the model's price of a stage moves as records come in, by the ratios per split degree),
+    ``alone`` the factor of each plan timed alone in turn (a quiet or busy minute)."""
+    state: dict = {"times": StageTimes(), "alone": list(alone), "together": []}
+
+    def modelled(choices: tuple[StageChoice, ...]) -> float:
+        ms = model_ms[choices]
+        return ms(len(state["times"])) if callable(ms) else ms
+
+    def latency(choices: tuple[StageChoice, ...]) -> float:
+        c = choices[0]
+        rec = state["times"].get(stage_key(c.first, c.last, c.split, c.master_part, c.worker_mb, MB))
+        return rec.measured_ms if rec is not None else modelled(choices)
+
+    def plan() -> _Result:
+        best = min(true_ms, key=latency)
+        return _Result(best, _Estimate(latency(best)))
+
+    def measure(result: _Result) -> list[StageRecord]:
+        ms = true_ms[result.choices]
+        return [_record(result.choices[0], state["alone"].pop(0) * ms, modelled(result.choices))]
+
+    def together(results):  # noqa: ANN001, ANN202
+        state["together"].append([r.choices for r in results])
+        return [[_record(r.choices[0], true_ms[r.choices], modelled(r.choices))] for r in results]
+
+    def apply(times: StageTimes) -> None:
+        state["times"] = times
+
+    def variants(result: _Result) -> list[_Result]:
+        flipped = tuple(dataclasses.replace(c, master_part=not c.master_part) for c in result.choices)
+        return [_Result(flipped, _Estimate(latency(flipped)))] if flipped in true_ms else []
+
+    return state, plan, measure, together, apply, (lambda r: latency(r.choices)), variants
+
+
+def test_a_standing_plan_races_its_placement_variant_which_no_round_had_timed_and_the_faster_live_wins() -> None:
+    # the model prefers the master computing a part by 4 %; live, all-workers is 10 % faster. Timed alone, the
+    # first plan stands on its own measurement and the variant, priced by the model, is never timed
+    true_ms = {_SHARED: 100.0, _WORKERS: 90.0}
+    model_ms = {_SHARED: 97.0, _WORKERS: 101.0}
+    state, plan, measure, together, apply, estimate, variants = _field(true_ms, model_ms, [1.0])
+    refined = refine(plan, measure, StageTimes(), apply, budget_s=1e9, measure_together=together,
+                     estimate=estimate)
+    assert refined.result.choices == _SHARED and not state["together"]
+
+    state, plan, measure, together, apply, estimate, variants = _field(true_ms, model_ms, [1.0])
+    refined = refine(plan, measure, StageTimes(), apply, budget_s=1e9, measure_together=together,
+                     estimate=estimate, variants=variants)
+    assert state["together"] == [[_SHARED, _WORKERS]]
+    assert refined.result.choices == _WORKERS and refined.all_measured and "won a runoff" in refined.stopped
+
+
+def test_a_plan_that_comes_up_after_a_runoff_is_raced_too_so_the_final_pick_is_between_plans_timed_together(
+        ) -> None:
+    # round 1 times the shared plan alone; it stands and races its variant. The re-plan then turns to a third
+    # plan that the records made the model flatter, timed alone in a quiet minute (x0.9): without a second
+    # runoff it would stand on that one lucky measurement, slower live than the runoff's winner
+    true_ms = {_SHARED: 100.0, _WORKERS: 90.0, _GRID: 95.0}
+    model_ms = {_SHARED: 97.0, _WORKERS: 101.0, _GRID: lambda measured: 103.0 if measured < 2 else 85.0}
+    state, plan, measure, together, apply, estimate, variants = _field(true_ms, model_ms, [1.0, 0.9])
+    refined = refine(plan, measure, StageTimes(), apply, budget_s=1e9, measure_together=together,
+                     estimate=estimate, variants=variants)
+    assert state["together"][0] == [_SHARED, _WORKERS]
+    assert [_GRID, _WORKERS] in state["together"]
+    assert refined.result.choices == _WORKERS, refined.stopped
+    assert "won a runoff" in refined.stopped
+
+
+def test_runoffs_are_bounded() -> None:
+    true_ms = {_SHARED: 100.0, _WORKERS: 90.0, _GRID: 95.0}
+    model_ms = {_SHARED: 97.0, _WORKERS: 101.0, _GRID: lambda measured: 103.0 if measured < 2 else 85.0}
+    state, plan, measure, together, apply, estimate, variants = _field(true_ms, model_ms, [1.0, 0.9])
+    refined = refine(plan, measure, StageTimes(), apply, budget_s=1e9, measure_together=together,
+                     estimate=estimate, variants=variants, max_runoffs=1)
+    assert len(state["together"]) == 1 and refined.all_measured
+
+
+def test_a_plans_placement_variants_move_every_split_stages_share_to_the_other_side_and_are_priced(
+        lg: LayerGraph) -> None:
+    pm = _pm(lg)
+    result = _plan(pm)
+    split = [i for i, c in enumerate(result.choices) if c.split.degree > 1]
+    assert split
+    variants = placement_variants(pm, result)
+    assert variants
+    for v in variants:
+        assert v.master_mb == result.master_mb and len(v.choices) == len(result.choices)
+        placements = {v.choices[i].master_part for i in split}
+        assert len(placements) == 1  # every split stage placed the same way
+        for i, (a, b) in enumerate(zip(result.choices, v.choices, strict=True)):
+            assert dataclasses.replace(a, master_part=b.master_part) == b  # nothing else moved
+            if i not in split:
+                assert a == b
+        assert v.estimate == pm.estimate(list(v.choices), v.master_mb) and not v.estimate.warnings
+    assert all(tuple(v.choices) != tuple(result.choices) for v in variants)

@@ -6,7 +6,8 @@ stray print cannot corrupt the protocol):
 
 * instance -> platform, once: ``b"FPIR"``, u8 status (0 ready, 1 init failed), u64 length, JSON
   (``{"pid", "init_ms"}`` or ``{"errorType", "errorMessage"}``);
-* platform -> instance, per request: u64 length, event bytes;
+* platform -> instance, per request: u64 length, f64 when the platform handed it over (``time.monotonic()``,
+  one clock for every process on the host), event bytes;
 * instance -> platform, per request: u8 status (0 ok, 1 the reply carries an error), u64 length, reply.
 
 The instance serves one request at a time and exits when stdin closes (the platform reaped it or died).
@@ -27,7 +28,7 @@ from functions.settings import cpu_share, log_level
 __all__ = ["main"]
 
 READY = struct.Struct("<4sBQ")
-REQUEST = struct.Struct("<Q")
+REQUEST = struct.Struct("<Qd")
 RESPONSE = struct.Struct("<BQ")
 READY_MAGIC = b"FPIR"
 
@@ -53,21 +54,31 @@ def _write_all(fd: int, *chunks: bytes) -> None:
 
 
 class _Dilation:
-    """CPU share by dilation (the local platform's fallback where no cgroup can be written): after a piece
-    of work that took ``cpu`` seconds of this process's CPU time, wait until its wall time is ``cpu /
-    share``, as it would have been had the process been given ``share`` of a core all along."""
+    """CPU share by dilation (the local platform's fallback where no cgroup can be written, and the top-up
+    beside a cgroup's quota, see ``serving.platform.cpu``): after a piece of work that took ``cpu`` seconds
+    of this process's CPU time, wait until its wall time is ``cpu / share``, as it would have been had the
+    process been given ``share`` of a core all along.
+
+    A request's wall time counts from when the platform handed it over (``since``), not from when this
+    process got a core to read it: an instance owns its share from the moment its invocation arrives, as a
+    Lambda instance owns its vCPU fraction. On a host with fewer cores than a split stage has parts, the
+    parts invoked last waited for a core before they could read (6-10 ms for a 6-part vgg11/w2 stage at 512
+    MB on 2 cores); counting from their own start charged that wait twice, once as the wait and again in
+    the whole share-long top-up after it. A part still finishes no earlier than its CPU over its share
+    after the hand-over, and no earlier than the host lets it."""
 
     def __init__(self, share: float | None) -> None:
         self.share = share
         self._wall = self._cpu = 0.0
 
-    def start(self) -> None:
-        self._wall, self._cpu = time.perf_counter(), time.process_time()
+    def start(self, since: float | None = None) -> None:
+        now = time.monotonic()
+        self._wall, self._cpu = (now if since is None else min(since, now)), time.process_time()
 
     def finish(self) -> None:
         if self.share is None:
             return
-        owed = (time.process_time() - self._cpu) / self.share - (time.perf_counter() - self._wall)
+        owed = (time.process_time() - self._cpu) / self.share - (time.monotonic() - self._wall)
         if owed > 0:
             time.sleep(owed)
 
@@ -104,11 +115,11 @@ def main() -> int:
             head = _read_exact(in_fd, REQUEST.size)
             if head is None:
                 return 0
-            (n,) = REQUEST.unpack(head)
+            n, handed_over = REQUEST.unpack(head)
             payload = _read_exact(in_fd, n)
             if payload is None:
                 return 0
-            dilation.start()
+            dilation.start(since=handed_over)
             reply, failed = runtime.handle(payload)
             del payload
             dilation.finish()

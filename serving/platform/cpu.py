@@ -38,6 +38,13 @@ share. On an idle machine that removes the period's rounding. When the instance 
 has already made it slower than that, and the top-up adds nothing. The quota is what keeps concurrent
 instances to their shares; the top-up is what makes one instance's time exact.
 
+The top-up counts a request's time from when the platform handed it to the instance, not from when the
+instance got a core to read it. A function owns its share from the moment its invocation arrives; on a host
+with fewer cores than a stage has parts, the parts invoked last wait for a core first, and a top-up counted
+from their own start charged that wait twice (a 6-part vgg11/w2 stage at 512 MB on 2 cores: the last part
+read its input 6-10 ms after the hand-over, then waited out its whole share). A request still lasts at least
+its CPU over its share from the hand-over, and at least what the host allows.
+
 An instance that waits (a master while its workers compute) leaves its quota unspent, and without more
 it woke to a spent quota: a 0.29 vCPU master's replies were read up to one period late, at each stage. So
 each instance may also carry one period's unspent quota into the next (CFS burst, ``cpu.cfs_burst_us`` or

@@ -146,7 +146,8 @@ class Instance:
         t0 = time.perf_counter()
         try:
             try:
-                self.proc.stdin.write(REQUEST.pack(len(payload)))
+                # when it was handed over: the instance's share runs from here (functions.local_instance)
+                self.proc.stdin.write(REQUEST.pack(len(payload), time.monotonic()))
                 self.proc.stdin.write(payload)
                 await self.proc.stdin.drain()
                 head = await asyncio.wait_for(self.proc.stdout.readexactly(RESPONSE.size), timeout_s)

@@ -162,7 +162,7 @@ def measured_lo_plan(pp: Any, lg: Any, pm: Any, *, memory_mb: int, max_group: in
     independent timing is not. Measured on vgg11/w2 at 512 MB: the plan chosen on one timing ran 19 % over
     its prediction. An unsplit plan is timed too: its units' profile is scaled to the model run in this
     process, and the same compute in a function ran 3-10 % slower."""
-    from partitioner.planner import PlanRequest
+    from partitioner.planner import PlanRequest, placement_variants
     from partitioner.stage_times import StageTimes, refine
     from serving.calibrate.stages import StageTimer
 
@@ -172,7 +172,8 @@ def measured_lo_plan(pp: Any, lg: Any, pm: Any, *, memory_mb: int, max_group: in
     refined = refine(lambda: lo_plan(pm, max_group, memory_mb=memory_mb, max_degree=degree), timer.measure,
                      StageTimes(), pm.use_stage_times, budget_s=budget_s, progress=say,
                      measure_together=timer.measure_together,
-                     estimate=lambda r: pm.estimate(list(r.choices), r.master_mb).latency_ms)
+                     estimate=lambda r: pm.estimate(list(r.choices), r.master_mb).latency_ms,
+                     variants=lambda r: placement_variants(pm, r))
     if not retime:
         return refined
     if say is not None:

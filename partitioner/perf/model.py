@@ -337,8 +337,10 @@ class PerfModel:
             floor = handling * cpu_m + t_master
             mean = max(put + max(busy, parts.expected_max + lag + slowest) + get + join, floor)
             tail = get + join
+            # the master reads each part's outputs as it answers, inside its stage timing; the join follows
+            untimed = join
         else:
-            tail = join * (cpu_m if p.shared_host else 1.0)
+            tail = untimed = join * (cpu_m if p.shared_host else 1.0)
             mean = t_master + tail
             put = floor = 0.0
         shape = StageShape(put, t_master, worker_fixed, worker_compute, dispatch, tail, floor, parts.sigma)
@@ -352,7 +354,7 @@ class PerfModel:
             master_hold_mb=parts.master_hold_mb,
             worker_need_mb=parts.worker_need_mb,
             payload_bytes=parts.payload_bytes,
-            stage_ms=mean - tail,
+            stage_ms=mean - untimed,
             shape=shape,
             master_cpu_ms=(t_master / cpu_m if mine is not None else 0.0) + (put + get + join + n * dispatch
                                                                             if n else join),

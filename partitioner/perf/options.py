@@ -93,8 +93,8 @@ class OptionCost:
     master_hold_mb: float  # the master's peak working set for this stage beyond its weights
     worker_need_mb: float  # the largest worker part's memory need
     payload_bytes: int  # largest single tensor passed to or from a worker
-    # what the master's stage timing covers: from the stage's first send until every part's result is in
-    # (the latency without reading the workers' outputs and joining them)
+    # what the master's stage timing covers: from the stage's first send until every part's result is in and
+    # read (functions.master reads each part's outputs as it answers); the latency less joining them
     stage_ms: float = 0.0
     measured: bool = False  # stage_ms is a live measurement (partitioner.stage_times), not the model's
     shape: StageShape | None = None  # what its latency distribution is made of (partitioner.tail)

@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 _SPREAD_LIMIT = 1.25
 #: the stage-time cache's format (in its file names): a new one leaves older caches unread. st3: instances
 #: carry a period's unspent quota (serving.platform.cpu), and the whole model's time below one vCPU is at least
-#: its CPU over its share; figures timed before either are stale
-_FORMAT = "st3"
+#: its CPU over its share; figures timed before either are stale. st4: an instance's share counts from the
+#: hand-over of its request, and a stage's model time holds reading its parts' outputs, as the master times it
+_FORMAT = "st4"
 
 
 def stage_times_path(lg: Any, pm: Any, transport: str, cpu_limit: str) -> Path:

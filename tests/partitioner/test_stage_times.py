@@ -70,7 +70,7 @@ def test_a_measured_stage_is_priced_by_its_measurement(lg: LayerGraph) -> None:
     got = pm.option(ch, MB)
     assert got is not None and got.measured
     assert got.stage_ms == pytest.approx(3 * model.stage_ms)
-    # reading the outputs and joining them come after what the master times: the model's still
+    # joining the outputs comes after what the master times: the model's still
     assert got.latency_ms - got.stage_ms == pytest.approx(model.latency_ms - model.stage_ms)
     assert got.latency_q_ms - got.latency_ms == pytest.approx(model.latency_q_ms - model.latency_ms)
     assert pm.model_option(ch, MB) == model  # the model's own figures stay available

@@ -548,8 +548,8 @@ class PerfModel:
         io = nbytes / (p.bandwidth_mb_s * MB) * 1e3
         if p.shared_host and self.transport != "inline":
             # on the local platform the caller hands inputs and outputs through the deployment's transport
-            # too: a put and a get each way (in the cloud they ride in the HTTP request and response)
-            io += 4 * p.transfer_latency_ms
+            # too: a put and a get of each tensor (in the cloud they ride in the HTTP request and response)
+            io += 2 * (len(lg.inputs) + len(lg.outputs)) * p.transfer_latency_ms
         io += self.live.overhead_ms  # the endpoint's own share, where a live probe measured it
         return p.invoke.mean + io, p.invoke.quantile(self.q) + io
 
@@ -688,8 +688,11 @@ class PerfModel:
         """The master's CPU per request beside its stages: receiving the inputs, sending the outputs, its
         own decoding and encoding."""
         p = self.platform
-        nbytes = sum(self.lg.tensors[x].nbytes for x in (*self.lg.inputs, *self.lg.outputs))
-        moves = 2 * p.transfer_latency_ms if p.shared_host and self.transport != "inline" else 0.0
+        lg = self.lg
+        nbytes = sum(lg.tensors[x].nbytes for x in (*lg.inputs, *lg.outputs))
+        # a get of each input and a put of each output, each its own transfer (a DLRM's nine inputs: nine)
+        moves = ((len(lg.inputs) + len(lg.outputs)) * p.transfer_latency_ms
+                 if p.shared_host and self.transport != "inline" else 0.0)
         return nbytes / (p.bandwidth_mb_s * MB) * 1e3 + moves + self.handling_ms
 
     def master_need_mb(self, choices: Sequence[StageChoice], master_mb: int) -> float:

@@ -330,3 +330,27 @@ def test_a_live_factor_corrects_its_whole_regime_and_replaces_the_one_measured_t
     assert pm.live_at(1000) == pytest.approx(0.9) and pm.live_at(1769) == pytest.approx(1.1)
     if (os.cpu_count() or 1) >= 2:  # two threads exist on this machine: their regime takes the nearest measured
         assert pm.live_regime(2560) == (2, True) and pm.live_at(2560) == pytest.approx(1.1)
+
+
+def test_each_input_and_output_of_a_request_is_its_own_transfer() -> None:
+    """On the local platform a request's tensors move through the transport one by one: a model with four
+    inputs pays four gets in the master (billed) and four puts and gets in all, where a model with the same
+    bytes in one input pays one (a DLRM's nine inputs were priced as one, its bill predicted half of live)."""
+    from onnx import helper
+
+    from tests.onnx_builders import make_model
+
+    one = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", (1, 8))], ["y"], {})
+    four = make_model([helper.make_node("Concat", ["a", "b", "c", "d"], ["x"], axis=1),
+                       helper.make_node("Relu", ["x"], ["y"])],
+                      [(n, (1, 2)) for n in "abcd"], ["y"], {})
+    facts = PlatformFacts.from_profile(load_profile("local"))
+    lat = facts.transfer_latency_ms
+    assert lat > 0
+    a = PerfModel(LayerGraph.load(one), facts, transport="shm")
+    b = PerfModel(LayerGraph.load(four), facts, transport="shm")
+    assert b.request_master_cpu_ms() - a.request_master_cpu_ms() == pytest.approx(3 * lat)
+    assert b.request_ms()[0] - a.request_ms()[0] == pytest.approx(6 * lat)
+    inline = PerfModel(LayerGraph.load(four), facts, transport="inline")  # in the HTTP request: no transfers
+    assert inline.request_master_cpu_ms() == pytest.approx(
+        PerfModel(LayerGraph.load(one), facts, transport="inline").request_master_cpu_ms())

@@ -58,15 +58,15 @@ def _print(result: CpuShareResult) -> None:
 def cpushare_cmd(memories: tuple[int, ...], reference_mb: int | None, samples: int, layers: int, cpu_limit: str,
                  together_counts: tuple[int, ...], together_mb: int, out: Path | None, as_json: bool) -> None:
     """A fixed one-thread computation at each memory size against 1769 MB: measured vs expected slow-down."""
-    from serving.console import err_console
+    from serving.console import status
 
     if samples < 3:
         raise click.BadParameter("give at least 3 samples (a median needs several)", param_hint="--samples")
-    with err_console.status("measuring CPU shares") as st:
+    with status("measuring CPU shares") as say:
         try:
             result = measure(memories, reference_mb=reference_mb, samples=samples, layers=layers,
                              cpu_limit=cpu_limit, together_counts=[k for k in together_counts if k > 0],
-                             together_mb=together_mb, say=lambda m: st.update(m))
+                             together_mb=together_mb, say=say)
         except ValueError as e:
             raise click.ClickException(str(e)) from e
     if not emit(result.to_json(), out=out, as_json=as_json):

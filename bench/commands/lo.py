@@ -47,14 +47,14 @@ def lo_cmd(models: tuple[str, ...], memories: tuple[int, ...], rounds: int, max_
     dispatch, waiting: its requests' traces); full-size VGGs on the Lambda profile beside Gillis."""
     from bench.harness.provenance import machine
     from bench.suite.lo_live import LAMBDA_MODELS, LIVE_MODELS, lambda_rows, live_rows
-    from serving.console import err_console
+    from serving.console import status
 
     specs = tuple(_spec(m) for m in models) or LIVE_MODELS
-    with err_console.status("bench lo") as st:
-        rows, cpu, gflops = live_rows(specs, memories, rounds=rounds, max_group=max_group, say=st.update,
+    with status("bench lo") as say:
+        rows, cpu, gflops = live_rows(specs, memories, rounds=rounds, max_group=max_group, say=say,
                                       measure_budget_s=measure_budget)
         lam = [] if no_lambda else lambda_rows(LAMBDA_MODELS, (1769, 3008), gflops_per_thread=gflops,
-                                               max_group=max_group, say=st.update)
+                                               max_group=max_group, say=say)
     doc = {"cpu_limit": cpu.get("cpu_limit"), "cpu": cpu, "machine": machine(), "rounds": rounds,
            "rows": [r.to_json() for r in rows], "lambda_rows": [r.to_json() for r in lam],
            "lambda_gflops_per_thread": round(gflops, 2)}

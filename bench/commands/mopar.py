@@ -30,7 +30,7 @@ def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int, quick: bool, 
     from bench.harness.provenance import machine
     from bench.suite.mopar_live import QUICK_MODELS, default_models, rows, targets
     from platforms import load_profile
-    from serving.console import err_console
+    from serving.console import status
 
     if rounds < 1:
         raise click.BadParameter(f"{rounds}: give at least 1 round", param_hint="--rounds")
@@ -40,8 +40,8 @@ def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int, quick: bool, 
         raise click.BadParameter(str(e), param_hint="--platform") from e
     specs = tuple(_spec(m) for m in models) or (QUICK_MODELS if quick else default_models(platform))
     n = min(rounds, 5) if quick else rounds
-    with err_console.status("bench mopar") as st:
-        result, cpu = rows(specs, rounds=n, say=st.update, platform=platform)
+    with status("bench mopar") as say:
+        result, cpu = rows(specs, rounds=n, say=say, platform=platform)
     doc = {"page": "mopar" if platform == "local" else f"mopar-{platform}", "platform": platform,
            "cpu_model": cpu.get("cpu_model", "follows_memory"), "cpu_limit": cpu.get("cpu_limit"),
            "cpu": cpu, "machine": machine(), "rounds": n, "rows": [r.to_json() for r in result],

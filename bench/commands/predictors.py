@@ -71,10 +71,10 @@ def _print(result: PredictorsResult) -> None:
 def predictors_cmd(quick: bool, reps: int, threads: tuple[int, ...], no_options: bool, cache_dir: Path | None,
                    no_save: bool, out: Path | None, as_json: bool) -> None:
     """XGBoost time and memory predictors vs linear regression, trained and scored on different zoo models."""
-    from serving.console import err_console
+    from serving.console import status
 
-    with err_console.status("profiling") as st:
+    with status("profiling") as say:
         result = run_predictors(quick=quick, threads=threads or (1, 2), reps=reps, options=not no_options,
-                                cache_dir=cache_dir, save=not no_save, status=st.update)
+                                cache_dir=cache_dir, save=not no_save, status=say)
     if not emit(result.to_json(), out=out, as_json=as_json):
         _print(result)

@@ -106,14 +106,14 @@ def sim_cmd(model: str, do_validate: bool, mode: str, slo_ms: float | None, plat
     from bench.harness.report import plot_simulation
     from bench.harness.signals import exit_on_sigterm
     from partitioner.errors import SpecError
-    from serving.console import console, err_console
+    from serving.console import console, err_console, status
 
     exit_on_sigterm()
     result: ValidationResult | SimulationResult
-    with err_console.status("simulating") as st:
+    with status("simulating") as say:
         if do_validate:
             try:
-                result = validate(seed=seed, cores=cores, time_slice_ms=time_slice_ms, stages=stages, say=st.update)
+                result = validate(seed=seed, cores=cores, time_slice_ms=time_slice_ms, stages=stages, say=say)
             except SpecError as e:
                 raise click.BadParameter(str(e), param_hint="--stages") from None
             doc = result.to_json()
@@ -125,7 +125,7 @@ def sim_cmd(model: str, do_validate: bool, mode: str, slo_ms: float | None, plat
                                     load=load, rate=rate, low=low, high=high, duration_s=duration, clients=clients,
                                     requests=requests, cold_start_ms=cold_start_ms, idle_timeout_s=idle_timeout_s,
                                     concurrency=concurrency, cores=cores, seed=seed, time_slice_ms=time_slice_ms,
-                                    say=st.update)
+                                    say=say)
             doc = result.to_json()
             plot = Path(out) / f"sim-{result.model}-{platform}.png"
             runs = {name: run.result for name, run in result.plans.items()}

@@ -32,7 +32,7 @@ def slo_cmd(models: tuple[str, ...], factors: tuple[float, ...], requests: int, 
     rounds, and without buying latency nobody asked for."""
     from bench.harness.provenance import machine
     from bench.suite.slo import MODELS, QUICK_MODELS, attainment, run, targets
-    from serving.console import console, err_console
+    from serving.console import console, err_console, status
 
     if requests < 100 and not quick:
         raise click.BadParameter(f"{requests}: the SLO's statistic needs at least 100 requests (or --quick)",
@@ -52,8 +52,8 @@ def slo_cmd(models: tuple[str, ...], factors: tuple[float, ...], requests: int, 
         err_console.print(f"{r.model} {r.factor:g}x {stat}: SLO {r.slo_ms:g} ms, live {live} ms {verdict} "
                           f"({r.functions} functions, {r.rounds} round(s), exit {r.exit_code})")
 
-    with err_console.status("bench slo") as st:
-        bases, rows, facts = run(chosen, requests=requests, factors=factors, say=st.update, on_row=show)
+    with status("bench slo") as say:
+        bases, rows, facts = run(chosen, requests=requests, factors=factors, say=say, on_row=show)
     checked = targets(rows, facts["seconds"])
     doc = {"machine": machine(), "quick": quick, "requests": requests, **facts,
            "attainment": attainment(rows), "rows": [r.to_json() for r in rows],

@@ -50,14 +50,14 @@ def _print(result: SuiteResult, paths: list[Path]) -> None:
 def suite_cmd(quick: bool, as_json: bool, only: str | None, rounds: int | None, out: str) -> None:
     """The papers' comparisons on the local platform, each a ratio measured in one run (> 1: candidate better)."""
     from bench.harness.signals import exit_on_sigterm
-    from serving.console import err_console
+    from serving.console import status
 
     exit_on_sigterm()
     cfg = SuiteConfig() if quick else SuiteConfig.full()
     if rounds:
         cfg = replace(cfg, rounds=rounds, transport_rounds=rounds, mopar_rounds=rounds)
-    with err_console.status("suite") as st:
-        result = run_suite(cfg, say=st.update, only=set(only.split(",")) if only else None,
+    with status("suite") as say:
+        result = run_suite(cfg, say=say, only=set(only.split(",")) if only else None,
                            checkpoint=lambda r: write_suite(r, Path(out), plots=False))
     paths = write_suite(result, Path(out))
     if as_json:

@@ -1,0 +1,19 @@
+"""Progress of long work where stderr is not a terminal: a line per step, not a spinner that shows nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from serving.console import status
+
+
+def test_progress_to_a_file_or_pipe_is_a_line_per_step_with_its_text_as_given(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with status("bench lo") as say:
+        say("vgg11/w2@224 at 512 MB: planning")
+        say("round 1: [m+w@512] stages")  # brackets are text, not markup
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 2
+    assert lines[0].endswith("bench lo: vgg11/w2@224 at 512 MB: planning")
+    assert lines[1].endswith("bench lo: round 1: [m+w@512] stages")
+    assert all(line.startswith("[") and " s] " in line for line in lines)  # seconds since the start

@@ -409,7 +409,7 @@ def _fastest(pm: PerfModel, request: PlanRequest, mems: list[int]) -> SolverResu
 
     top = max(mems)
     space = SearchSpace(pm, max_group=request.max_group, worker_memories=[top])
-    result = _stated(space, merge_master_stages(pm, latency_dp(space, top)))
+    result = _stated(space, fastest_placement(pm, merge_master_stages(pm, latency_dp(space, top))))
     if len(mems) == 1:
         return result
     sizes = SearchSpace(pm, max_group=request.max_group, worker_memories=mems)
@@ -539,6 +539,19 @@ def merge_master_stages(pm: PerfModel, result: SolverResult) -> SolverResult:
             or est.latency_q_ms > result.estimate.latency_q_ms + 1e-9):
         return result
     return replace(result, choices=tuple(out), estimate=est)
+
+
+def fastest_placement(pm: PerfModel, result: SolverResult) -> SolverResult:
+    """The faster by its whole estimate of ``result`` and its :func:`placement_variants`. The latency DP sums
+    its stages, and a master computing a part in each split stage adds little to any one of them; but the
+    master's instance then holds its whole request's CPU over its share (the local platform's top-up, a
+    continuous share on Lambda), a floor that only the plan's estimate sees. vgg11/w2 at 512 MB: the DP's
+    plan, the master computing a part in both split stages, estimated at 115.7 ms; all on workers, 95.6 ms."""
+    best = result
+    for v in placement_variants(pm, result):
+        if _latency(pm, v) < _latency(pm, best) - 1e-9:
+            best = v
+    return best
 
 
 def placement_variants(pm: PerfModel, result: SolverResult) -> list[SolverResult]:

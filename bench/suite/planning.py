@@ -115,14 +115,14 @@ def lo_plan(pm: Any, max_group: int | None = None, *, memory_mb: int = MEMORY_MB
     this machine has cores (more parts than cores only queue for them); adjacent master-only stages merged
     where that keeps the plan as fast (:func:`partitioner.planner.merge_master_stages`).
     ``max_group``: units per stage at most (None: groups of any length, as ``SearchSpace``)."""
-    from partitioner.planner import merge_master_stages
+    from partitioner.planner import fastest_placement, merge_master_stages
     from partitioner.solvers.common import SPLITS, SearchSpace
     from partitioner.solvers.dp import latency_dp
 
     cap = usable_cores() if max_degree is None else max_degree
     space = SearchSpace(pm, max_group=max_group, splits=[s for s in SPLITS if s.degree <= cap],
                         worker_memories=[memory_mb])
-    merged = merge_master_stages(pm, latency_dp(space, memory_mb))
+    merged = fastest_placement(pm, merge_master_stages(pm, latency_dp(space, memory_mb)))
     return replace(merged, notes=(space.group_note,), max_group=space.group_limit)
 
 

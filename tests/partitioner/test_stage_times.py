@@ -458,3 +458,17 @@ def test_a_plans_placement_variants_move_every_split_stages_share_to_the_other_s
                 assert a == b
         assert v.estimate == pm.estimate(list(v.choices), v.master_mb) and not v.estimate.warnings
     assert all(tuple(v.choices) != tuple(result.choices) for v in variants)
+
+
+def test_the_fastest_placement_is_the_plan_or_a_variant_whichever_its_whole_estimate_says_is_faster(
+        lg: LayerGraph) -> None:
+    from partitioner.planner import fastest_placement
+
+    pm = _pm(lg)
+    result = _plan(pm)
+    best = fastest_placement(pm, result)
+    candidates = [result, *placement_variants(pm, result)]
+    assert any(tuple(best.choices) == tuple(c.choices) for c in candidates)
+    assert best.estimate.latency_ms == pytest.approx(min(c.estimate.latency_ms for c in candidates))
+    # a plan whose variants are all slower by their estimate stays as it is
+    assert fastest_placement(pm, best) is best

@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -133,46 +133,30 @@ REFERENCE = "reference"
 def _reference_mb(pm: Any, unsplit: tuple[Sequence[Any], int]) -> int | None:
     """The memory of the reference, the unsplit plan (its choices and memory) in a function of one vCPU (one
     thread): where CPU is per function, the unsplit function's (its vCPU is the profile's, whatever its
-    memory); where it follows memory, one vCPU's if the model fits it, else the unsplit function's own (above
-    one vCPU: a model whose tables a one-vCPU function cannot hold); None where there is no such function."""
+    memory); where it follows memory, one vCPU's if the model fits it; else none. (Not the unsplit function
+    again above one vCPU: for the DLRM that is a second 4 GB copy of its tables served beside the plans, and
+    its interleaved requests slowed the function it was to predict, billed 2.4 ms per request alone and
+    4.2-5.0 ms beside it.)"""
     choices, unsplit_mb = unsplit
     if pm.cpu.per_function:
         return unsplit_mb if pm.function_vcpu(unsplit_mb) <= 1.0 + 1e-9 else None
     mb = int(pm.platform.mb_per_vcpu)
     need = pm.master_need_mb(choices, pm.platform.memory_max_mb)
-    return mb if need <= mb else unsplit_mb
+    return mb if need <= mb else None
 
 
-def _scaled(pm: Any, ref: Any, ref_mb: int | None = None) -> tuple[Any, str]:
-    """``pm`` with its unit times scaled to the reference's compute (its handler's stage time, median over
-    the rounds), as ``bench perfmodel`` and ``bench lo`` scale theirs: the unit profile is taken in this
-    process at another moment, and on a shared host the machine's speed drifts by more than the model's
-    error between the two. The plans are those made before; only their prediction uses the scale.
-
-    A reference of one vCPU (``ref_mb`` None or at most one vCPU's memory) scales the one-thread times. One
-    above it (a model that does not fit one vCPU, like the DLRM's tables) scales every thread count's times
-    by its measured over modelled compute at ``ref_mb``: a unit timed alone keeps the rows it looks up in the
-    CPU's caches, a request to the whole model over gigabytes of tables does not."""
-    from partitioner.perfmodel import PerfModel, StageChoice
+def _scaled(pm: Any, ref: Any) -> tuple[Any, str]:
+    """``pm`` with its one-thread unit times scaled to the reference's compute (its handler's stage time,
+    median over the rounds), as ``bench perfmodel`` and ``bench lo`` scale theirs: the unit profile is taken
+    in this process at another moment, and on a shared host the machine's speed drifts by more than the
+    model's error between the two. The plans are those made before; only their prediction uses the scale."""
+    from partitioner.perfmodel import PerfModel
     from partitioner.planner import scale_to_whole
-    from partitioner.spec import Split
 
     times = [t["stage0_ms"] for t in (ref.timings if ref is not None else []) if "stage0_ms" in t]
     if not times:
-        return pm, "measured profile, unscaled (no reference timed)"
-    measured = float(statistics.median(times))
-    if ref_mb is None or pm.function_vcpu(ref_mb) <= 1.0 + 1e-9:
-        cm, note = scale_to_whole(pm.compute, {1: measured})
-    else:
-        whole = StageChoice(0, len(pm.lg.units) - 1, Split("none", (1,)), True, 0)
-        oc = pm.model_option(whole, ref_mb)
-        if oc is None or oc.stage_ms <= 0:
-            return pm, "measured profile, unscaled (the model prices no reference)"
-        # not clipped as scale_to_whole clips a one-vCPU reference: lookups into gigabytes of tables run
-        # several times slower than the same units timed alone (seen: DLRM's, more than 3x)
-        ratio = measured / oc.stage_ms
-        cm = replace(pm.compute, unit_ms=tuple({t: v * ratio for t, v in u.items()} for u in pm.compute.unit_ms))
-        note = f"scaled to the whole model's time (x{ratio:.2f} at every thread count, timed at {ref_mb} MB)"
+        return pm, "measured profile, unscaled (the model does not fit one vCPU: no reference)"
+    cm, note = scale_to_whole(pm.compute, {1: float(statistics.median(times))})
     return PerfModel(pm.lg, pm.platform, cm, transport=pm.transport, cpu=pm.cpu), f"measured profile, {note}"
 
 
@@ -238,7 +222,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                     targets[REFERENCE] = st.deploy(whole, REFERENCE, keep_timings=True)
                 say(f"{name}: {rounds} interleaved rounds")
                 samples, usage, _ = interleaved(targets, pool, rounds)
-            pm, compute = _scaled(pm, targets.get(REFERENCE), ref_mb)
+            pm, compute = _scaled(pm, targets.get(REFERENCE))
             for k, twin in same.items():
                 samples[k], usage[k], bundles[k] = samples[twin], usage[twin], bundles[twin]
             for k in PLANS:

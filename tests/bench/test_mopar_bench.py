@@ -107,7 +107,7 @@ def test_a_plan_that_is_the_unsplit_one_is_measured_once() -> None:
 def test_predictions_are_scaled_to_the_reference_timed_beside_the_plans() -> None:
     """The reference is a function of one vCPU (where CPU follows memory, one vCPU's memory; where it is per
     function, the unsplit function's); its median compute time scales the one-thread unit times, and the
-    prediction says so. Without a reference nothing is scaled."""
+    prediction says so. Without a reference (the model does not fit one vCPU) nothing is scaled."""
     from types import SimpleNamespace
 
     from bench.suite.mopar_live import _reference_mb, _scaled
@@ -122,7 +122,7 @@ def test_predictions_are_scaled_to_the_reference_timed_beside_the_plans() -> Non
     scaled, note = _scaled(pm, ref)
     assert sum(u.get(1, 0.0) for u in scaled.compute.unit_ms) == pytest.approx(1.5 * total)
     assert "x1.50 at 1 thread" in note and scaled.cpu == pm.cpu and scaled.transport == pm.transport
-    assert _scaled(pm, None) == (pm, "measured profile, unscaled (no reference timed)")
+    assert _scaled(pm, None) == (pm, "measured profile, unscaled (the model does not fit one vCPU: no reference)")
     openfaas = load_profile("openfaas")
     per_function = PerfModel(lg, PlatformFacts.from_profile(openfaas), transport="shm", cpu=openfaas.cpu)
     assert _reference_mb(per_function, (plans_of(per_function)["unsplit"][0], 300)) == 300
@@ -148,35 +148,3 @@ def test_the_issues_targets_are_judged_on_the_rows_and_a_model_not_run_fails_its
     assert not error.passed and error.detail == "worst bert/w2 mopar: +11.1%"
     follows = {t.target: t for t in targets(rows, per_function=False)}
     assert follows["dlrm splits and its MC is at most 0.7x Unsplit's"].detail == "dlrm not in this run"
-
-
-def test_a_model_that_does_not_fit_one_vcpu_is_scaled_to_its_unsplit_function_timed_above_it() -> None:
-    """Where CPU follows memory and the model needs more memory than one vCPU buys (the DLRM's tables), the
-    reference is the unsplit function itself, above one vCPU: every thread count's unit times are scaled so
-    that the model's compute there is what was timed."""
-    from types import SimpleNamespace
-
-    from bench.suite.mopar_live import _reference_mb, _scaled
-    from partitioner.perfmodel import StageChoice
-    from partitioner.spec import Split
-
-    lg = LayerGraph.load(conv_stack(CNN, cin=3, h=64, w=64))
-    local = PlatformFacts.from_profile(load_profile("local"))
-    pm = PerfModel(lg, local, transport="shm")
-    choices, _ = plans_of(pm)["unsplit"]
-    big = 2 * int(local.mb_per_vcpu)
-    assert _reference_mb(pm, (choices, big)) == int(local.mb_per_vcpu)  # it fits one vCPU: that is the reference
-    pm.master_need_mb = lambda *_a: 1.5 * local.mb_per_vcpu  # type: ignore[method-assign]
-    assert _reference_mb(pm, (choices, big)) == big
-    whole = StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0)
-    before = pm.model_option(whole, big)
-    assert before is not None and pm.function_vcpu(big) > 1.0
-    for factor in (1.4, 4.5):  # not clipped at 3x, as a one-vCPU reference is: table lookups run that much slower
-        ref = SimpleNamespace(timings=[{"stage0_ms": factor * before.stage_ms}] * 3)
-        scaled, note = _scaled(pm, ref, big)
-        after = scaled.model_option(whole, big)
-        assert after is not None and after.stage_ms == pytest.approx(factor * before.stage_ms, rel=0.02)
-        assert f"timed at {big} MB" in note and f"x{factor:.2f}" in note
-        for t in (1, 2):  # every thread count moves alike
-            assert sum(u.get(t, 0.0) for u in scaled.compute.unit_ms) == pytest.approx(
-                factor * sum(u.get(t, 0.0) for u in pm.compute.unit_ms), rel=1e-6)

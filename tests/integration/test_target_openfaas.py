@@ -274,7 +274,8 @@ def test_deploy_watch_on_openfaas_reports_a_miss_without_swapping_until_ctrl_c(t
                "FLATPACK_OPENFAAS_USER": "admin", "FLATPACK_OPENFAAS_PASSWORD": "s3cret",
                "FLATPACK_OPENFAAS_FUNCTION_GATEWAY": gw.url, "FLATPACK_OPENFAAS_IMAGE": "flatpack-test:1",
                "FLATPACK_WATCH_EVERY_S": "0.05", "FLATPACK_WATCH_PROBES": "2", "FLATPACK_WATCH_CHECKS": "2",
-               "FLATPACK_WATCH_MIN_REQUESTS": "2", "FLATPACK_WATCH_WINDOW_REQUESTS": "4"}
+               "FLATPACK_WATCH_MIN_REQUESTS": "2", "FLATPACK_WATCH_WINDOW_REQUESTS": "4",
+               "PYTHONFAULTHANDLER": "1"}
         # an SLO no request meets, kept after the live check: the watch's checks all miss it
         proc = subprocess.Popen([sys.executable, "-m", "serving.cli", "deploy", str(model), "--target", "openfaas",
                                  "--gateway", gw.url, "--name", "cc", "--mode", "slo", "--slo", "1.5ms", "--verify",
@@ -288,7 +289,13 @@ def test_deploy_watch_on_openfaas_reports_a_miss_without_swapping_until_ctrl_c(t
                 assert time.monotonic() < deadline, "the watch decided nothing"
                 time.sleep(0.05)
             proc.send_signal(signal.SIGINT)
-            out, _ = proc.communicate(timeout=120)
+            try:
+                out, _ = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                # PYTHONFAULTHANDLER: SIGABRT makes the process print every thread's stack before it dies
+                proc.send_signal(signal.SIGABRT)
+                out, _ = proc.communicate(timeout=60)
+                raise AssertionError(f"Ctrl-C did not stop the watch; its threads:\n{out}") from None
         finally:
             if proc.poll() is None:
                 proc.kill()

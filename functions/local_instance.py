@@ -8,7 +8,8 @@ stray print cannot corrupt the protocol):
   (``{"pid", "init_ms"}`` or ``{"errorType", "errorMessage"}``);
 * platform -> instance, per request: u64 length, f64 when the platform handed it over (``time.monotonic()``,
   one clock for every process on the host), event bytes;
-* instance -> platform, per request: u8 status (0 ok, 1 the reply carries an error), u64 length, reply.
+* instance -> platform, per request: u8 status (0 ok, 1 the reply carries an error), u64 length, f64 when it
+  wrote the reply (``time.monotonic()``: the end of what the platform bills), reply.
 
 The instance serves one request at a time and exits when stdin closes (the platform reaped it or died).
 """
@@ -29,7 +30,7 @@ __all__ = ["main"]
 
 READY = struct.Struct("<4sBQ")
 REQUEST = struct.Struct("<Qd")
-RESPONSE = struct.Struct("<BQ")
+RESPONSE = struct.Struct("<BQd")
 READY_MAGIC = b"FPIR"
 
 
@@ -123,7 +124,7 @@ def main() -> int:
             reply, failed = runtime.handle(payload)
             del payload
             dilation.finish()
-            _write_all(out_fd, RESPONSE.pack(1 if failed else 0, len(reply)), reply)
+            _write_all(out_fd, RESPONSE.pack(1 if failed else 0, len(reply), time.monotonic()), reply)
     finally:
         runtime.close()
 

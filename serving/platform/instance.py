@@ -28,7 +28,7 @@ from serving.platform.errors import (
     FunctionTimedOut,
 )
 
-__all__ = ["Instance", "InstanceReply", "instance_argv"]
+__all__ = ["Instance", "InstanceReply", "billed_duration_ms", "instance_argv"]
 
 log = logging.getLogger(__name__)
 
@@ -147,11 +147,12 @@ class Instance:
         try:
             try:
                 # when it was handed over: the instance's share runs from here (functions.local_instance)
-                self.proc.stdin.write(REQUEST.pack(len(payload), time.monotonic()))
+                handed_over = time.monotonic()
+                self.proc.stdin.write(REQUEST.pack(len(payload), handed_over))
                 self.proc.stdin.write(payload)
                 await self.proc.stdin.drain()
                 head = await asyncio.wait_for(self.proc.stdout.readexactly(RESPONSE.size), timeout_s)
-                status, n = RESPONSE.unpack(head)
+                status, n, answered = RESPONSE.unpack(head)
                 remaining = max(0.1, timeout_s - (time.perf_counter() - t0))
                 body = await asyncio.wait_for(self.proc.stdout.readexactly(n), remaining)
             except TimeoutError as e:
@@ -164,7 +165,7 @@ class Instance:
                 death = self._death()
                 await self._reap()
                 raise death from e
-            duration_ms = 1e3 * (time.perf_counter() - t0)
+            duration_ms = billed_duration_ms(handed_over, answered, 1e3 * (time.perf_counter() - t0))
             peak = peak_rss_mb(self.proc.pid)
             if peak > self.memory_mb:
                 # It finished, but went over its limit on the way (between two polls, or where the kernel's
@@ -271,6 +272,17 @@ class Instance:
             "rss_mb": round(rss_mb(self.pid), 1) if self.pid and self.alive else 0.0,
             "vcpu": round(self.share.vcpu, 4),
         }
+
+
+def billed_duration_ms(handed_over: float, answered: float, waited_ms: float) -> float:
+    """An invocation's duration as Lambda bills it: from when the platform handed the request over until the
+    instance wrote its reply (both ``time.monotonic()``, one clock for every process on the host), not until
+    the platform's loop got round to reading it: on one busy host that read comes late while the loop forwards
+    other invocations, and a function on Lambda is not billed for its platform's delays. ``waited_ms`` (the
+    platform's own timing of the exchange) bounds it: a stamp outside ``[handed_over, handed_over + waited]``
+    leaves the bill at that."""
+    ms = 1e3 * (answered - handed_over)
+    return ms if 0.0 <= ms <= waited_ms else waited_ms
 
 
 def instance_argv(python: str) -> list[str]:

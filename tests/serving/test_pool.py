@@ -153,3 +153,43 @@ def test_an_instance_found_dead_is_replaced_once(bundles) -> None:
             await pool.close()
 
     _run(test)
+
+
+def test_an_invocation_is_billed_until_its_instance_replied_not_until_the_platform_read_it(bundles) -> None:
+    """Lambda bills a function from its invocation to its reply. The platform's loop may read a reply late (it
+    forwards other invocations meanwhile); that delay is not the function's. Here the loop is held up once the
+    reply is in the pipe: the bill still ends no later than the moment the reply was seen there."""
+    import select
+
+    from serving.platform.instance import Instance
+
+    async def test() -> None:
+        pool, _ = _pool(bundles.tiny, concurrency=1)
+        inst = Instance(pool.spec.name, pool.spec.memory_mb, pool._argv, pool._env)
+        await inst.start(60)
+        try:
+            assert inst.proc is not None
+            pipe = inst.proc._transport.get_pipe_transport(1).get_extra_info("pipe")  # type: ignore[attr-defined]
+            before = time.monotonic()
+            task = asyncio.create_task(inst.invoke(_payload("late-read"), 60))
+            await asyncio.sleep(0)  # the request is written; the reply is awaited
+            deadline = time.monotonic() + 60
+            while not select.select([pipe], [], [], 0.01)[0]:  # the loop is held: nothing reads the reply
+                assert time.monotonic() < deadline, "no reply"
+            ready = time.monotonic()
+            time.sleep(0.3)  # the platform's loop busy elsewhere while the reply waits
+            reply = await task
+            assert not reply.failed
+            assert 0 < reply.duration_ms <= 1e3 * (ready - before)
+        finally:
+            await inst.stop()
+
+    _run(test)
+
+
+def test_a_reply_stamp_outside_the_exchange_leaves_the_bill_at_the_platforms_own_timing() -> None:
+    from serving.platform.instance import billed_duration_ms
+
+    assert billed_duration_ms(10.0, 10.004, 6.0) == pytest.approx(4.0)
+    assert billed_duration_ms(10.0, 9.0, 6.0) == 6.0  # before the hand-over
+    assert billed_duration_ms(10.0, 10.5, 6.0) == 6.0  # after the platform read it

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -101,10 +104,33 @@ def _check_once(name: str, settings: WatchSettings, requests: int, token: str | 
     return MISSED_EXIT if check.missed else 0
 
 
+def _stop_on_signals() -> Callable[[], None]:
+    """Make SIGINT and SIGTERM stop the watch (a KeyboardInterrupt in the main thread) until the returned
+    function restores what was there. SIGINT's own default does that only where it was not ignored when the
+    process started: a job started in the background by a script (``cmd &``), or under ``nohup``, inherits
+    SIGINT ignored, and then ``kill -INT`` did nothing and the watch ran on. SIGTERM, what a supervisor sends,
+    killed the watch without recording that it stopped. Nothing off the main thread, where Python takes no
+    signals."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
 def run_watch(name: str, *, settings: WatchSettings | None = None, requests: int | None = None,
               until: float | None = None, token: str | None = None) -> None:
-    """Watch deployment ``name`` in the foreground until ``until`` (``time.monotonic``), or Ctrl-C: a line per
-    check, a line per decision (`flatpack watch`, and `flatpack deploy --watch` on a cloud target)."""
+    """Watch deployment ``name`` in the foreground until ``until`` (``time.monotonic``), or Ctrl-C (SIGINT) or
+    SIGTERM: a line per check, a line per decision (`flatpack watch`, and `flatpack deploy --watch` on a cloud
+    target)."""
     from serving.deploy.cloud_watch import cloud_watcher, set_watch_state
 
     try:
@@ -118,6 +144,7 @@ def run_watch(name: str, *, settings: WatchSettings | None = None, requests: int
                   f"in a row. Each probe is an invocation (billed on a cloud). Ctrl-C stops.")
     set_watch_state(name, "probing")
     n = 0
+    restore = _stop_on_signals()
     try:
         while True:
             n += 1
@@ -138,6 +165,7 @@ def run_watch(name: str, *, settings: WatchSettings | None = None, requests: int
     except KeyboardInterrupt:
         pass
     finally:
+        restore()
         watcher.close()
         set_watch_state(name, "stopped")
     replans = watcher.hysteresis.replans

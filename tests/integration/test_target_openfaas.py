@@ -250,10 +250,13 @@ def test_deploy_with_an_slo_checks_it_live_through_the_gateway(slo: str, tmp_pat
         assert posted and posted == {n for m, n in gw.requests if m == "DELETE"}
 
 
-def test_deploy_watch_on_openfaas_reports_a_miss_without_swapping_until_ctrl_c(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop_with", ["SIGINT", "SIGTERM"])
+def test_deploy_watch_on_openfaas_reports_a_miss_without_swapping_until_ctrl_c(tmp_path: Path, stop_with: str) -> None:
     """`deploy --target openfaas --slo --watch` deploys, checks the SLO live, then watches in the foreground
     (serving/deploy/cloud_watch.py): a miss there is reported and recorded, nothing is swapped (a plan is an
-    image to build), and Ctrl-C stops the watch and leaves the deployment for `undeploy`."""
+    image to build), and Ctrl-C (SIGINT), or a supervisor's SIGTERM, stops the watch, records that it stopped
+    and leaves the deployment for `undeploy`. The process starts with SIGINT ignored, as a job started in the
+    background by a script (`cmd &`) or under nohup does: the watch still stops on it."""
     import os
     import signal
     import subprocess
@@ -277,25 +280,29 @@ def test_deploy_watch_on_openfaas_reports_a_miss_without_swapping_until_ctrl_c(t
                "FLATPACK_WATCH_MIN_REQUESTS": "2", "FLATPACK_WATCH_WINDOW_REQUESTS": "4",
                "PYTHONFAULTHANDLER": "1"}
         # an SLO no request meets, kept after the live check: the watch's checks all miss it
-        proc = subprocess.Popen([sys.executable, "-m", "serving.cli", "deploy", str(model), "--target", "openfaas",
-                                 "--gateway", gw.url, "--name", "cc", "--mode", "slo", "--slo", "1.5ms", "--verify",
-                                 "4", "--keep-on-miss", "--watch", "--platform", str(_fast_openfaas_profile(tmp_path)),
-                                 "--profile", "flops", "--memory", "256"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        inherited = signal.signal(signal.SIGINT, signal.SIG_IGN)  # an ignored signal is what a child inherits
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "serving.cli", "deploy", str(model), "--target",
+                                     "openfaas", "--gateway", gw.url, "--name", "cc", "--mode", "slo", "--slo", "1.5ms",
+                                     "--verify", "4", "--keep-on-miss", "--watch", "--platform",
+                                     str(_fast_openfaas_profile(tmp_path)), "--profile", "flops", "--memory", "256"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        finally:
+            signal.signal(signal.SIGINT, inherited)
         try:
             deadline = time.monotonic() + 300
             while not (record.is_file() and json.loads(record.read_text())["options"].get("watch", {}).get("replans")):
                 assert proc.poll() is None, proc.communicate()[0]
                 assert time.monotonic() < deadline, "the watch decided nothing"
                 time.sleep(0.05)
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(getattr(signal, stop_with))
             try:
                 out, _ = proc.communicate(timeout=120)
             except subprocess.TimeoutExpired:
                 # PYTHONFAULTHANDLER: SIGABRT makes the process print every thread's stack before it dies
                 proc.send_signal(signal.SIGABRT)
                 out, _ = proc.communicate(timeout=60)
-                raise AssertionError(f"Ctrl-C did not stop the watch; its threads:\n{out}") from None
+                raise AssertionError(f"{stop_with} did not stop the watch; its threads:\n{out}") from None
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -545,8 +545,9 @@ def fastest_placement(pm: PerfModel, result: SolverResult) -> SolverResult:
     """The faster by its whole estimate of ``result`` and its :func:`placement_variants`. The latency DP sums
     its stages, and a master computing a part in each split stage adds little to any one of them; but the
     master's instance then holds its whole request's CPU over its share (the local platform's top-up, a
-    continuous share on Lambda), a floor that only the plan's estimate sees. vgg11/w2 at 512 MB: the DP's
-    plan, the master computing a part in both split stages, estimated at 115.7 ms; all on workers, 95.6 ms."""
+    continuous share on Lambda), a floor that only the plan's estimate sees: a plan with the master computing
+    in every split stage can be the DP's pick and still be estimated slower than the same stages all on
+    workers."""
     best = result
     for v in placement_variants(pm, result):
         if _latency(pm, v) < _latency(pm, best) - 1e-9:

@@ -134,9 +134,8 @@ def _reference_mb(pm: Any, unsplit: tuple[Sequence[Any], int]) -> int | None:
     """The memory of the reference, the unsplit plan (its choices and memory) in a function of one vCPU (one
     thread): where CPU is per function, the unsplit function's (its vCPU is the profile's, whatever its
     memory); where it follows memory, one vCPU's if the model fits it; else none. (Not the unsplit function
-    again above one vCPU: for the DLRM that is a second 4 GB copy of its tables served beside the plans, and
-    its interleaved requests slowed the function it was to predict, billed 2.4 ms per request alone and
-    4.2-5.0 ms beside it.)"""
+    again above one vCPU: for the DLRM that is a second copy of its gigabytes of tables served beside the
+    plans, and its interleaved requests slowed the very function it was to predict.)"""
     choices, unsplit_mb = unsplit
     if pm.cpu.per_function:
         return unsplit_mb if pm.function_vcpu(unsplit_mb) <= 1.0 + 1e-9 else None

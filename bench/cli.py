@@ -31,6 +31,7 @@ _BENCHMARKS: dict[str, str] = {
     "chaos": "bench.commands.chaos:chaos_cmd",
     "soak": "bench.commands.soak:soak_cmd",
     "cpushare": "bench.commands.cpushare:cpushare_cmd",
+    "coldstart": "bench.commands.coldstart:coldstart_cmd",
     "lo": "bench.commands.lo:lo_cmd",
     "mopar": "bench.commands.mopar:mopar_cmd",
     "slo": "bench.commands.slo:slo_cmd",

@@ -253,12 +253,13 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     # below one vCPU an instance's request lasts at least its CPU over its share (the quota, and the local
     # platform's top-up after the handler: serving.platform.cpu), which a handler's own time misses when the
     # quota lets a short request run in one burst
-    out = {m: max(r.measured_ms, (r.master_cpu_ms or 0.0) / min(1.0, m / p.mb_per_vcpu))
+    # rounded as cached: a plan made now and one made from the cache later get the same figures
+    out = {m: round(max(r.measured_ms, (r.master_cpu_ms or 0.0) / min(1.0, m / p.mb_per_vcpu)), 4)
            for m, r in records.items() if r is not None}
     spread = max((r.spread for r in records.values() if r is not None), default=1.0)
     if out and spread <= _SPREAD_LIMIT:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"ms": {str(m): round(v, 4) for m, v in {**cached, **out}.items()},
+        path.write_text(json.dumps({"ms": {str(m): v for m, v in {**cached, **out}.items()},
                                     "samples": samples}))
     elif out:
         log.warning("the whole model's timings in a function disagree (quartiles %.2fx apart): the machine looks "

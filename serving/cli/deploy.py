@@ -386,13 +386,17 @@ def _keep_promise(record: DeploymentRecord, lg: Any, request: Any, result: Any, 
 
 def _attach(record: DeploymentRecord) -> None:
     """Serve in the foreground: wait on the deployment's serving process; Ctrl-C removes everything."""
+    from serving.cli.stop_signals import stop_on_signals
+
     err_console.print("serving in the foreground; Ctrl-C stops and removes everything")
+    restore = stop_on_signals()  # SIGTERM too, and SIGINT where it was ignored at start
     try:
         while record.alive():
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
     finally:
+        restore()
         _remove_local(record)
         err_console.print(f"deployment {record.name} stopped; functions, shared memory and keys removed")
 

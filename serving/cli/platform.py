@@ -199,6 +199,13 @@ def status(url: str | None, as_json: bool) -> None:
     console.print(f"CPU: {health.get('cpu_limit')} ({sells}, {cpu.get('cores', '?')} "
                   f"cores; {cpu.get('oversubscribed_invocations', 0)} of {cpu.get('invocations', 0)} invocations "
                   f"started while busy shares exceeded the cores)")
+    zygote = health.get("zygote")
+    if zygote:
+        how = (f"new processes ({zygote['failed']})" if zygote.get("failed")
+               else f"forked by zygote {zygote.get('pid') or '(not started yet)'}, {zygote.get('spawned', 0)} so far")
+        console.print(f"instances: {how}")
+    else:
+        console.print("instances: new processes (FLATPACK_PLATFORM_ZYGOTE=0)")
     t = Table()
     for c in ("function", "memory_mb", "vcpu", "threads", "instances", "busy", "invocations", "cold_starts", "errors",
               "billed_gb_s"):

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
-from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 import click
 
+from serving.cli.stop_signals import stop_on_signals
 from serving.console import console, err_console
 
 if TYPE_CHECKING:
@@ -104,28 +102,6 @@ def _check_once(name: str, settings: WatchSettings, requests: int, token: str | 
     return MISSED_EXIT if check.missed else 0
 
 
-def _stop_on_signals() -> Callable[[], None]:
-    """Make SIGINT and SIGTERM stop the watch (a KeyboardInterrupt in the main thread) until the returned
-    function restores what was there. SIGINT's own default does that only where it was not ignored when the
-    process started: a job started in the background by a script (``cmd &``), or under ``nohup``, inherits
-    SIGINT ignored, and then ``kill -INT`` did nothing and the watch ran on. SIGTERM, what a supervisor sends,
-    killed the watch without recording that it stopped. Nothing off the main thread, where Python takes no
-    signals."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def stop(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def restore() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    return restore
-
-
 def run_watch(name: str, *, settings: WatchSettings | None = None, requests: int | None = None,
               until: float | None = None, token: str | None = None) -> None:
     """Watch deployment ``name`` in the foreground until ``until`` (``time.monotonic``), or Ctrl-C (SIGINT) or
@@ -144,7 +120,7 @@ def run_watch(name: str, *, settings: WatchSettings | None = None, requests: int
                   f"in a row. Each probe is an invocation (billed on a cloud). Ctrl-C stops.")
     set_watch_state(name, "probing")
     n = 0
-    restore = _stop_on_signals()
+    restore = stop_on_signals()
     try:
         while True:
             n += 1

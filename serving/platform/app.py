@@ -236,6 +236,7 @@ def create_app(config: PlatformConfig, profile: PlatformProfile | None = None, *
     @app.get("/healthz")
     async def healthz() -> Response:
         return _json({"ok": True, "profile": service.profile.name, "functions": len(service.describe()),
-                      "url": service.url, "cpu_limit": service.limiter.name, "cpu": service.cpu()})
+                      "url": service.url, "cpu_limit": service.limiter.name, "cpu": service.cpu(),
+                      "zygote": service.zygote.describe() if service.zygote is not None else None})
 
     return app

@@ -32,6 +32,9 @@ class PlatformConfig:
     shm_dir: shared-memory root swept of stale tensors every ``sweep_interval_s``, files older than
         ``shm_max_age_s``.
     python: interpreter that runs instances.
+    zygote: start onnxruntime instances by forking them from a process that imported numpy and onnxruntime
+        once (:mod:`serving.platform.zygote`): a start then costs the host a fraction of the CPU a new
+        interpreter does. False: every instance is a new process.
     state_dir: where the platform keeps its own state directory, ``platforms/<port>/`` (its token file and
         the bundles its functions run); None: flatpack's (``$FLATPACK_STATE_DIR``). Clients look for the
         token under flatpack's, so set this only for a platform whose clients are given the token.
@@ -53,6 +56,7 @@ class PlatformConfig:
     shm_max_age_s: float = 900.0
     python: str = sys.executable
     cpu_limit: str = "auto"
+    zygote: bool = True
     state_dir: Path | None = None
 
     @classmethod

@@ -135,6 +135,7 @@ class InstanceLimit:
     argv_prefix: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     dirs: list[Path] = field(default_factory=list)  # its cgroups (removed when it is gone)
+    procs: list[Path] = field(default_factory=list)  # their cgroup.procs files, which it joins as it starts
     memory_dir: Path | None = None
     memory_version: int = 0  # 1 or 2 when memory_dir is set
 
@@ -262,7 +263,7 @@ class CgroupV1Limiter(_CgroupLimiter):
             dirs.append(mem)
             procs.append(mem / "cgroup.procs")
             limit.memory_dir, limit.memory_version = mem, 1
-        limit.argv_prefix = _join_prefix(procs)
+        limit.argv_prefix, limit.procs = _join_prefix(procs), procs
         return limit
 
 
@@ -287,7 +288,7 @@ class CgroupV2Limiter(_CgroupLimiter):
         d = _mkdir(self.cpu_base / instance)
         _write(d / "cpu.max", f"{quota} {period}")
         _write(d / "cpu.max.burst", str(quota), missing_ok=True)  # after cpu.max: a burst is checked against it
-        limit = InstanceLimit(dirs=[d], argv_prefix=_join_prefix([d / "cgroup.procs"]),
+        limit = InstanceLimit(dirs=[d], argv_prefix=_join_prefix([d / "cgroup.procs"]), procs=[d / "cgroup.procs"],
                               env=_top_up(share))
         if self.memory:
             _write(d / "memory.max", str(memory_mb * 2**20))

@@ -1,4 +1,5 @@
-"""One function instance: an OS process running ``python -m functions.local_instance``.
+"""One function instance: an OS process running ``python -m functions.local_instance``, or forked with it
+already imported by the platform's zygote (:mod:`serving.platform.zygote`).
 
 The platform speaks to it over its stdin/stdout with the length-prefixed frames that module documents.
 An instance serves one request at a time. It is killed when it goes over its memory limit (watched
@@ -27,6 +28,7 @@ from serving.platform.errors import (
     FunctionOutOfMemory,
     FunctionTimedOut,
 )
+from serving.platform.zygote import ForkedProcess, Zygote, ZygoteUnavailable
 
 __all__ = ["Instance", "InstanceReply", "billed_duration_ms", "instance_argv"]
 
@@ -44,12 +46,15 @@ class InstanceReply:
 
 
 class Instance:
-    """A started (or starting) instance of ``function`` with ``memory_mb`` of memory."""
+    """A started (or starting) instance of ``function`` with ``memory_mb`` of memory.
+
+    ``zygote``: forks the instance where it can (``argv`` is then :func:`instance_argv` of its interpreter),
+    else ``argv`` is started as a new process."""
 
     _ids = iter(range(1, 1 << 62))
 
     def __init__(self, function: str, memory_mb: int, argv: list[str], env: Mapping[str, str],
-                 limiter: CpuLimiter | None = None, vcpu: float | None = None) -> None:
+                 limiter: CpuLimiter | None = None, vcpu: float | None = None, zygote: Zygote | None = None) -> None:
         self.function = function
         self.memory_mb = memory_mb
         self.vcpu = vcpu  # its function's own CPU (a per_function platform), else None: memory's share
@@ -59,7 +64,9 @@ class Instance:
         self._limiter = limiter or CpuLimiter(1769.0, None)
         self.share: CpuShare = self._limiter.share(memory_mb, vcpu)
         self._limit: InstanceLimit | None = None
-        self.proc: asyncio.subprocess.Process | None = None
+        self._zygote = zygote
+        self.forked = False  # started by the zygote
+        self.proc: asyncio.subprocess.Process | ForkedProcess | None = None
         self.busy = False
         self.started_at = time.time()
         self.last_used = time.monotonic()
@@ -88,14 +95,22 @@ class Instance:
                                                           self.vcpu)
         except CpuLimitError as e:
             raise FunctionInitFailed(f"instance of {self.function} could not be given its CPU share: {e}") from e
-        self.proc = await asyncio.create_subprocess_exec(
-            *limit.wrap(self._argv),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={**self._env, **limit.env},
-            start_new_session=True,  # a Ctrl-C at the platform's terminal must not kill instances mid-request
-        )
+        env = {**self._env, **limit.env}
+        if self._zygote is not None:
+            try:
+                self.proc = await self._zygote.spawn(env, limit.procs)
+                self.forked = True
+            except ZygoteUnavailable as e:  # the zygote logged why
+                log.debug("starting %s instance %d as a new process: %s", self.function, self.id, e)
+        if self.proc is None:
+            self.proc = await asyncio.create_subprocess_exec(
+                *limit.wrap(self._argv),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # a Ctrl-C at the platform's terminal must not kill instances mid-request
+            )
         self._stderr_task = asyncio.create_task(self._pump_stderr())
         try:
             assert self.proc.stdout is not None
@@ -128,7 +143,8 @@ class Instance:
                 msg = body.decode("utf-8", "replace")
             raise FunctionInitFailed(f"{self.function} failed to initialise: {msg}")
         self.init_ms = 1e3 * (time.perf_counter() - t0)
-        log.info("started %s instance %d (pid %s) in %.0f ms", self.function, self.id, self.pid, self.init_ms)
+        log.info("started %s instance %d (pid %s%s) in %.0f ms", self.function, self.id, self.pid,
+                 ", forked" if self.forked else "", self.init_ms)
 
     async def _pump_stderr(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
@@ -242,6 +258,8 @@ class Instance:
         if self._stderr_task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._stderr_task, 1)
+        if isinstance(self.proc, ForkedProcess) and not self.alive:
+            self.proc.close()
         if release and self._limit is not None and not self.alive:
             self._limit.release()
 
@@ -268,6 +286,7 @@ class Instance:
             "alive": self.alive,
             "invocations": self.invocations,
             "init_ms": round(self.init_ms, 1),
+            "forked": self.forked,
             "age_s": round(time.time() - self.started_at, 1),
             "rss_mb": round(rss_mb(self.pid), 1) if self.pid and self.alive else 0.0,
             "vcpu": round(self.share.vcpu, 4),

@@ -15,6 +15,7 @@ from serving.platform.errors import FunctionFailed, TooManyRequests
 from serving.platform.instance import Instance, InstanceReply
 from serving.platform.meter import Meter
 from serving.platform.spec import FunctionSpec
+from serving.platform.zygote import Zygote
 
 __all__ = ["FunctionPool", "public_env"]
 
@@ -77,12 +78,15 @@ class FunctionPool:
     pool none of whose instances died in the window keeps no spares and never queues a request behind a
     busy instance (Lambda's semantics). :meth:`prewarm` starts instances ahead of need (Lambda's
     provisioned concurrency). ``replace_dead=False`` turns replacements, spares and queueing off.
+
+    ``zygote``: forks its instances (see :mod:`serving.platform.zygote`); None: each is a new process.
     """
 
     def __init__(self, spec: FunctionSpec, *, argv: list[str], env: Mapping[str, str], concurrency: int,
                  timeout_s: float, init_timeout_s: float, meter: Meter, replace_dead: bool = True,
                  limiter: CpuLimiter | None = None, ledger: CpuLedger | None = None,
-                 vcpu: float | None = None, spare_window_s: float = 10.0, max_spares: int = 2) -> None:
+                 vcpu: float | None = None, spare_window_s: float = 10.0, max_spares: int = 2,
+                 zygote: Zygote | None = None) -> None:
         self.spec = spec
         self.concurrency = concurrency
         self.timeout_s = timeout_s
@@ -112,6 +116,7 @@ class FunctionPool:
         self.vcpu = vcpu  # the function's own CPU on a per_function platform (resolved), else None
         self.share = self.limiter.share(spec.memory_mb, vcpu)
         self._ledger = ledger
+        self._zygote = zygote
 
     @property
     def instances(self) -> list[Instance]:
@@ -197,7 +202,7 @@ class FunctionPool:
                     await asyncio.wait_for(self._cond.wait(), remaining)
                 except TimeoutError:
                     continue
-        inst = Instance(self.spec.name, self.spec.memory_mb, self._argv, self._env, self.limiter, self.vcpu)
+        inst = self._new_instance()
         try:
             await inst.start(min(self._init_timeout_s, max(0.1, deadline - time.monotonic()) + 5))
         except BaseException:
@@ -211,6 +216,10 @@ class FunctionPool:
             self._starting -= 1
             self.busy.add(inst)
         return inst
+
+    def _new_instance(self) -> Instance:
+        return Instance(self.spec.name, self.spec.memory_mb, self._argv, self._env, self.limiter, self.vcpu,
+                        zygote=self._zygote)
 
     def _cold_started(self, inst: Instance) -> None:
         self._meter.cold_start(self.spec.name, self.spec.memory_mb, inst.init_ms)
@@ -302,7 +311,7 @@ class FunctionPool:
                 await self._replaced(started)
 
     async def _start_replacement(self) -> Instance | None:
-        inst = Instance(self.spec.name, self.spec.memory_mb, self._argv, self._env, self.limiter, self.vcpu)
+        inst = self._new_instance()
         try:
             await inst.start(self._init_timeout_s)
         except BaseException as e:

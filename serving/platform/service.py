@@ -26,6 +26,7 @@ from serving.platform.meter import Meter
 from serving.platform.pool import FunctionPool
 from serving.platform.runtimes import project_pythonpath
 from serving.platform.spec import FunctionSpec
+from serving.platform.zygote import Zygote
 
 __all__ = ["PlatformService"]
 
@@ -69,6 +70,12 @@ class PlatformService:
         else:
             log.info("CPU limit: %s (%d cores, %.0f MB per vCPU)", self.limiter.name, self.limiter.cores,
                      self.profile.mb_per_vcpu)
+        # forks the onnxruntime instances (those of other backends run another interpreter)
+        self.zygote: Zygote | None = None
+        if config.zygote:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("FLATPACK_")}
+            self.zygote = Zygote(config.python, {**env, "PYTHONPATH": project_pythonpath()},
+                                 start_timeout_s=config.init_timeout_s)
         self.url: str | None = None  # set once the server listens; functions get it as FLATPACK_INVOKE_URL
         self._pools: dict[str, FunctionPool] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -93,6 +100,8 @@ class PlatformService:
                 await t
         pools, self._pools = list(self._pools.values()), {}
         await asyncio.gather(*(p.close() for p in pools), return_exceptions=True)
+        if self.zygote is not None:
+            await asyncio.to_thread(self.zygote.close)
         self.limiter.close()
 
     # -- functions ----------------------------------------------------------------------------------------
@@ -185,6 +194,7 @@ class PlatformService:
             limiter=self.limiter,
             ledger=self.ledger,
             vcpu=vcpu,
+            zygote=self.zygote if spec.backend == "onnxruntime" else None,
         )
         old = self._pools.get(spec.name)
         self._pools[spec.name] = pool

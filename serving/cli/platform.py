@@ -202,7 +202,8 @@ def status(url: str | None, as_json: bool) -> None:
     zygote = health.get("zygote")
     if zygote:
         how = (f"new processes ({zygote['failed']})" if zygote.get("failed")
-               else f"forked by zygote {zygote.get('pid') or '(not started yet)'}, {zygote.get('spawned', 0)} so far")
+               else f"forked by zygote {zygote['pid']}, {zygote.get('spawned', 0)} so far" if zygote.get("pid")
+               else "forked by a zygote, started with the first instance")
         console.print(f"instances: {how}")
     else:
         console.print("instances: new processes (FLATPACK_PLATFORM_ZYGOTE=0)")

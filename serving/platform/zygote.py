@@ -9,6 +9,10 @@ uses (``pid``, ``returncode``, the three streams, ``wait``, ``kill``).
 Where a zygote cannot run (not Linux, a kernel without pidfds, the zygote failed to start or died), the
 platform starts instances as new interpreters, as before: :class:`ZygoteUnavailable` says why.
 
+Being a child subreaper is process-wide: once a zygote has started, an orphan of any of the platform
+process's descendants becomes its child too. Nothing the platform starts leaves orphans (instances do not
+fork); a daemon that double-forked from one would stay a zombie of the platform until the platform exits.
+
 A forked instance shares the pages the zygote loaded (numpy, onnxruntime) until it writes to them. Its
 resident memory (``/proc``, what the platform checks after every request) counts them as before; a memory
 cgroup charges them to the zygote, so the kernel's own limit on the instance is looser by what it shares.

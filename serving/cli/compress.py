@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from serving.cli.models import resolve_model
-from serving.console import console, err_console
+from serving.console import console, err_console, status
 
 __all__ = ["compress_cmd"]
 
@@ -96,7 +96,7 @@ def compress_cmd(model: str, split_after: int, ratio: float, epochs: int, seed: 
                                 progress=progress)
         doc = sc.to_json()
         if output is not None:
-            with err_console.status(f"writing and verifying the compressed bundle {output}"):
+            with status(f"writing and verifying the compressed bundle {output}"):
                 write_compressed_bundle(lg, sc, output, source_sha256=sha)
             doc["bundle"] = str(output)
     if as_json:

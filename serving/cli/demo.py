@@ -22,7 +22,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from serving.console import console, err_console
+from serving.console import console, status
 
 __all__ = ["demo_cmd", "demo_slo_ms"]
 
@@ -77,21 +77,21 @@ def demo_cmd(model: str, width_div: int, input_size: int, memory: int, slo: str,
     split_name, unsplit_name = f"{model}-split", f"{model}-unsplit"
     build = Path("build")
     try:
-        with err_console.status(f"building {model} (width/{width_div}, {input_size} px; once, then cached)"):
+        with status(f"building {model} (width/{width_div}, {input_size} px; once, then cached)"):
             path = zoo_file(model, width_div=width_div, input_size=input_size)
     except (ZooError, ImportError) as e:
         raise click.ClickException(str(e)) from e
     platform = calibrated_local(False)
     request = request_from("lo", None, None, None, platform, str(memory), None, "shm", "auto")
     lg = LayerGraph.load(path)
-    with err_console.status("predicting the unsplit function and the fastest plan") as st:
+    with status("predicting the unsplit function and the fastest plan") as say:
         from partitioner.planner import make_perfmodel
         from serving.calibrate.stages import solve_on_target
 
-        pm, _, _ = make_perfmodel(lg, request, progress=st.update)
+        pm, _, _ = make_perfmodel(lg, request, progress=say)
         # as deploy predicts them: unit times scaled to the model in a function here, what live checks of earlier
         # deployments measured, the plan's stages timed (and cached for the deploy below)
-        fastest_ms = solve_on_target(lg, request, pm, progress=st.update)[0].estimate.latency_ms
+        fastest_ms = solve_on_target(lg, request, pm, progress=say)[0].estimate.latency_ms
         whole = [StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0)]
         unsplit_ms = pm.estimate(whole, memory).latency_ms
     console.print(f"{model} (width/{width_div}, {input_size} px) at {memory} MB per function, predicted: one "
@@ -112,7 +112,7 @@ def demo_cmd(model: str, width_div: int, input_size: int, memory: int, slo: str,
         from serving.deploy.promise import EndpointProbe
         from serving.deploy.state import DeploymentRecord
 
-        with err_console.status("timing the unsplit function"):
+        with status("timing the unsplit function"):
             probe = EndpointProbe(DeploymentRecord.load(unsplit_name).endpoint or "", unsplit_name, lg.model,
                                   token=api_token(), warmup=1)
             try:
@@ -158,7 +158,7 @@ def _compare(split_name: str, unsplit_name: str, slo_ms: float, requests: int,
     times: dict[str, list[float]] = {n: [] for n in records}
     clients = {n: InferClient(r.endpoint or "", n, timeout_s=120.0) for n, r in records.items()}
     try:
-        with err_console.status("sending requests to both") as st:
+        with status("sending requests to both") as say:
             block = 0
             while min(len(t) for t in times.values()) < requests:
                 order = list(clients.items()) if block % 2 == 0 else list(reversed(clients.items()))
@@ -169,7 +169,7 @@ def _compare(split_name: str, unsplit_name: str, slo_ms: float, requests: int,
                         c.infer(inputs)
                         times[n].append((time.perf_counter() - t0) * 1e3)
                 block += 1
-                st.update(f"sending requests to both: {min(len(t) for t in times.values())}/{requests}")
+                say(f"sending requests to both: {min(len(t) for t in times.values())}/{requests}")
     finally:
         for c in clients.values():
             c.close()

@@ -28,7 +28,7 @@ from serving.cli.plan import (
     request_from,
 )
 from serving.cli.shapes import shape_options
-from serving.console import console, err_console
+from serving.console import console, err_console, status
 
 if TYPE_CHECKING:  # the deployment state and the partitioner are imported when a command runs
     from partitioner.normalize import ShapeFixes
@@ -87,7 +87,7 @@ def _start(record: DeploymentRecord, detach: bool, keep_warm: float) -> None:
     from serving.deploy.state import DeploymentRecord
 
     end = time.monotonic() + _READY_TIMEOUT_S
-    with err_console.status("starting functions and warming them up"):
+    with status("starting functions and warming them up"):
         while time.monotonic() < end:
             r = DeploymentRecord.load(record.name)
             if r.status == "ready":
@@ -120,10 +120,10 @@ def calibrated_local(recalibrate: bool) -> str:
     path = calibrated_profile_path("local")
     if path.is_file() and not recalibrate:
         return str(path)
-    with err_console.status("calibrating the local platform (once per machine; `flatpack calibrate` to redo it)"
-                            ) as st:
+    with status("calibrating the local platform (once per machine; `flatpack calibrate` to redo it)"
+                            ) as say:
         try:
-            path = ensure_local_calibration(recalibrate=recalibrate, progress=lambda m, done, total: st.update(
+            path = ensure_local_calibration(recalibrate=recalibrate, progress=lambda m, done, total: say(
                 f"calibrating: {m} ({done}/{total})"))
         except (OSError, ValueError, RuntimeError) as e:
             err_console.print(f"[yellow]calibrating the local platform failed ({e}); planning with the published "
@@ -233,8 +233,8 @@ def deploy_cmd(model: str, mode: str, slo: str | None, percentile: float | None,
     if calibrate_here:  # once every argument is known good: a mistyped flag does not wait for a calibration
         request = dataclasses.replace(request, platform=calibrated_local(recalibrate))
     try:
-        with err_console.status("planning") as st:
-            bundle, planned = prepare(path, request, name, shapes=shapes, progress=lambda m: st.update(m),
+        with status("planning") as say:
+            bundle, planned = prepare(path, request, name, shapes=shapes, progress=say,
                                       autoencoders=autoencoders)
     except Infeasible as e:
         _refuse_infeasible(path, request, e, shapes)
@@ -340,10 +340,10 @@ def _keep_promise(record: DeploymentRecord, lg: Any, request: Any, result: Any, 
     else:
         probe = EndpointProbe(r.endpoint or "", r.name, lg.model, token=api_token())
     try:
-        with err_console.status("probing the endpoint") as st:
+        with status("probing the endpoint") as say:
             swap: Any = (LambdaSwap(r.name, lg, request, source=source, token=api_token(),
-                                    progress=lambda m: st.update(m)) if r.target == "lambda" else
-                         LocalSwap(r.name, lg, request, source=source, progress=lambda m: st.update(m)))
+                                    progress=say) if r.target == "lambda" else
+                         LocalSwap(r.name, lg, request, source=source, progress=say))
             outcome = keep_promise(pm, request, result, probe=probe, swap=swap, requests=requests,
                                    max_rounds=max_rounds if swaps else 1, say=console.print,
                                    replan=lambda req: with_sampled_tail(pm, solve(lg, req, pm=pm)))
@@ -494,10 +494,10 @@ def _deploy_cloud(target: str, name: str, model: Path, bundle: Path, *, transpor
     from serving.deploy.cloud import deploy_cloud
 
     try:
-        with err_console.status(f"deploying to {target}") as st:
+        with status(f"deploying to {target}") as say:
             res = deploy_cloud(target, name, model, bundle, transport=transport, mode=mode, dry_run=dry_run,
                                out_dir=out_dir, region=region, endpoint_url=endpoint_url, gateway=gateway,
-                               vendor=vendor, progress=lambda m: st.update(m), backend=backend)
+                               vendor=vendor, progress=say, backend=backend)
     except Exception as e:  # noqa: BLE001 - AWS, the gateway or rendering: the user gets the message, not a trace
         raise click.ClickException(f"{type(e).__name__}: {e}") from e
     for w in res.warnings:
@@ -802,7 +802,7 @@ def undeploy_cmd(name: str, keep_bundle: bool) -> None:
         from serving.deploy.cloud import undeploy_cloud
 
         try:
-            with err_console.status(f"removing {name} from {r.target}"):
+            with status(f"removing {name} from {r.target}"):
                 removed = undeploy_cloud(r)
         except Exception as e:  # noqa: BLE001 - AWS or the gateway: the user gets the message; the record stays
             raise click.ClickException(f"{type(e).__name__}: {e}") from e
@@ -810,7 +810,7 @@ def undeploy_cmd(name: str, keep_bundle: bool) -> None:
             console.print(f"removed {what}")
         console.print(f"undeployed {name}")
         return
-    with err_console.status(f"stopping {name}"):
+    with status(f"stopping {name}"):
         stopped = r.terminate()
     if not stopped:
         raise click.ClickException(f"process {r.pid} of {name} did not stop; kill it by hand")

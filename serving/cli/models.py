@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from serving.console import err_console
+from serving.console import status
 
 __all__ = ["duration_ms", "parse_duration_ms", "resolve_model"]
 
@@ -14,6 +14,7 @@ __all__ = ["duration_ms", "parse_duration_ms", "resolve_model"]
 def resolve_model(arg: str) -> Path:
     """``arg`` if it is a file; else a zoo model of that name (full size, default options), built once
     and kept in the cache. A problem is a one-line ``ClickException``."""
+    from functions.settings import cache_dir
     from zoo.cache import model_file
     from zoo.errors import ZooError
 
@@ -21,7 +22,9 @@ def resolve_model(arg: str) -> Path:
     if path.is_file():
         return path
     try:
-        with err_console.status(f"building zoo model {arg} (once, then cached)"):
+        if path.suffix == ".onnx" or "/" in arg or (cache_dir() / "zoo" / f"{arg}.onnx").is_file():
+            return model_file(arg)  # a missing file (one clear error), or a zoo model built already
+        with status(f"building zoo model {arg} (once, then cached)"):
             return model_file(arg)
     except ZooError as e:
         raise click.ClickException(str(e)) from e

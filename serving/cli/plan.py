@@ -15,7 +15,7 @@ from rich.table import Table
 
 from serving.cli.models import parse_duration_ms, resolve_model
 from serving.cli.shapes import shape_options
-from serving.console import console, err_console
+from serving.console import console, err_console, status
 
 if TYPE_CHECKING:  # the planner is imported when a command runs, not when the CLI starts
     from autoencoder import AutoencoderOptions
@@ -146,9 +146,9 @@ def request_from(mode: str, slo: str | None, percentile: float | None, solver: s
         raise click.UsageError(str(e)) from e
 
 
-def unit_progress(status: Any) -> Callable[[int, int, str], None]:
-    """A unit profiler's progress (done, total, key) shown on a rich status line."""
-    return lambda done, total, _key: status.update(f"profiling units: {done}/{total} measurements")
+def unit_progress(say: Callable[[str], None]) -> Callable[[int, int, str], None]:
+    """A unit profiler's progress (done, total, key) as a progress step (:func:`serving.console.status`)."""
+    return lambda done, total, _key: say(f"profiling units: {done}/{total} measurements")
 
 
 def measured_source(source: str, refined: Any) -> str:
@@ -302,9 +302,9 @@ def plan_cmd(model: str, mode: str, slo: str | None, percentile: float | None, s
     path = resolve_model(model)
     t0 = time.perf_counter()
     try:
-        with err_console.status(f"planning {path.name}") as st:
+        with status(f"planning {path.name}") as say:
             planned = plan_model(path, request, shapes=shapes, on_target=solve_on_target, codecs=with_autoencoders,
-                                 codec_options=autoencoders, progress=st.update, unit_progress=unit_progress(st))
+                                 codec_options=autoencoders, progress=say, unit_progress=unit_progress(say))
     except Infeasible as e:
         # what the fastest plan is priced with: the same model, loaded again (cached), as planning left it
         lg = LayerGraph.load(path, shapes.inputs, shapes.dims)
@@ -326,9 +326,9 @@ def plan_cmd(model: str, mode: str, slo: str | None, percentile: float | None, s
         err_console.print(f"wrote {out}")
     if bundle:
         try:
-            with err_console.status("exporting and verifying the bundle") as st:
+            with status("exporting and verifying the bundle") as say:
                 _, fidelity = export_planned(lg, result, request, bundle, source=source,
-                                             progress=lambda m: st.update(m))
+                                             progress=say)
         except CompressionError as e:
             raise click.ClickException(str(e)) from e
         err_console.print(f"wrote bundle {bundle}")

@@ -75,13 +75,13 @@ def profile_cmd(model: Path, platform: str | None, memory: tuple[int, ...], thre
     from partitioner.errors import ModelError
     from partitioner.graph import LayerGraph
     from partitioner.profile import MeasureError, profile_graph
-    from serving.console import console, err_console
+    from serving.console import console, err_console, status
 
     if budget_s is not None and budget_s < 0:
         raise click.BadParameter(f"{budget_s}: a budget is a number of seconds >= 0", param_hint="--budget")
     measure_threads, by_memory = _threads_for(platform, memory, threads)
     try:
-        with err_console.status(f"loading {model}"):
+        with status(f"loading {model}"):
             lg = LayerGraph.load(model, shapes.inputs, shapes.dims)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err_console, transient=True) as bar:

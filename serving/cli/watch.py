@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from serving.cli.stop_signals import stop_on_signals
-from serving.console import console, err_console
+from serving.console import console, err_console, status
 
 if TYPE_CHECKING:
     from serving.deploy.watch import WatchSettings
@@ -89,7 +89,7 @@ def _check_once(name: str, settings: WatchSettings, requests: int, token: str | 
     except (LookupError, ValueError) as e:
         raise click.ClickException(str(e)) from e
     try:
-        with err_console.status(f"probing {name}: {requests} requests"):
+        with status(f"probing {name}: {requests} requests"):
             check = watcher.check()
     except Exception as e:  # noqa: BLE001 - AWS, the gateway or the endpoint: one line, not a trace
         raise click.ClickException(f"probing {name} failed: {type(e).__name__}: {e}") from e

@@ -136,7 +136,7 @@ def test_plan_takes_the_calibrated_file(calibrated: CalibrationResult, tmp_path:
         r = CliRunner().invoke(main, ["plan", str(model), "--platform", name, "--transport", "shm",
                                       "--profile", "flops", "--json"])
         assert r.exit_code == 0, r.output
-        runs[name] = json.loads(r.output)
+        runs[name] = json.loads(r.stdout)
     mine, default = runs[str(calibrated.path)], runs["local"]
     assert mine["platform"] == str(calibrated.path)
     assert mine["latency_ms"] != default["latency_ms"]

@@ -65,7 +65,7 @@ def _plan_with(path: Path, tmp_path: Path) -> dict:
     r = CliRunner().invoke(main, ["plan", str(tmp_path / "mlp.onnx"), "--platform", str(path), "--transport", "inline",
                                   "--profile", "flops", "--json"])
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert doc["platform"] == str(path)
     return doc
 

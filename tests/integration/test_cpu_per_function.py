@@ -124,7 +124,7 @@ def test_status_names_the_cpu_model(shm_root: Path) -> None:
         with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="dilation", profile=profile)) as p:
             out = CliRunner().invoke(main, ["platform", "status", "--url", p.url, "--json"])
         assert out.exit_code == 0, out.output
-        assert json.loads(out.output)["cpu_model"] == model
+        assert json.loads(out.stdout)["cpu_model"] == model
 
 
 def test_platform_start_emulates_the_platform_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -91,7 +91,7 @@ def test_auto_picks_a_cgroup_where_one_can_be_written_and_status_names_it(shm_ro
     with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="auto")) as p:
         out = CliRunner().invoke(main, ["platform", "status", "--url", p.url, "--json"])
         assert out.exit_code == 0, out.output
-        doc = json.loads(out.output)
+        doc = json.loads(out.stdout)
     assert doc["cpu_limit"] == detect("auto") == (MECHANISMS[0] if MECHANISMS[0] != "dilation" else "dilation")
     assert doc["cpu"]["cores"] >= 1 and doc["cpu"]["mb_per_vcpu"] == 1769.0
 
@@ -104,7 +104,7 @@ def test_status_without_a_platform_names_the_mechanism_one_would_use(tmp_path: P
     monkeypatch.setenv("FLATPACK_PLATFORM_CPU_LIMIT", "auto")
     out = CliRunner().invoke(main, ["platform", "status", "--json"])
     assert out.exit_code == 0, out.output
-    doc = json.loads(out.output)
+    doc = json.loads(out.stdout)
     assert doc["running"] is False and doc["cpu_limit"] == detect("auto") == MECHANISMS[0]
     assert doc["cpu"]["mb_per_vcpu"] == 1769.0
     text = CliRunner().invoke(main, ["platform", "status"])

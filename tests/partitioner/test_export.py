@@ -119,12 +119,12 @@ def test_cli_export_verify_and_inspect(cnn_path: Path, tmp_path: Path) -> None:
     runner = CliRunner()
     res = runner.invoke(main, ["inspect", str(cnn_path), "--json"])
     assert res.exit_code == 0, res.output
-    units = json.loads(res.output)["units"]
+    units = json.loads(res.stdout)["units"]
     assert [u["families"] for u in units][0] == ["spatial", "channel", "reduction"]
     res = runner.invoke(main, ["export", str(cnn_path), "--stages", "0-:spatial=2x2", "-o", str(tmp_path / "b")])
     assert res.exit_code == 0, res.output
     res = runner.invoke(main, ["verify", str(tmp_path / "b"), "--json"])
-    assert res.exit_code == 0 and json.loads(res.output)["failed"] == 0
+    assert res.exit_code == 0 and json.loads(res.stdout)["failed"] == 0
     res = runner.invoke(main, ["export", str(cnn_path), "--stages", "0-1:spatial=2x2", "-o", str(tmp_path / "c")])
     assert res.exit_code == 1 and "Error:" in res.output and "Traceback" not in res.output
 

@@ -9,6 +9,7 @@ small (tens of examples, a deadline per example) so this runs in CI in a few sec
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -146,7 +147,8 @@ def test_cli_says_one_line(tmp_path: Path, command: str, case: str) -> None:
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode != 0
     assert "Traceback" not in res.stderr, res.stderr
-    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
-    # one error line (click puts its usage hint above a usage error's)
+    # progress lines (serving.console.status, where stderr is not a terminal) may come first; then one error
+    # line (click puts its usage hint above a usage error's)
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip() and not re.match(r"\[ *\d+\.\d s\] ", ln)]
     assert lines[-1].startswith("Error:") and sum(ln.startswith("Error:") for ln in lines) == 1, res.stderr
     assert len(lines) == 1 or lines[0].startswith("Usage:"), res.stderr

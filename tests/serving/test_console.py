@@ -13,7 +13,18 @@ def test_progress_to_a_file_or_pipe_is_a_line_per_step_with_its_text_as_given(
         say("vgg11/w2@224 at 512 MB: planning")
         say("round 1: [m+w@512] stages")  # brackets are text, not markup
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 2
-    assert lines[0].endswith("bench lo: vgg11/w2@224 at 512 MB: planning")
-    assert lines[1].endswith("bench lo: round 1: [m+w@512] stages")
+    assert len(lines) == 3
+    assert lines[0].endswith("] bench lo")  # the work's start: a long first step shows it is under way
+    assert lines[1].endswith("bench lo: vgg11/w2@224 at 512 MB: planning")
+    assert lines[2].endswith("bench lo: round 1: [m+w@512] stages")
     assert all(line.startswith("[") and " s] " in line for line in lines)  # seconds since the start
+
+
+def test_a_run_of_like_steps_is_thinned_to_a_line_a_while(capsys: pytest.CaptureFixture[str]) -> None:
+    with status("planning", every_s=3600) as say:
+        for i in range(1, 301):
+            say(f"profiling units: {i}/300 measurements")
+        say("solving")
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert [ln.split("] ", 1)[1] for ln in lines] == [
+        "planning", "planning: profiling units: 1/300 measurements", "planning: solving"]

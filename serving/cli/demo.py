@@ -169,7 +169,7 @@ def _compare(split_name: str, unsplit_name: str, slo_ms: float, requests: int,
                         c.infer(inputs)
                         times[n].append((time.perf_counter() - t0) * 1e3)
                 block += 1
-                say(f"sending requests to both: {min(len(t) for t in times.values())}/{requests}")
+                say(f"{min(len(t) for t in times.values())}/{requests} each")
     finally:
         for c in clients.values():
             c.close()

@@ -120,11 +120,10 @@ def calibrated_local(recalibrate: bool) -> str:
     path = calibrated_profile_path("local")
     if path.is_file() and not recalibrate:
         return str(path)
-    with status("calibrating the local platform (once per machine; `flatpack calibrate` to redo it)"
-                            ) as say:
+    with status("calibrating the local platform (once per machine; `flatpack calibrate` to redo it)") as say:
         try:
-            path = ensure_local_calibration(recalibrate=recalibrate, progress=lambda m, done, total: say(
-                f"calibrating: {m} ({done}/{total})"))
+            path = ensure_local_calibration(recalibrate=recalibrate,
+                                            progress=lambda m, done, total: say(f"{m} ({done}/{total})"))
         except (OSError, ValueError, RuntimeError) as e:
             err_console.print(f"[yellow]calibrating the local platform failed ({e}); planning with the published "
                               f"local profile[/]")

@@ -52,6 +52,10 @@ def _make_subreaper() -> None:
     own children."""
     if not hasattr(os, "pidfd_open"):
         raise ZygoteUnavailable("this system has no pidfds")
+    try:  # Python has the call on any Linux; the kernel has it from 5.3
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError as e:
+        raise ZygoteUnavailable(f"this kernel has no pidfds ({e})") from e
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise ZygoteUnavailable(f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}")

@@ -8,9 +8,9 @@ is deployed twice: a *serve* function kept warm, and a *start* function whose in
 alternate between the two platforms, so the machine's drift hits both alike. Each round, on each:
 
 * **starts alone**: ``starts`` instances started at once, nothing else running. Per start: its wall time
-  (the platform's ``init_ms``), its own CPU time when it was ready (``/proc/PID/stat``; a forked one's counts
-  from the fork) plus its share of the zygote's CPU over the batch, and the host's busy CPU time
-  (``/proc/stat``) over the batch divided by the starts;
+  (the platform's ``init_ms``), its own CPU time when it was ready (its threads' schedstat; a forked one's
+  counts from the fork) plus its share of the zygote's CPU over the batch, and the host's busy CPU time
+  (``/proc/stat``) over the batch divided by the starts (:mod:`bench.sim.live`'s readers);
 * **quiet**: ``requests`` warm requests to the serve function, one after another;
 * **beside starts**: warm requests to the serve function while another ``starts`` instances start.
 
@@ -31,9 +31,6 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ColdStartArm", "ColdStartResult", "measure"]
-
-_TICK = 100.0  # USER_HZ: /proc's clock ticks per second
-
 
 @dataclass(frozen=True)
 class ColdStartArm:
@@ -70,21 +67,6 @@ class ColdStartResult:
                 "start_ms_ratio": round(z.start_ms / e.start_ms, 4),
                 "beside_p95_ratio_zygote_over_exec": round(z.beside_p95_ms / e.beside_p95_ms, 4),
                 "config": self.config}
-
-
-def _busy_s() -> float:
-    """The host's busy CPU time so far (every core; /proc/stat's first line less idle and iowait)."""
-    f = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(f) - f[3] - f[4]) / _TICK
-
-
-def _cpu_s(pid: int) -> float:
-    """Process ``pid``'s CPU time (user + system) so far; 0 where it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (float(fields[11]) + float(fields[12])) / _TICK
 
 
 class _Arm:
@@ -125,15 +107,20 @@ class _Arm:
         return [i for i in self.p.client.function(self._start_fn)["instances"] if i["id"] not in before]
 
     def starts_alone(self, k: int) -> None:
+        from bench.sim.live import machine_busy_ms, process_cpu_ms
+
+        def cpu_s(pid: int | None) -> float:
+            return (process_cpu_ms(pid) or 0.0) / 1e3 if pid else 0.0
+
         zpid = self._zygote_pid()
-        z0, h0 = (_cpu_s(zpid) if zpid else 0.0), _busy_s()
+        z0, h0 = cpu_s(zpid), machine_busy_ms()
         new = self._start(k)
-        host = _busy_s() - h0
+        host = (machine_busy_ms() - h0) / 1e3
         zpid = zpid or self._zygote_pid()  # started by this batch: all its CPU is the batch's
-        zygote_share = ((_cpu_s(zpid) - z0) if zpid else 0.0) / max(1, len(new))
+        zygote_share = (cpu_s(zpid) - z0) / max(1, len(new))
         for inst in new:
             self.start_ms.append(float(inst["init_ms"]))
-            self.start_cpu.append(_cpu_s(int(inst["pid"])) + zygote_share)
+            self.start_cpu.append(cpu_s(int(inst["pid"])) + zygote_share)
         self.host_cpu.append(host / max(1, len(new)))
 
     def requests(self, n: int) -> list[float]:
@@ -164,7 +151,7 @@ class _Arm:
         if errors:
             raise errors[0]
 
-    def result(self, k: int) -> ColdStartArm:
+    def result(self) -> ColdStartArm:
         q = statistics.median(self.quiet)
         b50 = statistics.median(self.beside)
         b95 = statistics.quantiles(self.beside, n=20)[-1] if len(self.beside) >= 2 else b50
@@ -207,7 +194,7 @@ def measure(*, rounds: int = 6, starts: int = 8, requests: int = 20, memory_mb: 
                         arm.quiet.extend(arm.requests(requests))
                         say(f"round {r + 1} of {rounds}, {arm.name}: requests beside {starts} starts")
                         arm.beside_starts(starts)
-                results = [a.result(starts) for a in arms]
+                results = [a.result() for a in arms]
             finally:
                 for a in arms:
                     a.close()

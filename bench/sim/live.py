@@ -19,10 +19,10 @@ from bench.load.latency import Sample
 from platforms import ExGauss
 
 __all__ = ["KERNEL_SHARE_MAX", "CpuAccount", "InvokeStats", "Probe", "ProbeChunk", "machine_busy_ms", "measure_invoke",
-           "platform_pids", "probe", "warm_instances"]
+           "platform_pids", "probe", "process_cpu_ms", "warm_instances"]
 
 
-def _cpu_ms(pid: int) -> float | None:
+def process_cpu_ms(pid: int) -> float | None:
     """CPU time process ``pid`` has used so far (ms): the sum over its threads of /proc's schedstat (ns
     resolution); None if it is gone."""
     try:
@@ -54,10 +54,10 @@ class CpuAccount:
     """CPU time used by a set of processes between construction and :meth:`used_ms` (per process too)."""
 
     def __init__(self, pids: list[int]) -> None:
-        self.start = {p: t for p in pids if (t := _cpu_ms(p)) is not None}
+        self.start = {p: t for p in pids if (t := process_cpu_ms(p)) is not None}
 
     def per_pid_ms(self) -> dict[int, float]:
-        return {p: max(0.0, (_cpu_ms(p) or t) - t) for p, t in self.start.items()}
+        return {p: max(0.0, (process_cpu_ms(p) or t) - t) for p, t in self.start.items()}
 
     def used_ms(self) -> float:
         return sum(self.per_pid_ms().values())
@@ -121,7 +121,7 @@ def measure_invoke(pp: Any, work: Path, n: int = 80) -> InvokeStats:
         pool = InputPool.from_bundle(bundle, 2)
         closed_loop(target, pool, clients=1, requests=1)
         inst = [p for p in platform_pids(pp, dep.names.values()) if p not in (pp.pid, os.getpid())]
-        start_cpu = sum(_cpu_ms(p) or 0.0 for p in inst) / max(1, len(inst))
+        start_cpu = sum(process_cpu_ms(p) or 0.0 for p in inst) / max(1, len(inst))
         closed_loop(target, pool, clients=1, requests=5)
         acct = CpuAccount(platform_pids(pp, dep.names.values()))
         u0 = target.usage()

@@ -132,7 +132,6 @@ def cpu_quota(vcpu: float) -> tuple[int, int]:
 class InstanceLimit:
     """The limit of one instance: how to start it inside the limit, and what its cgroup saw."""
 
-    argv_prefix: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     dirs: list[Path] = field(default_factory=list)  # its cgroups (removed when it is gone)
     procs: list[Path] = field(default_factory=list)  # their cgroup.procs files, which it joins as it starts
@@ -140,7 +139,8 @@ class InstanceLimit:
     memory_version: int = 0  # 1 or 2 when memory_dir is set
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
-        return [*self.argv_prefix, *argv]
+        """``argv`` started inside the limit: by a shell that joins :attr:`procs` first, where there are any."""
+        return [*_join_prefix(self.procs), *argv] if self.procs else list(argv)
 
     def oom_killed(self) -> bool:
         """Whether the kernel killed a process of this cgroup for memory."""
@@ -263,7 +263,7 @@ class CgroupV1Limiter(_CgroupLimiter):
             dirs.append(mem)
             procs.append(mem / "cgroup.procs")
             limit.memory_dir, limit.memory_version = mem, 1
-        limit.argv_prefix, limit.procs = _join_prefix(procs), procs
+        limit.procs = procs
         return limit
 
 
@@ -288,8 +288,7 @@ class CgroupV2Limiter(_CgroupLimiter):
         d = _mkdir(self.cpu_base / instance)
         _write(d / "cpu.max", f"{quota} {period}")
         _write(d / "cpu.max.burst", str(quota), missing_ok=True)  # after cpu.max: a burst is checked against it
-        limit = InstanceLimit(dirs=[d], argv_prefix=_join_prefix([d / "cgroup.procs"]), procs=[d / "cgroup.procs"],
-                              env=_top_up(share))
+        limit = InstanceLimit(dirs=[d], procs=[d / "cgroup.procs"], env=_top_up(share))
         if self.memory:
             _write(d / "memory.max", str(memory_mb * 2**20))
             with contextlib.suppress(CpuLimitError):  # no swap, as on Lambda (see CgroupV1Limiter)

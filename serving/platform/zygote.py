@@ -82,6 +82,8 @@ class ForkedProcess:
         self._loop = asyncio.get_running_loop()
         self._exited: asyncio.Future[int] = self._loop.create_future()
         self._pidfd: int | None = os.pidfd_open(pid)
+        self._ended_poll = select.poll()  # every `alive` asks it: made once
+        self._ended_poll.register(self._pidfd, select.POLLIN)
         self._loop.add_reader(self._pidfd, self._reap)
 
     @property
@@ -99,9 +101,7 @@ class ForkedProcess:
             fd = self._pidfd
             if fd is None:
                 return
-            poller = select.poll()
-            poller.register(fd, select.POLLIN)
-            if not poller.poll(0):
+            if not self._ended_poll.poll(0):
                 return
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)

@@ -4,6 +4,7 @@ children; and a zygote that fails or dies leaves the platform starting instances
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,7 @@ from serving.platform.runtimes import project_pythonpath
 pytest.importorskip("fastapi", reason="the platform tests need flatpack[server]")
 
 from serving.platform import LocalPlatform, PlatformConfig  # noqa: E402
-from serving.platform.deploy import deploy_bundle  # noqa: E402
+from serving.platform.deploy import Deployment, deploy_bundle  # noqa: E402
 
 X = {"x": np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)}
 Y = np.array([[0.0, 2.0, 0.0, 4.0]], np.float32)
@@ -65,78 +67,75 @@ def _wait(predicate, what: str, timeout_s: float = 60.0):  # noqa: ANN001, ANN20
     raise AssertionError(f"{what} within {timeout_s:.0f} s")
 
 
-def test_a_forked_instance_answers_with_its_functions_environment_as_the_platforms_child(
-        shm_root: Path, bundles) -> None:
-    with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="off")) as p:
-        d = deploy_bundle(p.client, bundles.tiny, shm_dir=shm_root, transport="inline", memory_mb={"worker-1": 256})
+@contextlib.contextmanager
+def _tiny_on(shm_root: Path, bundles, config: PlatformConfig | None = None,  # noqa: ANN001 - the fixture
+             **deploy: object) -> Iterator[tuple[LocalPlatform, Deployment]]:
+    """A local platform (``config``, default: whole cores) with the tiny bundle deployed on it, inline."""
+    with LocalPlatform(config or PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="off")) as p:
+        d = deploy_bundle(p.client, bundles.tiny, shm_dir=shm_root, transport="inline", **deploy)  # type: ignore[arg-type]
         try:
-            np.testing.assert_array_equal(_invoke(p, d, "worker-1"), Y)
-            inst = _instance(p, d.names["worker-1"])
-            assert inst["forked"] is True
-            zygote = p.client.health()["zygote"]
-            assert zygote["spawned"] == 1 and zygote["failed"] is None and zygote["pid"]
-            pid = inst["pid"]
-            # the platform (this process: LocalPlatform runs in a thread) is its parent, not the zygote
-            assert _ppid(pid) == os.getpid()
-            # it served its bundle, which only its function's environment names (the zygote's has no FLATPACK_*)
-            assert not any(k.startswith("FLATPACK_") for k in _environ(zygote["pid"]) if k != FD_ENV)
-            assert os.getsid(pid) == pid  # its own session: a Ctrl-C at the platform's terminal does not reach it
-            np.testing.assert_array_equal(_invoke(p, d, "worker-1"), Y)  # warm, same instance
-            assert _instance(p, d.names["worker-1"])["invocations"] == 2
+            yield p, d
         finally:
             d.remove()
+
+
+def test_a_forked_instance_answers_with_its_functions_environment_as_the_platforms_child(
+        shm_root: Path, bundles) -> None:
+    with _tiny_on(shm_root, bundles, memory_mb={"worker-1": 256}) as (p, d):
+        np.testing.assert_array_equal(_invoke(p, d, "worker-1"), Y)
+        inst = _instance(p, d.names["worker-1"])
+        assert inst["forked"] is True
+        zygote = p.client.health()["zygote"]
+        assert zygote["spawned"] == 1 and zygote["failed"] is None and zygote["pid"]
+        pid = inst["pid"]
+        # the platform (this process: LocalPlatform runs in a thread) is its parent, not the zygote
+        assert _ppid(pid) == os.getpid()
+        # it served its bundle, which only its function's environment names (the zygote's has no FLATPACK_*)
+        assert not any(k.startswith("FLATPACK_") for k in _environ(zygote["pid"]) if k != FD_ENV)
+        assert os.getsid(pid) == pid  # its own session: a Ctrl-C at the platform's terminal does not reach it
+        np.testing.assert_array_equal(_invoke(p, d, "worker-1"), Y)  # warm, same instance
+        assert _instance(p, d.names["worker-1"])["invocations"] == 2
 
 
 def test_a_forked_instance_killed_while_idle_is_reaped_and_the_next_request_gets_a_new_one(
         shm_root: Path, bundles) -> None:
-    with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="off")) as p:
-        d = deploy_bundle(p.client, bundles.tiny, shm_dir=shm_root, transport="inline")
-        try:
-            _invoke(p, d, "worker-1")
-            pid = _instance(p, d.names["worker-1"])["pid"]
-            os.kill(pid, signal.SIGKILL)
-            _wait(lambda: not pid_alive(pid), "the killed instance ended")
-            # it died idle: the next request is served by a new forked instance, and the dead one was reaped
-            np.testing.assert_array_equal(_invoke(p, d, "worker-1"), Y)
-            inst = _instance(p, d.names["worker-1"])
-            assert inst["pid"] != pid and inst["forked"]
-            _wait(lambda: not Path(f"/proc/{pid}").exists(), "the killed instance reaped (no zombie left)")
-        finally:
-            d.remove()
+    with _tiny_on(shm_root, bundles) as (p, d):
+        _invoke(p, d, "worker-1")
+        pid = _instance(p, d.names["worker-1"])["pid"]
+        os.kill(pid, signal.SIGKILL)
+        _wait(lambda: not pid_alive(pid), "the killed instance ended")
+        # it died idle: the next request is served by a new forked instance, and the dead one was reaped
+        np.testing.assert_array_equal(_invoke(p, d, "worker-1"), Y)
+        inst = _instance(p, d.names["worker-1"])
+        assert inst["pid"] != pid and inst["forked"]
+        _wait(lambda: not Path(f"/proc/{pid}").exists(), "the killed instance reaped (no zombie left)")
 
 
 @pytest.mark.skipif(detect("cgroup-v1") != "cgroup-v1", reason="no writable cgroup v1 here")
 def test_a_forked_instance_runs_in_its_own_cgroups(shm_root: Path, bundles) -> None:
-    with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="cgroup-v1")) as p:
-        d = deploy_bundle(p.client, bundles.tiny, shm_dir=shm_root, transport="inline", memory_mb={"worker-1": 512})
-        try:
-            np.testing.assert_array_equal(_invoke(p, d, "worker-1"), Y)
-            inst = _instance(p, d.names["worker-1"])
-            assert inst["forked"]
-            groups = Path(f"/proc/{inst['pid']}/cgroup").read_text().splitlines()
-            mine = [g for g in groups if f"flatpack-{os.getpid()}/{d.names['worker-1'][:100]}-" in g]
-            controllers = {c for g in mine for c in g.split(":")[1].split(",")}
-            assert {"cpu", "memory"} <= controllers, groups
-        finally:
-            d.remove()
+    config = PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="cgroup-v1")
+    with _tiny_on(shm_root, bundles, config, memory_mb={"worker-1": 512}) as (p, d):
+        np.testing.assert_array_equal(_invoke(p, d, "worker-1"), Y)
+        inst = _instance(p, d.names["worker-1"])
+        assert inst["forked"]
+        groups = Path(f"/proc/{inst['pid']}/cgroup").read_text().splitlines()
+        mine = [g for g in groups if f"flatpack-{os.getpid()}/{d.names['worker-1'][:100]}-" in g]
+        controllers = {c for g in mine for c in g.split(":")[1].split(",")}
+        assert {"cpu", "memory"} <= controllers, groups
 
 
 def test_a_dead_zygote_is_started_again_and_one_that_cannot_start_leaves_instances_to_new_processes(
         shm_root: Path, bundles) -> None:
-    with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="off")) as p:
-        d = deploy_bundle(p.client, bundles.tiny, shm_dir=shm_root, transport="inline")
-        try:
-            _invoke(p, d, "worker-1")
-            first = p.client.health()["zygote"]["pid"]
-            pid = _instance(p, d.names["worker-1"])["pid"]
-            os.kill(first, signal.SIGKILL)
-            os.kill(pid, signal.SIGKILL)
-            _wait(lambda: not pid_alive(pid), "the killed instance ended")
-            np.testing.assert_array_equal(_invoke(p, d, "worker-1"), Y)
-            zygote = p.client.health()["zygote"]
-            assert zygote["pid"] not in (None, first) and _instance(p, d.names["worker-1"])["forked"]
-        finally:
-            d.remove()
+    with _tiny_on(shm_root, bundles) as (p, d):
+        _invoke(p, d, "worker-1")
+        first = p.client.health()["zygote"]["pid"]
+        pid = _instance(p, d.names["worker-1"])["pid"]
+        os.kill(first, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
+        _wait(lambda: not pid_alive(pid), "the killed instance ended")
+        np.testing.assert_array_equal(_invoke(p, d, "worker-1"), Y)
+        zygote = p.client.health()["zygote"]
+        assert zygote["pid"] not in (None, first) and _instance(p, d.names["worker-1"])["forked"]
     with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="off")) as p:
         assert p.service.zygote is not None
         p.service.zygote.python = "/no/such/python"  # the zygote cannot start: instances start as new processes
@@ -150,14 +149,10 @@ def test_a_dead_zygote_is_started_again_and_one_that_cannot_start_leaves_instanc
 
 
 def test_the_platform_can_be_told_to_start_every_instance_as_a_new_process(shm_root: Path, bundles) -> None:
-    with LocalPlatform(PlatformConfig.from_env({"FLATPACK_PLATFORM_ZYGOTE": "0"}, port=0, shm_dir=shm_root,
-                                               cpu_limit="off")) as p:
-        d = deploy_bundle(p.client, bundles.tiny, shm_dir=shm_root, transport="inline")
-        try:
-            np.testing.assert_array_equal(_invoke(p, d, "worker-1"), Y)
-            assert _instance(p, d.names["worker-1"])["forked"] is False and p.client.health()["zygote"] is None
-        finally:
-            d.remove()
+    config = PlatformConfig.from_env({"FLATPACK_PLATFORM_ZYGOTE": "0"}, port=0, shm_dir=shm_root, cpu_limit="off")
+    with _tiny_on(shm_root, bundles, config) as (p, d):
+        np.testing.assert_array_equal(_invoke(p, d, "worker-1"), Y)
+        assert _instance(p, d.names["worker-1"])["forked"] is False and p.client.health()["zygote"] is None
 
 
 @pytest.fixture
@@ -206,26 +201,22 @@ def test_no_other_process_can_reach_the_zygote(shm_root: Path, bundles) -> None:
     """The attack: another local user connects to the zygote and has it fork a process into the platform's
     cgroups with an environment of their choosing. There is nothing to connect to: its only socket is one end
     of a socket pair, with no address on the file system or in the abstract namespace."""
-    with LocalPlatform(PlatformConfig(port=0, shm_dir=shm_root, cpu_limit="off")) as p:
-        d = deploy_bundle(p.client, bundles.tiny, shm_dir=shm_root, transport="inline")
-        try:
-            _invoke(p, d, "worker-1")
-            zpid = p.client.health()["zygote"]["pid"]
-            inodes = set()
-            for fd in Path(f"/proc/{zpid}/fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("socket:["):
-                    inodes.add(target[len("socket:["):-1])
-            assert inodes, "the zygote holds its socket"
-            named = {}
-            for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
-                f = line.split()
-                if f[6] in inodes:
-                    named[f[6]] = f[7] if len(f) > 7 else ""
-            assert set(named) == inodes and not any(named.values()), named
-            # nor does it listen: a SOCK_SEQPACKET pair is connected from birth (state 03, SS_CONNECTED)
-        finally:
-            d.remove()
+    with _tiny_on(shm_root, bundles) as (p, d):
+        _invoke(p, d, "worker-1")
+        zpid = p.client.health()["zygote"]["pid"]
+        inodes = set()
+        for fd in Path(f"/proc/{zpid}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+        assert inodes, "the zygote holds its socket"
+        named = {}
+        for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+            f = line.split()
+            if f[6] in inodes:
+                named[f[6]] = f[7] if len(f) > 7 else ""
+        assert set(named) == inodes and not any(named.values()), named
+        # nor does it listen: a SOCK_SEQPACKET pair is connected from birth (state 03, SS_CONNECTED)
 
 
 def test_bench_coldstart_compares_forked_and_new_interpreter_starts_in_one_run() -> None:

@@ -18,11 +18,15 @@ __all__ = ["mopar_cmd"]
 @click.option("--platform", "platform", default="local", show_default=True,
               help="The platform the local platform emulates, by profile name: local (Lambda's CPU model, CPU "
                    "follows memory) or openfaas (CPU per function, apart from memory: MOPAR's testbed).")
-@click.option("--rounds", type=int, default=20, show_default=True, help="Interleaved requests per plan.")
+@click.option("--rounds", type=int, default=None,
+              help="Interleaved requests per plan, at least (default: 60 where CPU is per function; 20 where it "
+                   "follows memory, whose 128 MB functions take seconds a request). A fast model gets more, up "
+                   "to 10x, until its requests add up to 3 s: MC is a mean of billed times, and on a shared "
+                   "host the odd request that waits out a busy moment moves a short run's mean.")
 @click.option("--quick", is_flag=True, help="A tiny run: vgg16/w8@64 (unless --model is given), 5 rounds.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also save the JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int, quick: bool, out: Path | None,
+def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int | None, quick: bool, out: Path | None,
               as_json: bool) -> None:
     """MOPAR's plan against Unsplit and Uniform slicing, live on the local platform with each function's CPU
     emulated as --platform sells it: billed GB-s per request (MC), memory utilisation and p50, with the MC the
@@ -32,12 +36,14 @@ def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int, quick: bool, 
     from platforms import load_profile
     from serving.console import status
 
-    if rounds < 1:
+    if rounds is not None and rounds < 1:
         raise click.BadParameter(f"{rounds}: give at least 1 round", param_hint="--rounds")
     try:
-        load_profile(platform)
+        per_function = load_profile(platform).cpu.per_function
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--platform") from e
+    if rounds is None:
+        rounds = 60 if per_function else 20
     specs = tuple(_spec(m) for m in models) or (QUICK_MODELS if quick else default_models(platform))
     n = min(rounds, 5) if quick else rounds
     with status("bench mopar") as say:
@@ -45,7 +51,7 @@ def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int, quick: bool, 
     doc = {"page": "mopar" if platform == "local" else f"mopar-{platform}", "platform": platform,
            "cpu_model": cpu.get("cpu_model", "follows_memory"), "cpu_limit": cpu.get("cpu_limit"),
            "cpu": cpu, "machine": machine(), "rounds": n, "rows": [r.to_json() for r in result],
-           "targets": [t.to_json() for t in targets(result, per_function=load_profile(platform).cpu.per_function)]}
+           "targets": [t.to_json() for t in targets(result, per_function=per_function)]}
     if emit(doc, out=out, as_json=as_json):
         return
     from rich.table import Table

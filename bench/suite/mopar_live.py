@@ -20,6 +20,7 @@ another moment, and on a shared host the machine's speed moves by 10-20 % betwee
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -29,8 +30,8 @@ from typing import Any
 
 from bench.suite.config import ModelSpec, label, model_path
 
-__all__ = ["DLRM", "MODELS", "QUICK_MODELS", "MoparRow", "default_models", "plans_of", "predicted_gb_s", "rows",
-           "same_plans", "targets"]
+__all__ = ["DLRM", "MODELS", "QUICK_MODELS", "MoparRow", "default_models", "plans_of", "predicted_billed",
+           "predicted_gb_s", "rounds_for", "rows", "same_plans", "targets"]
 
 # sizes that need more than the smallest function (128 MB), so that memory per slice could matter, and whose
 # unsplit request takes 0.1-2 s at the CPU share that memory buys (0.1-0.3 vCPU), on 2 cores
@@ -56,6 +57,7 @@ class MoparRow:
     stages: list[str]
     errors: int
     cpu_model: str = "follows_memory"
+    rounds: int = 0  # the model's measured rounds (:func:`rounds_for`)
     compute: str = ""  # where the prediction's unit times come from (scaled to the reference timed beside)
     # the platform's count over the measured rounds: a function that failed (killed for memory, say) and was
     # retried answers the client, so ``errors`` does not show it, but its cold start is in the latency
@@ -64,6 +66,8 @@ class MoparRow:
     # per function of the plan, from the meter over the measured rounds: its memory and its billed ms per
     # request (where a row's MC departs from its prediction, this says which function's time it is)
     billed: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the same per function as the model predicts it (:func:`predicted_billed`)
+    predicted_billed: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {k: round(v, 8) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -89,6 +93,25 @@ def predicted_gb_s(pm: Any, choices: Sequence[Any], master_mb: int) -> float:
     invocations = 1 + sum(pm.option(c, master_mb).invocations for c in choices)
     p = pm.platform
     return (est.cost_usd - invocations * p.price_request) / p.price_gb_s
+
+
+def predicted_billed(pm: Any, choices: Sequence[Any], master_mb: int) -> dict[str, dict[str, float]]:
+    """The model's :func:`billed_per_function`: per function of the plan (named as the exporter names them),
+    its memory and billed ms per request. A stage's parts share its workers' billed time equally; the master
+    is billed the rest of :func:`predicted_gb_s`."""
+    out: dict[str, dict[str, float]] = {}
+    workers_gb_ms = 0.0
+    for i, c in enumerate(choices):
+        oc = pm.option(c, master_mb)
+        if not oc.invocations:
+            continue
+        mb = c.worker_mb or master_mb
+        workers_gb_ms += oc.worker_gb_ms
+        each = oc.worker_gb_ms * 1024.0 / mb / oc.invocations
+        for j in range(oc.invocations):
+            out[f"s{i:02d}-p{j:02d}"] = {"memory_mb": float(mb), "billed_ms": round(each, 3)}
+    master_ms = (predicted_gb_s(pm, choices, master_mb) * 1e3 - workers_gb_ms) * 1024.0 / master_mb
+    return {"master": {"memory_mb": float(master_mb), "billed_ms": round(master_ms, 3)}, **out}
 
 
 def plans_of(pm: Any) -> dict[str, tuple[list[Any], int]]:
@@ -126,6 +149,22 @@ def default_models(platform: str) -> tuple[ModelSpec, ...]:
     return MODELS if load_profile(platform).cpu.per_function else (*MODELS, DLRM)
 
 
+#: the requests' time each plan is measured for at least: MC is a mean of billed times, and a fast model's
+#: few rounds leave it to the odd request that waited out a busy moment (the DLRM's 2 ms requests: its MC
+#: moved by a third between two runs of 20 rounds)
+MEASURED_MS = 3000.0
+MAX_ROUNDS_FACTOR = 10
+
+
+def rounds_for(pm: Any, unsplit: tuple[Sequence[Any], int], rounds: int) -> int:
+    """The rounds a model is measured for: at least ``rounds``, and as many more as make its unsplit plan's
+    predicted requests :data:`MEASURED_MS` long, up to :data:`MAX_ROUNDS_FACTOR` times ``rounds``."""
+    choices, mb = unsplit
+    ms = pm.estimate(choices, mb).latency_ms
+    wanted = math.ceil(MEASURED_MS / ms) if ms > 0 else rounds
+    return max(rounds, min(MAX_ROUNDS_FACTOR * rounds, wanted))
+
+
 #: the whole model at one vCPU, deployed beside the three plans and timed between their requests
 REFERENCE = "reference"
 
@@ -144,19 +183,32 @@ def _reference_mb(pm: Any, unsplit: tuple[Sequence[Any], int]) -> int | None:
     return mb if need <= mb else None
 
 
-def _scaled(pm: Any, ref: Any) -> tuple[Any, str]:
-    """``pm`` with its one-thread unit times scaled to the reference's compute (its handler's stage time,
-    median over the rounds), as ``bench perfmodel`` and ``bench lo`` scale theirs: the unit profile is taken
-    in this process at another moment, and on a shared host the machine's speed drifts by more than the
-    model's error between the two. The plans are those made before; only their prediction uses the scale."""
+def _scaled(pm: Any, ref: Any, rounds: int) -> tuple[Any, Any, str]:
+    """``pm`` with its one-thread unit times scaled to the reference's compute (its handler's stage time over
+    the measured rounds), as ``bench perfmodel`` and ``bench lo`` scale theirs: the unit profile is taken in
+    this process at another moment, and on a shared host the machine's speed drifts by more than the model's
+    error between the two. The plans are those made before; only their prediction uses the scale.
+
+    Two models: one scaled to the reference's median, for the p50 it predicts; one to its mean, for the MC,
+    which is a mean (the meter's billed time over the rounds). On a loaded 2-core VM a request now and then
+    waits out a burst of the hypervisor's steal, and every function computing then is billed for it: a
+    median-scaled model predicted the mean's MC 7 % low even on the unsplit plan, its own reference."""
     from partitioner.perfmodel import PerfModel
     from partitioner.planner import scale_to_whole
 
-    times = [t["stage0_ms"] for t in (ref.timings if ref is not None else []) if "stage0_ms" in t]
+    # the measured rounds' timings only: the warm-up's first requests are slower, and would move the mean
+    timings = (ref.timings if ref is not None else [])[-rounds:]
+    times = [t["stage0_ms"] for t in timings if "stage0_ms" in t]
     if not times:
-        return pm, "measured profile, unscaled (the model does not fit one vCPU: no reference)"
-    cm, note = scale_to_whole(pm.compute, {1: float(statistics.median(times))})
-    return PerfModel(pm.lg, pm.platform, cm, transport=pm.transport, cpu=pm.cpu), f"measured profile, {note}"
+        return pm, pm, "measured profile, unscaled (the model does not fit one vCPU: no reference)"
+    median, mean = float(statistics.median(times)), float(statistics.fmean(times))
+
+    def at(whole_ms: float) -> tuple[Any, str]:
+        cm, note = scale_to_whole(pm.compute, {1: whole_ms})
+        return PerfModel(pm.lg, pm.platform, cm, transport=pm.transport, cpu=pm.cpu), note
+
+    (p50_pm, note), (mc_pm, _) = at(median), at(mean)
+    return p50_pm, mc_pm, f"measured profile, {note}; for MC to its mean, x{mean / median:.2f} the median"
 
 
 def _export(lg: Any, choices: Sequence[Any], master_mb: int, out: Path, platform: str) -> Path:
@@ -219,9 +271,10 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 if ref_mb is not None:
                     whole = _export(lg, plans["unsplit"][0], ref_mb, work / f"ref-{slug}", platform)
                     targets[REFERENCE] = st.deploy(whole, REFERENCE, keep_timings=True)
-                say(f"{name}: {rounds} interleaved rounds")
-                samples, usage, _ = interleaved(targets, pool, rounds)
-            pm, compute = _scaled(pm, targets.get(REFERENCE))
+                n = rounds_for(pm, plans["unsplit"], rounds)
+                say(f"{name}: {n} interleaved rounds")
+                samples, usage, _ = interleaved(targets, pool, n)
+            pm, mc_pm, compute = _scaled(pm, targets.get(REFERENCE), n)
             for k, twin in same.items():
                 samples[k], usage[k], bundles[k] = samples[twin], usage[twin], bundles[twin]
             for k in PLANS:
@@ -230,11 +283,12 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 out.append(MoparRow(
                     model=name, plan=k, slices=len(ch), functions=len(fns),
                     mc_gb_s=usage[k].mc_gb_s_per_request, memory_utilisation=usage[k].memory_utilisation,
-                    p50_ms=p50(samples[k]), predicted_mc_gb_s=predicted_gb_s(pm, ch, mb),
+                    p50_ms=p50(samples[k]), predicted_mc_gb_s=predicted_gb_s(mc_pm, ch, mb),
                     predicted_p50_ms=pm.estimate(ch, mb).latency_ms, stages=[str(c) for c in ch],
                     errors=bad(samples[k]), cpu_model=cpu_model, compute=compute,
                     function_errors=usage[k].function_errors, cold_starts=usage[k].cold_starts,
-                    billed=billed_per_function(usage[k].functions, rounds, fns)))
+                    billed=billed_per_function(usage[k].functions, n, fns), rounds=n,
+                    predicted_billed=predicted_billed(mc_pm, ch, mb)))
             say(f"{name}: MC mopar {out[-3].mc_gb_s:.5f} vs unsplit {out[-2].mc_gb_s:.5f} GB-s")
     return out, cpu
 

@@ -3,6 +3,8 @@ the billed GB-s the performance model predicts for each."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from bench.suite.mopar_live import plans_of, predicted_gb_s
@@ -106,8 +108,9 @@ def test_a_plan_that_is_the_unsplit_one_is_measured_once() -> None:
 
 def test_predictions_are_scaled_to_the_reference_timed_beside_the_plans() -> None:
     """The reference is a function of one vCPU (where CPU follows memory, one vCPU's memory; where it is per
-    function, the unsplit function's); its median compute time scales the one-thread unit times, and the
-    prediction says so. Without a reference (the model does not fit one vCPU) nothing is scaled."""
+    function, the unsplit function's); over the measured rounds (not the warm-up before them) its median
+    compute time scales the one-thread unit times for the p50, its mean for the MC (a mean of billed times),
+    and the prediction says so. Without a reference (the model does not fit one vCPU) nothing is scaled."""
     from types import SimpleNamespace
 
     from bench.suite.mopar_live import _reference_mb, _scaled
@@ -118,14 +121,33 @@ def test_predictions_are_scaled_to_the_reference_timed_beside_the_plans() -> Non
     whole = plans_of(pm)["unsplit"]
     assert _reference_mb(pm, whole) == int(local.mb_per_vcpu)
     total = sum(u.get(1, 0.0) for u in pm.compute.unit_ms)
-    ref = SimpleNamespace(timings=[{"stage0_ms": 1.5 * total}, {"stage0_ms": 1.5 * total}, {"other_ms": 1.0}])
-    scaled, note = _scaled(pm, ref)
-    assert sum(u.get(1, 0.0) for u in scaled.compute.unit_ms) == pytest.approx(1.5 * total)
-    assert "x1.50 at 1 thread" in note and scaled.cpu == pm.cpu and scaled.transport == pm.transport
-    assert _scaled(pm, None) == (pm, "measured profile, unscaled (the model does not fit one vCPU: no reference)")
+    warm_up = [{"stage0_ms": 50 * total}]  # a first request: left out of both
+    measured = [{"stage0_ms": 1.5 * total}, {"stage0_ms": 1.5 * total}, {"stage0_ms": 2.1 * total}]
+    ref = SimpleNamespace(timings=[*warm_up, *measured])
+    p50_pm, mc_pm, note = _scaled(pm, ref, rounds=3)
+    assert sum(u.get(1, 0.0) for u in p50_pm.compute.unit_ms) == pytest.approx(1.5 * total)
+    assert sum(u.get(1, 0.0) for u in mc_pm.compute.unit_ms) == pytest.approx(1.7 * total)
+    assert "x1.50 at 1 thread" in note and "for MC to its mean, x1.13 the median" in note
+    assert p50_pm.cpu == mc_pm.cpu == pm.cpu and p50_pm.transport == mc_pm.transport == pm.transport
+    assert _scaled(pm, None, rounds=3) == (pm, pm, "measured profile, unscaled (the model does not fit one vCPU: "
+                                                    "no reference)")
     openfaas = load_profile("openfaas")
     per_function = PerfModel(lg, PlatformFacts.from_profile(openfaas), transport="shm", cpu=openfaas.cpu)
     assert _reference_mb(per_function, (plans_of(per_function)["unsplit"][0], 300)) == 300
+
+
+def test_a_fast_model_is_measured_for_more_rounds_up_to_a_bound() -> None:
+    """Rounds enough that the unsplit plan's predicted requests add up to MEASURED_MS, never fewer than asked
+    and at most MAX_ROUNDS_FACTOR times that."""
+    from bench.suite.mopar_live import MAX_ROUNDS_FACTOR, MEASURED_MS, rounds_for
+
+    lg = LayerGraph.load(conv_stack(CNN, cin=3, h=64, w=64))
+    pm = PerfModel(lg, PlatformFacts.from_profile(load_profile("local")), transport="shm")
+    whole = plans_of(pm)["unsplit"]
+    ms = pm.estimate(*whole).latency_ms
+    n = rounds_for(pm, whole, 1)
+    assert n == min(MAX_ROUNDS_FACTOR, max(1, math.ceil(MEASURED_MS / ms)))
+    assert rounds_for(pm, whole, 10_000) == 10_000  # requests enough already
 
 
 def test_the_issues_targets_are_judged_on_the_rows_and_a_model_not_run_fails_its_target() -> None:

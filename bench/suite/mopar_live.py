@@ -31,7 +31,7 @@ from typing import Any
 from bench.suite.config import ModelSpec, label, model_path
 
 __all__ = ["DLRM", "MODELS", "QUICK_MODELS", "MoparRow", "default_models", "plans_of", "predicted_billed",
-           "predicted_gb_s", "rounds_for", "rows", "same_plans", "targets"]
+           "predicted_gb_s", "request_tail", "rounds_for", "rows", "same_plans", "targets"]
 
 # sizes that need more than the smallest function (128 MB), so that memory per slice could matter, and whose
 # unsplit request takes 0.1-2 s at the CPU share that memory buys (0.1-0.3 vCPU), on 2 cores
@@ -183,29 +183,43 @@ def _reference_mb(pm: Any, unsplit: tuple[Sequence[Any], int]) -> int | None:
     return mb if need <= mb else None
 
 
-def _scaled(pm: Any, ref: Any, rounds: int) -> tuple[Any, Any, str]:
-    """``pm`` with its one-thread unit times scaled to the reference's compute (its handler's stage time over
-    the measured rounds), as ``bench perfmodel`` and ``bench lo`` scale theirs: the unit profile is taken in
-    this process at another moment, and on a shared host the machine's speed drifts by more than the model's
-    error between the two. The plans are those made before; only their prediction uses the scale.
+def request_tail(samples: Mapping[str, Sequence[Any]]) -> float:
+    """How much longer the mean request is than the median one, over every deployment of a model's run:
+    the sum of their mean latencies over the sum of their medians (1 where none answered)."""
+    means = medians = 0.0
+    for xs in samples.values():
+        ok = [x.latency_ms for x in xs if x.ok]
+        if ok:
+            means += statistics.fmean(ok)
+            medians += statistics.median(ok)
+    return means / medians if medians > 0 else 1.0
 
-    Two models: one scaled to the reference's median, for the p50 it predicts; one for the MC, which is a
-    mean (the meter's billed time over the rounds). On a loaded 2-core VM a request now and then waits out a
-    burst of the hypervisor's steal, and every function computing then is billed for it. Where CPU is per
-    function every function computes with the reference's one vCPU, and sees its tail: the MC's model is
-    scaled to the reference's mean (a median-scaled one predicted the unsplit plan, the reference's twin,
-    7 % low). Where CPU follows memory the plans' functions compute at fractions of a core, whose quota
-    leaves them idle most of each period, and a burst mostly falls there: the reference's mean (x1.11 its
-    median) put the 128-512 MB rows 10-26 % high, so both models take the median."""
+
+def _scaled(pm: Any, ref: Any, rounds: int, tail: float = 1.0) -> tuple[Any, Any, str]:
+    """``pm`` with its one-thread unit times scaled to the reference's compute (its handler's median stage
+    time over the measured rounds), as ``bench perfmodel`` and ``bench lo`` scale theirs: the unit profile is
+    taken in this process at another moment, and on a shared host the machine's speed drifts by more than the
+    model's error between the two. The plans are those made before; only their prediction uses the scale.
+
+    Two models: one for the p50 it predicts; one for the MC, which is a mean (the meter's billed time over
+    the rounds). On a loaded 2-core VM a request now and then waits out a burst of the hypervisor's steal,
+    and every function computing then is billed for it. Where CPU is per function every function computes
+    with one vCPU, as the reference does, and sees that tail: the MC's model is scaled further by ``tail``,
+    the run's mean request over its median (:func:`request_tail`; a median-scaled model predicted the
+    unsplit plan, the reference's twin, 7 % low; the reference's own mean, 60-150 requests, moved the
+    unsplit rows by up to 10 % from run to run, where all the deployments' requests together are 4 times
+    as many). Where CPU follows memory the plans' functions compute at fractions of a core, whose quota
+    leaves them idle most of each period, and a burst mostly falls there: a one-vCPU reference's tail
+    (x1.11) put the 128-512 MB rows 10-26 % high, so both models are the median's."""
     from partitioner.perfmodel import PerfModel
     from partitioner.planner import scale_to_whole
 
-    # the measured rounds' timings only: the warm-up's first requests are slower, and would move the mean
+    # the measured rounds' timings only: the warm-up's first requests are slower
     timings = (ref.timings if ref is not None else [])[-rounds:]
     times = [t["stage0_ms"] for t in timings if "stage0_ms" in t]
     if not times:
         return pm, pm, "measured profile, unscaled (the model does not fit one vCPU: no reference)"
-    median, mean = float(statistics.median(times)), float(statistics.fmean(times))
+    median = float(statistics.median(times))
 
     def at(whole_ms: float) -> tuple[Any, str]:
         cm, note = scale_to_whole(pm.compute, {1: whole_ms})
@@ -214,8 +228,8 @@ def _scaled(pm: Any, ref: Any, rounds: int) -> tuple[Any, Any, str]:
     p50_pm, note = at(median)
     if not pm.cpu.per_function:
         return p50_pm, p50_pm, f"measured profile, {note}"
-    mc_pm, _ = at(mean)
-    return p50_pm, mc_pm, f"measured profile, {note}; for MC to its mean, x{mean / median:.2f} the median"
+    mc_pm, _ = at(median * tail)
+    return p50_pm, mc_pm, f"measured profile, {note}; for MC x{tail:.2f} more, the requests' mean over median"
 
 
 def _export(lg: Any, choices: Sequence[Any], master_mb: int, out: Path, platform: str) -> Path:
@@ -281,7 +295,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 n = rounds_for(pm, plans["unsplit"], rounds)
                 say(f"{name}: {n} interleaved rounds")
                 samples, usage, _ = interleaved(targets, pool, n)
-            pm, mc_pm, compute = _scaled(pm, targets.get(REFERENCE), n)
+            pm, mc_pm, compute = _scaled(pm, targets.get(REFERENCE), n, request_tail(samples))
             for k, twin in same.items():
                 samples[k], usage[k], bundles[k] = samples[twin], usage[twin], bundles[twin]
             for k in PLANS:

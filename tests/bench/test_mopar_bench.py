@@ -110,9 +110,9 @@ def test_predictions_are_scaled_to_the_reference_timed_beside_the_plans() -> Non
     """The reference is a function of one vCPU (where CPU follows memory, one vCPU's memory; where it is per
     function, the unsplit function's). Over the measured rounds (not the warm-up before them) its median
     compute time scales the one-thread unit times for the p50, and the MC too where CPU follows memory; where
-    CPU is per function, every function has the reference's vCPU and its tail, and the MC (a mean of billed
-    times) is scaled to the reference's mean. The prediction says so; without a reference (the model does
-    not fit one vCPU) nothing is scaled."""
+    CPU is per function every function has the reference's vCPU and the run's tail, and the MC's model (a
+    mean of billed times) is scaled by that tail too. The prediction says so; without a reference (the model
+    does not fit one vCPU) nothing is scaled."""
     from types import SimpleNamespace
 
     from bench.suite.mopar_live import _reference_mb, _scaled
@@ -123,10 +123,10 @@ def test_predictions_are_scaled_to_the_reference_timed_beside_the_plans() -> Non
     whole = plans_of(pm)["unsplit"]
     assert _reference_mb(pm, whole) == int(local.mb_per_vcpu)
     total = sum(u.get(1, 0.0) for u in pm.compute.unit_ms)
-    warm_up = [{"stage0_ms": 50 * total}]  # a first request: left out of both
+    warm_up = [{"stage0_ms": 50 * total}]  # a first request: left out
     measured = [{"stage0_ms": 1.5 * total}, {"stage0_ms": 1.5 * total}, {"stage0_ms": 2.1 * total}]
     ref = SimpleNamespace(timings=[*warm_up, *measured])
-    p50_pm, mc_pm, note = _scaled(pm, ref, rounds=3)
+    p50_pm, mc_pm, note = _scaled(pm, ref, rounds=3, tail=1.2)
     assert sum(u.get(1, 0.0) for u in p50_pm.compute.unit_ms) == pytest.approx(1.5 * total)
     assert mc_pm is p50_pm and "x1.50 at 1 thread" in note and "mean" not in note
     assert p50_pm.cpu == pm.cpu and p50_pm.transport == pm.transport
@@ -136,10 +136,24 @@ def test_predictions_are_scaled_to_the_reference_timed_beside_the_plans() -> Non
     openfaas = load_profile("openfaas")
     per_function = PerfModel(lg, PlatformFacts.from_profile(openfaas), transport="shm", cpu=openfaas.cpu)
     assert _reference_mb(per_function, (plans_of(per_function)["unsplit"][0], 300)) == 300
-    p50_pm, mc_pm, note = _scaled(per_function, ref, rounds=3)
+    p50_pm, mc_pm, note = _scaled(per_function, ref, rounds=3, tail=1.2)
     assert sum(u.get(1, 0.0) for u in p50_pm.compute.unit_ms) == pytest.approx(1.5 * total)
-    assert sum(u.get(1, 0.0) for u in mc_pm.compute.unit_ms) == pytest.approx(1.7 * total)
-    assert "for MC to its mean, x1.13 the median" in note and mc_pm.cpu == per_function.cpu
+    assert sum(u.get(1, 0.0) for u in mc_pm.compute.unit_ms) == pytest.approx(1.8 * total)
+    assert "for MC x1.20 more" in note and mc_pm.cpu == per_function.cpu
+
+
+def test_the_request_tail_is_every_deployments_mean_over_median_and_leaves_failures_out() -> None:
+    from types import SimpleNamespace
+
+    from bench.suite.mopar_live import request_tail
+
+    def run(*ms: float, failed: int = 0) -> list[SimpleNamespace]:
+        return ([SimpleNamespace(latency_ms=m, ok=True) for m in ms]
+                + [SimpleNamespace(latency_ms=1e6, ok=False)] * failed)
+
+    samples = {"a": run(10, 10, 40, failed=2), "b": run(20, 20, 20), "none": run(failed=1)}
+    assert request_tail(samples) == pytest.approx((20 + 20) / (10 + 20))
+    assert request_tail({}) == 1.0
 
 
 def test_a_fast_model_is_measured_for_more_rounds_up_to_a_bound() -> None:

@@ -294,24 +294,16 @@ class PerfModel:
         n = len(parts.theirs)
         workers = self._workers_at(parts, key, worker_mb, first, last)
         # CPU contention on a shared machine: the parts running at once share its cores
-        displaced = 0.0
         if p.shared_host:
             # each part is entitled to its share; only when the shares add up to more than this machine's
             # cores do they slow each other down (the scale model no longer holds: the platform reports it)
             demand = (v_master if mine is not None else 0.0) + n * self._cpu(worker_mb)
-            room = max(1.0, p.host_cores - p.reserve_cores)
-            slow = max(1.0, demand / room)
-            if n and n + (mine is not None) >= 2 and demand >= room - 1e-9:
-                # Parts that take every core leave none for the platform's own work on the stage's
-                # invocations (forwarding each request and reply, the invoke path): it runs on their cores,
-                # and each part waits its share of it. Two one-vCPU parts on a 2-vCPU VM ran 1.5-2.5 ms each
-                # past the shared rate alone, about one invoke latency; parts that leave a core free did not.
-                displaced = n * p.invoke.mean / p.host_cores
+            slow = max(1.0, demand / max(1.0, p.host_cores - p.reserve_cores))
         else:
             slow = 1.0
         # a codec's time is one thread's: stretched below one vCPU, not sped up above it
         t_master = ((c.part_time(first, last, mine.flops, v_master) + parts.codec_ms * cpu_stretch(v_master)) * slow
-                    + displaced if mine is not None else 0.0)
+                    if mine is not None else 0.0)
         # A function's own handling (decoding, encoding, the master's slicing and joining, and on one host the
         # shared-memory copies) is CPU work too. How a CPU share slows it down depends on who does it:
         # - a worker computes from the moment it is invoked to its reply, so all its work runs at its share
@@ -323,13 +315,13 @@ class PerfModel:
         cpu_m = cpu_stretch(v_master)
         worker_fixed = workers.fixed
         worst: float | None = None
-        if slow == 1.0 and not displaced:  # the workers' figures at their memory, as kept
+        if slow == 1.0:  # the workers' figures at their memory, as kept
             worker_compute = workers.compute
             slowest, billed = workers.slowest, workers.billed_ms
             if n:
                 worst = self._workers_worst(workers, parts)
         else:
-            worker_compute = tuple(t * slow + displaced for t in workers.compute)
+            worker_compute = tuple(t * slow for t in workers.compute)
             worker_ms = [f + t for f, t in zip(worker_fixed, worker_compute, strict=True)]
             slowest = max(worker_ms, default=0.0)
             extra = self.billed_extra_ms()

@@ -23,7 +23,8 @@ __all__ = ["mopar_cmd"]
                    "follows memory, whose 128 MB functions take seconds a request). A fast model gets more, up "
                    "to 10x, until its requests add up to 3 s: MC is a mean of billed times, and on a shared "
                    "host the odd request that waits out a busy moment moves a short run's mean.")
-@click.option("--quick", is_flag=True, help="A tiny run: vgg16/w8@64 (unless --model is given), 5 rounds.")
+@click.option("--quick", is_flag=True, help="A tiny run: vgg16/w8@64 (unless --model is given), 5 rounds (a fast "
+              "model more, as --rounds says).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also save the JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int | None, quick: bool, out: Path | None,

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from partitioner.perf.compute import FUNCTION_RUNTIME_MB, ComputeModel
 from partitioner.perf.model import PerfModel, PlanEstimate
-from partitioner.perf.options import CutCodec, CutCodecs, OptionCost, OptionFloors, StageChoice
+from partitioner.perf.options import NO_RELAY, CutCodec, CutCodecs, OptionCost, OptionFloors, Relay, StageChoice
 from partitioner.perf.platform import HOST_RESERVE_CORES, PlatformFacts, cpu_stretch
 from platforms import ExGauss
 
 __all__ = [
     "FUNCTION_RUNTIME_MB",
     "HOST_RESERVE_CORES",
+    "NO_RELAY",
     "ComputeModel",
     "CutCodec",
     "CutCodecs",
@@ -27,6 +28,7 @@ __all__ = [
     "PerfModel",
     "PlanEstimate",
     "PlatformFacts",
+    "Relay",
     "StageChoice",
     "cpu_stretch",
 ]

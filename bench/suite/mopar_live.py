@@ -101,8 +101,8 @@ def predicted_billed(pm: Any, choices: Sequence[Any], master_mb: int) -> dict[st
     is billed the rest of :func:`predicted_gb_s`."""
     out: dict[str, dict[str, float]] = {}
     workers_gb_ms = 0.0
-    for i, c in enumerate(choices):
-        oc = pm.option(c, master_mb)
+    for i, (c, relay) in enumerate(zip(choices, pm.relays(choices), strict=True)):
+        oc = pm.option(c, master_mb, relay=relay)
         if not oc.invocations:
             continue
         mb = c.worker_mb or master_mb

@@ -33,8 +33,10 @@ from partitioner.live import LiveCorrection
 from partitioner.parts import PartCost, StageCosts
 from partitioner.perf.compute import ComputeModel
 from partitioner.perf.options import (
+    NO_RELAY,
     OptionCost,
     OptionFloors,
+    Relay,
     StageChoice,
     _corrected,
     _StageParts,
@@ -136,9 +138,10 @@ class PerfModel:
         self.transport = transport
         self._costs: dict[tuple[int, int, Split], list[PartCost] | None] = {}
         self._stage_costs = StageCosts(lg)
-        self._options: dict[tuple[StageChoice, int], OptionCost | None] = {}
+        # keyed by (choice, master memory), and the relay where there is one (:meth:`relays`)
+        self._options: dict[tuple, OptionCost | None] = {}
         # a master-free choice's figures (workers only, of their own memory) before any live correction
-        self._free: dict[StageChoice, OptionCost | None] = {}
+        self._free: dict[StageChoice | tuple[StageChoice, Relay], OptionCost | None] = {}
         self._live_factors: dict[int, float] = {}
         # what _option shares between a choice's memories: its parts' figures (None: not admissible), its
         # workers' figures per worker memory, the CPU per function memory
@@ -208,28 +211,34 @@ class PerfModel:
         live correction, which depends on the master's memory)."""
         return not choice.master_part and bool(choice.worker_mb) and not self.live
 
-    def option(self, choice: StageChoice, master_mb: int, *, memo: bool = True) -> OptionCost | None:
+    def option(self, choice: StageChoice, master_mb: int, *, memo: bool = True,
+               relay: Relay = NO_RELAY) -> OptionCost | None:
         """The model's figures for one stage choice (memoised per choice and master memory; once for every
         master where :meth:`master_free`). ``memo``: False for figures not worth keeping (a solver's one look
-        at each of many choices): they are looked up, but not kept where not found; the figures are the same."""
-        key = self._key(choice, master_mb)
+        at each of many choices): they are looked up, but not kept where not found; the figures are the same.
+        ``relay``: what its neighbours in a plan let it skip (:meth:`relays`); alone, a stage moves its edge
+        tensors through the master."""
+        key: tuple = self._key(choice, master_mb)
+        fkey: StageChoice | tuple[StageChoice, Relay] = choice
+        if relay != NO_RELAY:
+            key, fkey = (*key, relay), (choice, relay)
         hit = self._options.get(key, _MISSING)
         if hit is _MISSING:
             free = not choice.master_part and bool(choice.worker_mb)
-            hit = self._free.get(choice, _MISSING) if free else _MISSING
+            hit = self._free.get(fkey, _MISSING) if free else _MISSING
             if hit is _MISSING:
-                hit = self._option(choice, master_mb)
+                hit = self._option(choice, master_mb, relay)
                 times = self.stage_times
                 if hit is not None and times is not None:
                     rec = times.get(stage_key(choice.first, choice.last, choice.split, choice.master_part,
                                               choice.worker_mb, master_mb))
                     # stages are timed without codecs: a coded stage takes the plain one's measured correction
-                    plain = self._option(choice.plain, master_mb) if choice.plain is not choice else None
+                    plain = self._option(choice.plain, master_mb, relay) if choice.plain is not choice else None
                     hit = with_measured(hit, rec, self._ratio(choice.split.degree),
                                         model_ms=plain.stage_ms if plain is not None else None,
                                         model_cpu_ms=plain.master_cpu_ms if plain is not None else None)
                 if free:  # its figures before the live correction, which depends on the master's memory
-                    self._free[choice] = hit
+                    self._free[fkey] = hit
             if hit is not None and self.live:
                 hit = _corrected(hit, self._live_at(master_mb))
             if memo or self.master_free(choice):  # a master-free choice keeps the figures it was first priced with
@@ -276,15 +285,53 @@ class PerfModel:
         on it (its own part, its CPU, or a live correction), else 0."""
         return choice, (master_mb if choice.master_part or not choice.worker_mb or self.live else 0)
 
-    def model_option(self, choice: StageChoice, master_mb: int) -> OptionCost | None:
+    def model_option(self, choice: StageChoice, master_mb: int, relay: Relay = NO_RELAY) -> OptionCost | None:
         """The model's figures for one stage choice, measurements left out."""
-        return self._option(choice, master_mb)
+        return self._option(choice, master_mb, relay)
 
-    def _option(self, choice: StageChoice, master_mb: int) -> OptionCost | None:
+    def relays(self, choices: Sequence[StageChoice]) -> tuple[Relay, ...]:
+        """Per stage of a plan, what the runtime lets it skip (:class:`Relay`): where a stage of one worker part
+        (it joins nothing) is followed by one only workers run, ``functions.master`` keeps the first's outputs
+        where its worker wrote them and hands the next stage's workers references. A reference serves a part
+        that reads the whole tensor, or any region of it where the transport maps it in place (shared memory);
+        inline, tensors ride in the replies. Anything else the master reads (its own part's input, the
+        request's outputs) it fetches as :meth:`option` prices alone."""
+        out = [NO_RELAY] * len(choices)
+        if self.transport == "inline":
+            return tuple(out)
+        for i in range(len(choices) - 1):
+            a, b = choices[i], choices[i + 1]
+            if a.master_part or a.split.degree != 1 or b.master_part:
+                continue
+            costs = self.part_costs(a.first, a.last, a.split)
+            theirs = self.part_costs(b.first, b.last, b.split)
+            if not costs or not theirs:
+                continue
+            relayed = a.coded(costs[0]).output_bytes
+            if self.transport != "shm" and any(x.input_bytes < relayed for x in theirs):
+                continue  # regions of it: the master reads the tensor and writes each part's region
+            out[i] = Relay(out[i].arrives, True)
+            out[i + 1] = Relay(relayed, out[i + 1].stays)
+        return tuple(out)
+
+    def _relayed(self, parts: _StageParts, relay: Relay) -> _StageParts:
+        """``parts`` less the master's moves ``relay`` skips: the puts of the bytes that arrive by reference
+        (each part still puts the rest of its inputs, a side input say), the gets and the join's copy of
+        outputs that stay."""
+        p = self.platform
+        put = (sum(p.transfer_ms(x.input_bytes - relay.arrives) for x in parts.theirs) if relay.arrives
+               else parts.put)
+        if relay.stays:
+            return replace(parts, put=put, get=0.0, join=self.compute.stage_overhead_ms)
+        return replace(parts, put=put)
+
+    def _option(self, choice: StageChoice, master_mb: int, relay: Relay = NO_RELAY) -> OptionCost | None:
         key = (choice.first, choice.last, choice.split, choice.master_part, choice.decode, choice.encode)
         parts = self._stage_parts(choice, key)
         if parts is None:
             return None
+        if relay != NO_RELAY:
+            parts = self._relayed(parts, relay)
         p = self.platform
         c = self.compute
         first, last = choice.first, choice.last
@@ -559,8 +606,8 @@ class PerfModel:
         of stage quantiles, which is an upper bound)."""
         shapes = []
         cpu = 0.0
-        for ch in choices:
-            oc = self.option(ch, master_mb)
+        for ch, relay in zip(choices, self.relays(choices), strict=True):
+            oc = self.option(ch, master_mb, relay=relay)
             if oc is None or oc.shape is None:
                 raise ValueError(f"stage {ch} is not admissible")
             shapes.append(oc.shape)
@@ -586,11 +633,13 @@ class PerfModel:
         fits = True
         opts = self._options
         live = bool(self.live)
-        for ch in choices:
-            key = (ch, master_mb if ch.master_part or not ch.worker_mb or live else 0)
+        for ch, relay in zip(choices, self.relays(choices), strict=True):
+            key: tuple = (ch, master_mb if ch.master_part or not ch.worker_mb or live else 0)
+            if relay != NO_RELAY:
+                key = (*key, relay)
             oc = opts.get(key, _MISSING)
             if oc is _MISSING:
-                oc = self.option(ch, master_mb)
+                oc = self.option(ch, master_mb, relay=relay)
             if oc is None:
                 return float("inf"), float("inf"), float("inf"), False
             lat += oc.latency_ms
@@ -697,8 +746,8 @@ class PerfModel:
 
     def master_need_mb(self, choices: Sequence[StageChoice], master_mb: int) -> float:
         weights = hold = 0.0
-        for ch in choices:
-            oc = self.option(ch, master_mb)
+        for ch, relay in zip(choices, self.relays(choices), strict=True):
+            oc = self.option(ch, master_mb, relay=relay)
             if oc is None:
                 continue
             weights += oc.master_weights_mb
@@ -719,8 +768,8 @@ class PerfModel:
         inv = 0
         warnings: list[str] = []
         mem: dict[str, float] = {}
-        for i, ch in enumerate(choices):
-            oc = self.option(ch, master_mb)
+        for i, (ch, relay) in enumerate(zip(choices, self.relays(choices), strict=True)):
+            oc = self.option(ch, master_mb, relay=relay)
             if oc is None:
                 raise ValueError(f"stage {i} ({ch}) is not admissible")
             cpu += oc.master_cpu_ms

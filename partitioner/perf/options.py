@@ -16,7 +16,7 @@ from partitioner.tail import (
     StageShape,
 )
 
-__all__ = ["CutCodec", "CutCodecs", "OptionCost", "OptionFloors", "StageChoice"]
+__all__ = ["NO_RELAY", "CutCodec", "CutCodecs", "OptionCost", "OptionFloors", "Relay", "StageChoice"]
 
 @dataclass(frozen=True)
 class CutCodec:
@@ -79,6 +79,20 @@ class StageChoice:
         """``cost`` (the stage's one part) with the bytes its codecs save off its input and output."""
         return replace(cost, input_bytes=cost.input_bytes - (self.decode.saved_bytes if self.decode else 0),
                        output_bytes=cost.output_bytes - (self.encode.saved_bytes if self.encode else 0))
+
+
+@dataclass(frozen=True)
+class Relay:
+    """How a stage's edge tensors skip the master (``functions.master``): a stage of one worker part that
+    joins nothing leaves its outputs in the transport, and a next stage that only workers run reads them by
+    reference. ``arrives``: the bytes of this stage's input that reach its workers so (no put of them);
+    ``stays``: its outputs stay for the next stage's workers (the master neither reads nor joins them)."""
+
+    arrives: int = 0
+    stays: bool = False
+
+
+NO_RELAY = Relay()
 
 
 @dataclass(frozen=True)

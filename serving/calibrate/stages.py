@@ -128,7 +128,8 @@ def stage_records(pm: Any, result: Any, timings: Sequence[Mapping[str, float]]) 
     ``stage{i}_cpu_ms``), beside what ``pm``'s model says of each stage; a warning for stages whose repeats
     disagree."""
     plain = [c.plain for c in result.choices]
-    model = [pm.model_option(c, result.master_mb) for c in plain]
+    # each stage as it ran in this plan: the tensors its neighbours let it leave to the workers (PerfModel.relays)
+    model = [pm.model_option(c, result.master_mb, r) for c, r in zip(plain, pm.relays(plain), strict=True)]
     stage_ms: list[list[float]] = [[] for _ in plain]
     stage_cpu_ms: list[list[float]] = [[] for _ in plain]
     for t in timings:

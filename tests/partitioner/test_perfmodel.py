@@ -354,3 +354,48 @@ def test_each_input_and_output_of_a_request_is_its_own_transfer() -> None:
     inline = PerfModel(LayerGraph.load(four), facts, transport="inline")  # in the HTTP request: no transfers
     assert inline.request_master_cpu_ms() == pytest.approx(
         PerfModel(LayerGraph.load(one), facts, transport="inline").request_master_cpu_ms())
+
+
+def test_a_tensor_one_worker_leaves_for_the_next_stages_workers_never_passes_through_the_master(
+        convs: LayerGraph) -> None:
+    """``functions.master`` keeps a one-worker stage's outputs where its worker wrote them and hands the next
+    stage's workers references (tests/integration/test_master.py: the master fetches only the final tiles). The
+    model prices that plan so: the first stage skips the get and the join's copy, the second the put; the master's
+    CPU and the plan's latency drop by exactly those moves. A master between them, the inline transport, or
+    regions of the tensor over a transport that cannot map them in place move it through the master again."""
+    from partitioner.perfmodel import NO_RELAY, Relay
+
+    facts = PlatformFacts.from_profile(load_profile("local"))
+    cm = ComputeModel.from_flops(convs)
+    pm = PerfModel(convs, facts, cm, transport="shm")
+    last = len(convs.units) - 1
+    slices = [StageChoice(u, u, Split(), False, 1769) for u in range(last + 1)]
+    cut = [convs.units[u].output_bytes for u in range(last)]
+    assert pm.relays(slices) == (Relay(0, True), Relay(cut[0], True), Relay(cut[1], False))
+
+    alone = [pm.option(c, 1769) for c in slices]
+    relayed = [pm.option(c, 1769, relay=r) for c, r in zip(slices, pm.relays(slices), strict=True)]
+    p = pm.platform
+    for u in range(last + 1):
+        a, r = alone[u], relayed[u]
+        assert a is not None and r is not None
+        skipped = 0.0
+        if u < last:  # its output stays: no get, no copy into the join
+            skipped += p.transfer_ms(cut[u]) + cut[u] / (p.memcpy_gb_s * 1e9) * 1e3
+        if u > 0:  # its input arrives by reference: no put
+            skipped += p.transfer_ms(cut[u - 1])
+        assert a.master_cpu_ms - r.master_cpu_ms == pytest.approx(skipped, rel=1e-9)
+        assert a.worker_gb_ms == r.worker_gb_ms  # the workers still read and write it
+    est, whole = pm.estimate(slices, 1769), sum(a.latency_ms for a in alone if a is not None)
+    assert est.latency_ms - pm.request_ms()[0] == pytest.approx(sum(r.latency_ms for r in relayed if r), rel=1e-9)
+    assert est.latency_ms - pm.request_ms()[0] < whole
+    assert pm.evaluate(slices, 1769)[:3] == pytest.approx((est.latency_ms, est.latency_q_ms, est.cost_usd))
+
+    # the master runs the middle stage: it reads the first's output and sends its own
+    mixed = [slices[0], StageChoice(1, 1, Split(), True, 0), slices[2]]
+    assert pm.relays(mixed) == (NO_RELAY,) * 3
+    assert PerfModel(convs, facts, cm, transport="inline").relays(slices) == (NO_RELAY,) * 3
+    # a spatial split's parts read tiles of the tensor: in place from shared memory, not from Redis
+    tiles = [slices[0], StageChoice(1, last, Split("spatial", (2, 1)), False, 1769)]
+    assert pm.relays(tiles)[1].arrives == cut[0]
+    assert PerfModel(convs, facts, cm, transport="redis").relays(tiles) == (NO_RELAY,) * 2

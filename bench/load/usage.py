@@ -32,6 +32,9 @@ def meter_delta(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Map
         row["invocations"] = int(row["invocations"])
         row["errors"] = int(row["errors"])
         row["cold_starts"] = int(row["cold_starts"])
+        kinds = {k: int(n) - int((b.get("errors_by_type") or {}).get(k, 0))
+                 for k, n in (a.get("errors_by_type") or {}).items()}
+        row["errors_by_type"] = {k: n for k, n in kinds.items() if n}
         row["memory_mb"] = int(a.get("memory_mb", 0) or 0)
         row["max_rss_mb"] = float(a.get("max_rss_mb", 0) or 0)
         out[name] = row

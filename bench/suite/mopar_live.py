@@ -62,6 +62,7 @@ class MoparRow:
     # the platform's count over the measured rounds: a function that failed (killed for memory, say) and was
     # retried answers the client, so ``errors`` does not show it, but its cold start is in the latency
     function_errors: int = 0
+    function_error_types: dict[str, int] = field(default_factory=dict)  # by the meter's error type
     cold_starts: int = 0
     # per function of the plan, from the meter over the measured rounds: its memory and its billed ms per
     # request (where a row's MC departs from its prediction, this says which function's time it is)
@@ -71,6 +72,15 @@ class MoparRow:
 
     def to_json(self) -> dict[str, Any]:
         return {k: round(v, 8) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+def error_types(delta: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """A meter delta's failed invocations by error type, over its functions."""
+    out: dict[str, int] = {}
+    for row in delta.values():
+        for kind, n in (row.get("errors_by_type") or {}).items():
+            out[kind] = out.get(kind, 0) + int(n)
+    return dict(sorted(out.items()))
 
 
 def billed_per_function(delta: Mapping[str, Mapping[str, Any]], requests: int, functions: Sequence[str]
@@ -308,6 +318,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                     predicted_p50_ms=pm.estimate(ch, mb).latency_ms, stages=[str(c) for c in ch],
                     errors=bad(samples[k]), cpu_model=cpu_model, compute=compute,
                     function_errors=usage[k].function_errors, cold_starts=usage[k].cold_starts,
+                    function_error_types=error_types(usage[k].functions),
                     billed=billed_per_function(usage[k].functions, n, fns), rounds=n,
                     predicted_billed=predicted_billed(mc_pm, ch, mb)))
             say(f"{name}: MC mopar {out[-3].mc_gb_s:.5f} vs unsplit {out[-2].mc_gb_s:.5f} GB-s")

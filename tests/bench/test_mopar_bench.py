@@ -190,3 +190,21 @@ def test_the_issues_targets_are_judged_on_the_rows_and_a_model_not_run_fails_its
     assert not error.passed and error.detail == "worst bert/w2 mopar: +11.1%"
     follows = {t.target: t for t in targets(rows, per_function=False)}
     assert follows["dlrm splits and its MC is at most 0.7x Unsplit's"].detail == "dlrm not in this run"
+
+
+def test_a_row_counts_its_functions_failures_by_the_meters_error_type() -> None:
+    """The meter's ``errors_by_type`` is cumulative: a run's failures are the difference of two snapshots,
+    summed over the plan's functions (a worker killed for memory and retried shows here, not in ``errors``)."""
+    from bench.load.usage import meter_delta
+    from bench.suite.mopar_live import error_types
+
+    before = {"d-s00-p00": {"invocations": 5, "errors": 1, "errors_by_type": {"OutOfMemory": 1}},
+              "d-master": {"invocations": 5}}
+    after = {"d-s00-p00": {"invocations": 70, "errors": 4, "errors_by_type": {"OutOfMemory": 3, "Timeout": 1}},
+             "d-s01-p00": {"invocations": 60, "errors": 1, "errors_by_type": {"OutOfMemory": 1}},
+             "d-master": {"invocations": 65, "errors": 0, "errors_by_type": {}}}
+    delta = meter_delta(before, after)
+    assert delta["d-s00-p00"]["errors"] == 3 and delta["d-s00-p00"]["errors_by_type"] == {"OutOfMemory": 2,
+                                                                                           "Timeout": 1}
+    assert delta["d-master"]["errors_by_type"] == {}
+    assert error_types(delta) == {"OutOfMemory": 3, "Timeout": 1}

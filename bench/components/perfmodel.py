@@ -497,17 +497,21 @@ def _facts(base: Any, samples: list[float], noop_ms: float, low_samples: list[fl
                                handling_ms=handling_ms(low_samples, samples, MEMORY_MB / LOW_MB))
 
 
+def _meter_rows(local: Any, dep: Any) -> list[dict[str, Any]]:
+    """The platform meter's cumulative rows of a deployment's functions."""
+    rows = local.client.meter()["functions"]
+    return [v for k, v in rows.items() if k in dep.names.values()]
+
+
 def _durations(local: Any, dep: Any) -> tuple[float, int]:
     """Metered duration (ms) and invocations so far of a deployment's functions."""
-    rows = local.client.meter()["functions"]
-    mine = [v for k, v in rows.items() if k in dep.names.values()]
+    mine = _meter_rows(local, dep)
     return sum(v["duration_ms"] for v in mine), sum(v["invocations"] for v in mine)
 
 
 def _cold_starts(local: Any, dep: Any) -> int:
     """Cold starts so far of a deployment's functions, as the platform's meter counts them."""
-    rows = local.client.meter()["functions"]
-    return sum(int(v.get("cold_starts", 0)) for k, v in rows.items() if k in dep.names.values())
+    return sum(int(v.get("cold_starts", 0)) for v in _meter_rows(local, dep))
 
 
 def _peak_rss(local: Any, dep: Any) -> dict[str, float]:
@@ -523,6 +527,5 @@ def _peak_rss(local: Any, dep: Any) -> dict[str, float]:
 
 
 def _billed(local: Any, dep: Any) -> float:
-    rows = local.client.meter()["functions"]
-    return sum(v["billed_gb_s"] for k, v in rows.items() if k in dep.names.values())
+    return sum(v["billed_gb_s"] for v in _meter_rows(local, dep))
 

@@ -111,8 +111,7 @@ def predicted_billed(pm: Any, choices: Sequence[Any], master_mb: int) -> dict[st
     is billed the rest of :func:`predicted_gb_s`."""
     out: dict[str, dict[str, float]] = {}
     workers_gb_ms = 0.0
-    for i, (c, relay) in enumerate(zip(choices, pm.relays(choices), strict=True)):
-        oc = pm.option(c, master_mb, relay=relay)
+    for i, (c, oc) in enumerate(zip(choices, pm.plan_options(choices, master_mb), strict=True)):
         if not oc.invocations:
             continue
         mb = c.worker_mb or master_mb

@@ -314,6 +314,11 @@ class PerfModel:
             out[i + 1] = Relay(relayed, out[i + 1].stays)
         return tuple(out)
 
+    def plan_options(self, choices: Sequence[StageChoice], master_mb: int) -> list[OptionCost | None]:
+        """:meth:`option` of each stage of a plan, as it runs there: with what its neighbours let it skip
+        (:meth:`relays`)."""
+        return [self.option(ch, master_mb, relay=r) for ch, r in zip(choices, self.relays(choices), strict=True)]
+
     def _relayed(self, parts: _StageParts, relay: Relay) -> _StageParts:
         """``parts`` less the master's moves ``relay`` skips: the puts of the bytes that arrive by reference
         (each part still puts the rest of its inputs, a side input say), the gets and the join's copy of
@@ -606,8 +611,7 @@ class PerfModel:
         of stage quantiles, which is an upper bound)."""
         shapes = []
         cpu = 0.0
-        for ch, relay in zip(choices, self.relays(choices), strict=True):
-            oc = self.option(ch, master_mb, relay=relay)
+        for ch, oc in zip(choices, self.plan_options(choices, master_mb), strict=True):
             if oc is None or oc.shape is None:
                 raise ValueError(f"stage {ch} is not admissible")
             shapes.append(oc.shape)
@@ -746,8 +750,7 @@ class PerfModel:
 
     def master_need_mb(self, choices: Sequence[StageChoice], master_mb: int) -> float:
         weights = hold = 0.0
-        for ch, relay in zip(choices, self.relays(choices), strict=True):
-            oc = self.option(ch, master_mb, relay=relay)
+        for oc in self.plan_options(choices, master_mb):
             if oc is None:
                 continue
             weights += oc.master_weights_mb
@@ -768,8 +771,7 @@ class PerfModel:
         inv = 0
         warnings: list[str] = []
         mem: dict[str, float] = {}
-        for i, (ch, relay) in enumerate(zip(choices, self.relays(choices), strict=True)):
-            oc = self.option(ch, master_mb, relay=relay)
+        for i, (ch, oc) in enumerate(zip(choices, self.plan_options(choices, master_mb), strict=True)):
             if oc is None:
                 raise ValueError(f"stage {i} ({ch}) is not admissible")
             cpu += oc.master_cpu_ms

@@ -167,8 +167,8 @@ def print_solution(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
             *(("sends",) if coded else ()))
     for col in cols:
         table.add_column(col, justify="right" if col in ("stage", "parts", "function MB", "latency ms") else "left")
-    for i, (ch, relay) in enumerate(zip(result.choices, pm.relays(result.choices), strict=True)):
-        opt = pm.option(ch, result.master_mb, relay=relay)
+    for i, (ch, opt) in enumerate(zip(result.choices, pm.plan_options(result.choices, result.master_mb),
+                                      strict=True)):
         oc = opt.latency_ms if opt is not None else None
         ops = "+".join(dict.fromkeys(op for u in range(ch.first, ch.last + 1) for op in lg.units[u].ops))
         n = ch.split.degree
@@ -230,10 +230,8 @@ def extrapolated_threads(pm: PerfModel, choice: Any, master_mb: int) -> tuple[in
 
 def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, source: str,
                    pm: PerfModel | None = None) -> dict[str, Any]:
-    from partitioner.perfmodel import NO_RELAY
-
     e = result.estimate
-    relays = pm.relays(result.choices) if pm is not None else (NO_RELAY,) * len(result.choices)
+    options = pm.plan_options(result.choices, result.master_mb) if pm is not None else [None] * len(result.choices)
     return {
         "model": lg.name,
         "mode": request.mode,
@@ -252,9 +250,8 @@ def _solution_json(lg: LayerGraph, result: SolverResult, request: PlanRequest, s
         "memory_mb": e.memory_mb,
         "stages": [{"units": [c.first, c.last], "split": str(c.split), "master_part": c.master_part,
                     "worker_mb": c.worker_mb or result.master_mb, "sends": c.encode.label if c.encode else "raw",
-                    **({"times": times_label(pm, c, pm.option(c, result.master_mb, relay=r), result.master_mb)}
-                       if pm is not None else {})}
-                   for c, r in zip(result.choices, relays, strict=True)],
+                    **({"times": times_label(pm, c, oc, result.master_mb)} if pm is not None else {})}
+                   for c, oc in zip(result.choices, options, strict=True)],
         "autoencoders": [dataclasses.asdict(c.encode) for c in result.choices if c.encode is not None],
         "seconds": result.seconds,
         "max_group": result.max_group,

@@ -375,6 +375,7 @@ def test_a_tensor_one_worker_leaves_for_the_next_stages_workers_never_passes_thr
 
     alone = [pm.option(c, 1769) for c in slices]
     relayed = [pm.option(c, 1769, relay=r) for c, r in zip(slices, pm.relays(slices), strict=True)]
+    assert pm.plan_options(slices, 1769) == relayed
     p = pm.platform
     for u in range(last + 1):
         a, r = alone[u], relayed[u]

@@ -496,8 +496,8 @@ class PerfModel:
         hit = self._dispatch_at.get(master_mb)
         if hit is None:
             points = self.platform.dispatch
-            if points:
-                v = self._cpu(master_mb)
+            if points:  # measured at nominal shares: a master given the same share dispatches as fast
+                v = self._nominal_vcpu(master_mb)
                 hit = float(np.interp(v, [p[0] for p in points], [p[1] for p in points]))
             else:
                 hit = self.compute.dispatch_ms
@@ -513,15 +513,14 @@ class PerfModel:
     def function_vcpu(self, memory_mb: float) -> float:
         """The vCPUs a function of ``memory_mb`` computes with under the platform's CPU model (see
         ``cpu`` in :meth:`__init__`): its memory's share where CPU follows memory, else its own."""
+        return self.platform.share_corrected(self._nominal_vcpu(memory_mb))
+
+    def _nominal_vcpu(self, memory_mb: float) -> float:
+        """The vCPUs a function of ``memory_mb`` is given, before a calibrated share's slow-down."""
         p = self.platform
         if not self.cpu.per_function:
-            return p.vcpu(memory_mb)
-        v = min(float(self.cpu.default_vcpu or 1.0), p.max_vcpu)
-        v = min(v, p.host_cores)
-        if v < 1.0 and p.share_factors:  # a calibrated share's slow-down below one vCPU, as PlatformFacts.vcpu
-            xs, fs = zip(*p.share_factors, strict=True)
-            v /= float(np.interp(v, xs, fs))
-        return v
+            return min(p.max_vcpu, memory_mb / p.mb_per_vcpu)
+        return min(float(self.cpu.default_vcpu or 1.0), p.max_vcpu, p.host_cores)
 
     def _stage_parts(self, choice: StageChoice, key: tuple) -> _StageParts | None:
         """``choice``'s parts' figures (``key``: the choice less its worker memory); None if not admissible."""

@@ -52,8 +52,8 @@ class PlatformFacts:
     quota_factors: tuple[tuple[float, float], ...] = ()
     # calibrated transports: (name, latency ms per put or get, bandwidth MiB/s), measured on the platform
     transfers: tuple[tuple[str, float, float], ...] = ()
-    # calibrated: the master's CPU per worker invocation (ms) as (master vCPU, ms), by vCPU; (): the compute
-    # model's default at every size
+    # calibrated: the master's CPU per worker invocation (ms) as (master's nominal vCPU, ms), by vCPU; (): the
+    # compute model's default at every size
     dispatch: tuple[tuple[float, float], ...] = ()
     # calibrated: a function's CPU per invocation it serves (ms at one vCPU); None: the compute model's default
     handling_ms: float | None = None
@@ -79,7 +79,12 @@ class PlatformFacts:
         calibrated profile's measured slow-down corrects the nominal share (interpolated between the
         calibrated sizes, the nearest one's beyond them): a 512 MB function measured 3.3x slower than one
         vCPU computes with 1/3.3 of a core, not 512/1769."""
-        v = min(self.max_vcpu, memory_mb / self.mb_per_vcpu)
+        return self.share_corrected(min(self.max_vcpu, memory_mb / self.mb_per_vcpu))
+
+    def share_corrected(self, nominal_vcpu: float) -> float:
+        """The CPU a function given ``nominal_vcpu`` computes with: below one vCPU, the nominal share over the
+        calibrated slow-down (``share_factors``); at or above one, or uncalibrated, the nominal share."""
+        v = nominal_vcpu
         if v >= 1.0 or not self.share_factors:
             return v
         xs, fs = zip(*self.share_factors, strict=True)

@@ -264,6 +264,13 @@ def test_dispatch_follows_the_masters_memory_between_the_sizes_measured(convs: L
     assert a is not None and b is not None
     assert b.master_cpu_ms - a.master_cpu_ms == pytest.approx(4 * 0.5)
     assert PlatformProfile.from_dict({**load_profile_data("local"), "dispatch_ms": 0.7}).dispatch_ms == {1769: 0.7}
+    # a calibrated share's slow-down (cpu_share) changes what a 512 MB master computes with, not which
+    # measured figure is its own: the dispatch was measured at that share
+    slow = PerfModel(convs, PlatformFacts.from_profile(replace(base, dispatch_ms={256: 2.0, 512: 1.0, 1769: 0.5},
+                                                                cpu_share={512: 1.6 * 1769 / 512})), cm,
+                     transport="shm")
+    assert slow.function_vcpu(512) < 512 / 1769
+    assert [slow.dispatch_at(mb) for mb in (256, 512, 1769)] == [2.0, 1.0, 0.5]
 
 
 def test_a_calibrated_handling_is_the_requests_own_cpu_stretched_by_the_masters_share(convs: LayerGraph) -> None:

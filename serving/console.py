@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +13,7 @@ from rich.console import Console
 __all__ = ["console", "err_console", "status"]
 
 _PIPED_WIDTH = 140
+_DIGITS = re.compile(r"\d+(\.\d+)?")
 
 console = Console(width=None if sys.stdout.isatty() else _PIPED_WIDTH)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else _PIPED_WIDTH)
@@ -37,7 +39,7 @@ def status(title: str, *, every_s: float = 1.0) -> Iterator[Callable[[str], None
 
     def say(message: str) -> None:
         nonlocal last_kind, last_at
-        now, kind = time.monotonic(), message.split(":", 1)[0]
+        now, kind = time.monotonic(), _DIGITS.sub("#", message)
         if kind == last_kind and now - last_at < every_s:
             return
         last_kind, last_at = kind, now

@@ -28,3 +28,16 @@ def test_a_run_of_like_steps_is_thinned_to_a_line_a_while(capsys: pytest.Capture
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert [ln.split("] ", 1)[1] for ln in lines] == [
         "planning", "planning: profiling units: 1/300 measurements", "planning: solving"]
+
+
+def test_different_steps_of_one_item_each_get_a_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Only steps that differ in their numbers alone are like: a model's steps in quick succession all show."""
+    with status("bench mopar", every_s=3600) as say:
+        say("vgg16/w2@224: profiling its units (cached) and planning")
+        say("vgg16/w2@224: timing the whole model")
+        say("vgg16/w2@224: 20 interleaved rounds")
+        say("vgg16/w2@224: 21 interleaved rounds")
+    lines = [ln.split("] ", 1)[1] for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert lines == ["bench mopar", "bench mopar: vgg16/w2@224: profiling its units (cached) and planning",
+                     "bench mopar: vgg16/w2@224: timing the whole model",
+                     "bench mopar: vgg16/w2@224: 20 interleaved rounds"]

@@ -296,6 +296,8 @@ class _RequestRun:
         keep_remote = len(parts) == 1 and stage.join == "none"
         stage_puts: list[str] = []
         results: list[dict[str, Any]] = [{} for _ in parts]
+        calls: dict[PolicyCall, tuple[int, list[float]]] = {}
+        settled = False
         try:
             cache: dict[tuple[str, Region], TensorEntry] = {}
             events: dict[int, list[TensorEntry]] = {}
@@ -304,7 +306,6 @@ class _RequestRun:
                     ts = time.perf_counter()
                     events[i] = self._entries(stage, part, inputs[i], cache, stage_puts)
                     rec.add("scatter", stage.index, part.index, ts, time.perf_counter())
-            calls: dict[PolicyCall, tuple[int, list[float]]] = {}
             local: Future[None] | None = None
             try:
                 # every worker's invocation is on the wire before the master computes its own part: sent
@@ -326,6 +327,7 @@ class _RequestRun:
                     results[i] = self._finish_call(stage, parts[i], call.reply(), sent, keep_remote)
                 if local is not None:
                     local.result()
+                settled = True
             except BaseException:
                 for call in calls:
                     call.abandon()
@@ -335,9 +337,17 @@ class _RequestRun:
                     self._discard_results(res)
                 raise
         finally:
-            self._delete(stage_puts)
-            if stage.epilogue is None:  # else its inputs go once the epilogue has read them (a residual, say)
-                self._retire(stage.index)
+            # what this stage's parts read: its puts, and the tensors no later stage reads (unless an epilogue
+            # reads them first: a residual, say). Where the stage settled, an attempt that lost (a hedge, a
+            # late retry) may still be reading them; deleted under it, it would fail, and the platform count
+            # an error for a request that succeeded. So they go once the last such attempt has answered. A
+            # stage that failed deletes them now: the request has failed, and what it left must not wait.
+            retired = self._retire(stage.index) if stage.epilogue is None else []
+            late = [f for call in calls for f in call.outstanding()] if settled else []
+            if late:
+                self._delete_after(late, [*stage_puts, *retired])
+            else:
+                self._delete([*stage_puts, *retired])
         for res in results:
             for name, v in res.items():
                 if isinstance(v, RemoteTensor):
@@ -359,7 +369,7 @@ class _RequestRun:
         try:
             out = self.m.sessions.run(path, {n: self.materialize(env[n]) for n in names})
             self.trace.add("epilogue", stage.index, None, ts, time.perf_counter())
-            self._retire(stage.index)
+            self._delete(self._retire(stage.index))
             return out
         except KeyError as e:
             raise PartError(f"epilogue {stage.epilogue} needs tensor {e}, which no stage produced") from e
@@ -583,14 +593,31 @@ class _RequestRun:
             raise PartError(f"part {part.file} failed in the master: {e}", function=self.m.function) from e
         return {name: outs[name] for name in part.outputs}
 
-    def _retire(self, stage_index: int) -> None:
-        """Delete remote tensors no later stage reads."""
+    def _retire(self, stage_index: int) -> list[str]:
+        """Forget the remote tensors no later stage reads; their references, for the caller to delete."""
+        refs = []
         for name, rt in list(self.remote.items()):
             if self.m.last_use.get(name, -1) <= stage_index and name not in self.m.final:
                 if rt.live:
-                    self._delete([rt.ref])
+                    refs.append(rt.ref)
                     rt.live = False
                 del self.remote[name]
+        return refs
+
+    def _delete_after(self, attempts: Sequence[Future[Reply]], refs: Sequence[str]) -> None:
+        """Delete ``refs`` once every one of ``attempts`` has answered (from the thread that reads the last)."""
+        left = [len(attempts)]
+        lock = threading.Lock()
+
+        def answered(_: Future[Reply]) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self._delete(refs)
+
+        for f in attempts:
+            f.add_done_callback(answered)
 
     def _delete(self, refs: Sequence[str]) -> None:
         if not refs:

@@ -200,6 +200,7 @@ class PolicyCall:
         self._failed = failed
         self._hedge = hedge
         self._pending: dict[Future[Reply], _Attempt] = {}
+        self._outstanding: tuple[Future[Reply], ...] = ()  # attempts still out when the call ended
         self._launched = 0
         self._allowed = 1 + owner.policy.max_retries
         self._errors: list[FunctionError] = []
@@ -246,6 +247,7 @@ class PolicyCall:
         for f, att in self._pending.items():
             if discard is not None or lost is not None:
                 f.add_done_callback(functools.partial(_discard, attempt=att.number, discard=discard, lost=lost))
+        self._outstanding = tuple(self._pending)
         self._pending.clear()
         pol = self._owner.policy
         if self._hedge and pol.hedge_percentile is not None and self.key is not None:
@@ -323,6 +325,11 @@ class PolicyCall:
                      1000 * (self._hedge_after or 0))
             self._launch(hedge=True)
         return False
+
+    def outstanding(self) -> list[Future[Reply]]:
+        """The attempts of a call that is over that have not answered yet (a hedge or retry that lost, still
+        running): whatever they read must stay where they can read it until they end."""
+        return [f for f in self._outstanding if not f.done()]
 
     def reply(self) -> Reply:
         """The successful reply of a call that is over, or the :class:`FunctionError` that ended it."""

@@ -354,6 +354,67 @@ def test_a_hedge_that_dies_after_the_request_leaves_no_tensors(bundles, referenc
             rt.close()
 
 
+class _LateWin(DirectInvoker):
+    """Attempt 0 of each part of request ``late`` stalls, then runs as its worker would: a hedge has won
+    meanwhile and the stage has settled. Each such attempt's reply (or what it raised) is kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late: list[Reply | Exception] = []
+        self.done = threading.Event()
+
+    def invoke(self, function: str, payload: bytes, *, timeout_s: float) -> bytes:
+        ev = Event.decode(payload)
+        if ev.kind == "part" and ev.request_id == "late" and ev.attempt == 0:
+            time.sleep(0.5)
+            try:
+                out = super().invoke(function, payload, timeout_s=timeout_s)
+                self.late.append(Reply.decode(out))
+                return out
+            except Exception as e:
+                self.late.append(e)
+                raise
+            finally:
+                self.done.set()
+        return super().invoke(function, payload, timeout_s=timeout_s)
+
+
+def test_a_hedge_that_loses_still_reads_its_inputs_and_answers_without_an_error(bundles, reference,
+                                                                                shm_root: Path) -> None:
+    """The straggler a hedge beat keeps running after its stage has settled. Its inputs stay until it has
+    answered (deleted under it, it failed, and the platform counted an error for a request that succeeded);
+    then they go, with the outputs it stored."""
+    bundle = bundles.conv_channel
+    plan = Plan.load(bundle / "plan.json")
+    shm = ShmTransport(shm_root)
+    inv = _LateWin()
+    for f in plan.functions:
+        cfg = FunctionConfig(bundle_dir=bundle, deployment="latewin", function=f.name, transport="shm",
+                             function_prefix="lw-", shm_dir=shm_root, hedge_percentile=50, hedge_min_samples=2)
+        inv.runtimes[f"lw-{f.name}"] = FunctionRuntime(cfg, invoker=inv)
+    master = inv.runtimes["lw-master"]
+    try:
+        for rid in ("w0", "w1", "w2", "late"):  # the first ones teach the master the parts' durations
+            x = _inputs(bundle, 3)
+            ev = Event("infer", rid, "latewin", now_ms() + 30_000,
+                       tuple(TensorEntry(k, data=encode(v)) for k, v in x.items()))
+            reply = Reply.decode(master.handle(ev.encode())[0])
+            assert reply.error is None, reply.error
+            got = master.channel("binary").receive(reply.outputs, delete=True)
+            for k, w in reference(bundle, x).items():
+                assert rel_err(got[k], w) <= 1e-5
+        assert inv.done.wait(10), "the stalled attempt never ran"
+        t_end = time.monotonic() + 10
+        while (len(inv.late) < len(plan.stages[0].parts) or shm.count("latewin")) and time.monotonic() < t_end:
+            time.sleep(0.01)
+        assert inv.late, "no stalled attempt answered"
+        assert all(isinstance(r, Reply) and r.error is None for r in inv.late), inv.late
+        assert shm.count("latewin") == 0, "the lost attempt's inputs or outputs were left in shared memory"
+    finally:
+        for rt in inv.runtimes.values():
+            rt.close()
+
+
 # -- the policy on its own ---------------------------------------------------------------------------------
 
 

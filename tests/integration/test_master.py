@@ -303,6 +303,31 @@ def test_master_in_process(bundles, reference, shm_root: Path, name: str) -> Non
         rt.close()
 
 
+def _hedging_runtimes(bundle: Path, inv: DirectInvoker, shm_root: Path, deployment: str, prefix: str
+                      ) -> FunctionRuntime:
+    """``bundle``'s functions on ``inv``, hedging a part past the median of its durations after two calls;
+    the master's runtime."""
+    for f in Plan.load(bundle / "plan.json").functions:
+        cfg = FunctionConfig(bundle_dir=bundle, deployment=deployment, function=f.name, transport="shm",
+                             function_prefix=prefix, shm_dir=shm_root, hedge_percentile=50, hedge_min_samples=2)
+        inv.runtimes[f"{prefix}{f.name}"] = FunctionRuntime(cfg, invoker=inv)
+    return inv.runtimes[f"{prefix}master"]
+
+
+def _three_then_late(master: FunctionRuntime, bundle: Path, reference, deployment: str) -> None:  # noqa: ANN001
+    """Requests ``w0``-``w2`` (they teach the master the parts' durations), then ``late``: each answered
+    exactly."""
+    for rid in ("w0", "w1", "w2", "late"):
+        x = _inputs(bundle, 3)
+        ev = Event("infer", rid, deployment, now_ms() + 30_000,
+                   tuple(TensorEntry(k, data=encode(v)) for k, v in x.items()))
+        reply = Reply.decode(master.handle(ev.encode())[0])
+        assert reply.error is None, reply.error
+        got = master.channel("binary").receive(reply.outputs, delete=True)
+        for k, w in reference(bundle, x).items():
+            assert rel_err(got[k], w) <= 1e-5
+
+
 class _LateCrash(DirectInvoker):
     """Attempt 0 of each part of request ``late`` stalls, stores an output as its worker would, then its
     instance dies: a hedge has won meanwhile and the request is over (its inputs deleted, so the real
@@ -326,24 +351,11 @@ class _LateCrash(DirectInvoker):
 
 def test_a_hedge_that_dies_after_the_request_leaves_no_tensors(bundles, reference, shm_root: Path) -> None:
     bundle = bundles.conv_channel
-    plan = Plan.load(bundle / "plan.json")
     shm = ShmTransport(shm_root)
     inv = _LateCrash(shm)
-    for f in plan.functions:
-        cfg = FunctionConfig(bundle_dir=bundle, deployment="latecrash", function=f.name, transport="shm",
-                             function_prefix="lc-", shm_dir=shm_root, hedge_percentile=50, hedge_min_samples=2)
-        inv.runtimes[f"lc-{f.name}"] = FunctionRuntime(cfg, invoker=inv)
-    master = inv.runtimes["lc-master"]
+    master = _hedging_runtimes(bundle, inv, shm_root, "latecrash", "lc-")
     try:
-        for rid in ("w0", "w1", "w2", "late"):  # the first ones teach the master the parts' durations
-            x = _inputs(bundle, 3)
-            ev = Event("infer", rid, "latecrash", now_ms() + 30_000,
-                       tuple(TensorEntry(k, data=encode(v)) for k, v in x.items()))
-            reply = Reply.decode(master.handle(ev.encode())[0])
-            assert reply.error is None, reply.error
-            got = master.channel("binary").receive(reply.outputs, delete=True)
-            for k, w in reference(bundle, x).items():
-                assert rel_err(got[k], w) <= 1e-5
+        _three_then_late(master, bundle, reference, "latecrash")
         assert inv.crashed.wait(10), "the stalled attempt never ran"
         t_end = time.monotonic() + 10
         while shm.count("latecrash") and time.monotonic() < t_end:
@@ -388,21 +400,9 @@ def test_a_hedge_that_loses_still_reads_its_inputs_and_answers_without_an_error(
     plan = Plan.load(bundle / "plan.json")
     shm = ShmTransport(shm_root)
     inv = _LateWin()
-    for f in plan.functions:
-        cfg = FunctionConfig(bundle_dir=bundle, deployment="latewin", function=f.name, transport="shm",
-                             function_prefix="lw-", shm_dir=shm_root, hedge_percentile=50, hedge_min_samples=2)
-        inv.runtimes[f"lw-{f.name}"] = FunctionRuntime(cfg, invoker=inv)
-    master = inv.runtimes["lw-master"]
+    master = _hedging_runtimes(bundle, inv, shm_root, "latewin", "lw-")
     try:
-        for rid in ("w0", "w1", "w2", "late"):  # the first ones teach the master the parts' durations
-            x = _inputs(bundle, 3)
-            ev = Event("infer", rid, "latewin", now_ms() + 30_000,
-                       tuple(TensorEntry(k, data=encode(v)) for k, v in x.items()))
-            reply = Reply.decode(master.handle(ev.encode())[0])
-            assert reply.error is None, reply.error
-            got = master.channel("binary").receive(reply.outputs, delete=True)
-            for k, w in reference(bundle, x).items():
-                assert rel_err(got[k], w) <= 1e-5
+        _three_then_late(master, bundle, reference, "latewin")
         assert inv.done.wait(10), "the stalled attempt never ran"
         t_end = time.monotonic() + 10
         while (len(inv.late) < len(plan.stages[0].parts) or shm.count("latewin")) and time.monotonic() < t_end:

@@ -277,6 +277,9 @@ class _RequestRun:
         self.invocations = 0
         self._lock = threading.Lock()
         self._puts = itertools.count()
+        # per stage with an epilogue, the attempts that lost and had not answered when it settled: the tensors
+        # it retires after the epilogue wait for them (run_stage)
+        self._losers: dict[int, list[Future[Reply]]] = {}
 
     # -- execute_plan's hooks ----------------------------------------------------------------------------
 
@@ -337,17 +340,17 @@ class _RequestRun:
                     self._discard_results(res)
                 raise
         finally:
-            # what this stage's parts read: its puts, and the tensors no later stage reads (unless an epilogue
-            # reads them first: a residual, say). Where the stage settled, an attempt that lost (a hedge, a
-            # late retry) may still be reading them; deleted under it, it would fail, and the platform count
-            # an error for a request that succeeded. So they go once the last such attempt has answered. A
-            # stage that failed deletes them now: the request has failed, and what it left must not wait.
-            retired = self._retire(stage.index) if stage.epilogue is None else []
+            # what this stage's parts read: its puts, and the tensors no later stage reads (after the epilogue
+            # where there is one: it may read them too, a residual, say). Where the stage settled, an attempt
+            # that lost (a hedge, a late retry) may still be reading them; deleted under it, it would fail, and
+            # the platform count an error for a request that succeeded. So they go once the last such attempt
+            # has answered. A stage that failed deletes them now: the request has failed, and what it left
+            # must not wait.
             late = [f for call in calls for f in call.outstanding()] if settled else []
-            if late:
-                self._delete_after(late, [*stage_puts, *retired])
-            else:
-                self._delete([*stage_puts, *retired])
+            if stage.epilogue is not None and late:
+                self._losers[stage.index] = late
+            self._delete_once_answered(late, [*stage_puts, *(self._retire(stage.index) if stage.epilogue is None
+                                                               else [])])
         for res in results:
             for name, v in res.items():
                 if isinstance(v, RemoteTensor):
@@ -369,7 +372,7 @@ class _RequestRun:
         try:
             out = self.m.sessions.run(path, {n: self.materialize(env[n]) for n in names})
             self.trace.add("epilogue", stage.index, None, ts, time.perf_counter())
-            self._delete(self._retire(stage.index))
+            self._delete_once_answered(self._losers.pop(stage.index, []), self._retire(stage.index))
             return out
         except KeyError as e:
             raise PartError(f"epilogue {stage.epilogue} needs tensor {e}, which no stage produced") from e
@@ -604,8 +607,12 @@ class _RequestRun:
                 del self.remote[name]
         return refs
 
-    def _delete_after(self, attempts: Sequence[Future[Reply]], refs: Sequence[str]) -> None:
-        """Delete ``refs`` once every one of ``attempts`` has answered (from the thread that reads the last)."""
+    def _delete_once_answered(self, attempts: Sequence[Future[Reply]], refs: Sequence[str]) -> None:
+        """Delete ``refs`` once every one of ``attempts`` has answered (from the thread that reads the last;
+        now, where there are none)."""
+        if not attempts or not refs:
+            self._delete(refs)
+            return
         left = [len(attempts)]
         lock = threading.Lock()
 

@@ -149,6 +149,42 @@ def matmul_sum_bundle(root: Path, *, memory_mb: int = 512) -> Path:
     return write_bundle(root, source, plan, files)
 
 
+def relu_sum_bundle(root: Path, *, memory_mb: int = 512) -> Path:
+    """Relu(x) as one part on worker-1 (its output stays there, by reference), then a MatMul(16->8) split on
+    the reduction axis across worker-1 and worker-2, each reading its half of that output in place, summed,
+    then an Add+Relu epilogue: a stage with an epilogue whose workers read a tensor no later stage reads."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    x, y = {"x": (1, 16)}, {"y": (1, 8)}
+    source = _model([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("MatMul", ["h", "w"], ["mm"]),
+                     helper.make_node("Add", ["mm", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+                    x, y, {"w": w, "b": b})
+
+    def half(k: int) -> onnx.ModelProto:
+        return _model([helper.make_node("MatMul", ["h", "w"], ["mm"])], {"h": (1, 8)}, {"mm": (1, 8)},
+                      {"w": w[8 * k: 8 * k + 8]})
+
+    files = {"parts/s00_p00.onnx": _model([helper.make_node("Relu", ["x"], ["h"])], x, {"h": (1, 16)}, {}),
+             "parts/s01_p00.onnx": half(0), "parts/s01_p01.onnx": half(1),
+             "parts/s01_epilogue.onnx": _model([helper.make_node("Add", ["mm", "b"], ["s"]),
+                                                helper.make_node("Relu", ["s"], ["y"])], {"mm": (1, 8)}, y, {"b": b})}
+    h, mm = TensorSpec("h", "float32", (1, 16)), TensorSpec("mm", "float32", (1, 8))
+    st0 = Stage(0, (0, 0), Split(), ("x",), (h,),
+                (Part(0, "worker-1", "parts/s00_p00.onnx", (PartInput("x", full_region(x["x"])),), ("h",)),))
+    halves = tuple(
+        Part(k, ("worker-1", "worker-2")[k], f"parts/s01_p{k:02d}.onnx",
+             (PartInput("h", ((0, 1), (8 * k, 8 * k + 8))),), ("mm",), full_region((1, 8)))
+        for k in range(2)
+    )
+    st1 = Stage(1, (1, 1), Split("reduction", (2,)), ("h",), (TensorSpec("y", "float32", y["y"]),), halves,
+                "sum", mm, "parts/s01_epilogue.onnx")
+    plan = Plan(_info("relu_sum", x, y), tuple(Function(n, memory_mb) for n in ("master", "worker-1", "worker-2")),
+                (st0, st1))
+    plan.validate()
+    return write_bundle(root, source, plan, files)
+
+
 def chain_bundle(root: Path, *, memory_mb: int = 512, size: int = 8) -> Path:
     """Three stages: two vertical slices (one whole stage each on worker-1, then worker-2, so the tensor
     goes worker to worker by reference), then a 2x1 spatial split of a 1x1 conv reading regions."""
@@ -273,6 +309,10 @@ class Bundles:
     @property
     def matmul_sum(self) -> Path:
         return self.get("matmul_sum", matmul_sum_bundle)
+
+    @property
+    def relu_sum(self) -> Path:
+        return self.get("relu_sum", relu_sum_bundle)
 
     @property
     def chain(self) -> Path:

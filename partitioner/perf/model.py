@@ -65,6 +65,14 @@ class _Missing(Enum):
 _MISSING = _Missing.MISSING
 
 
+def _option_key(choice: StageChoice, master_mb: int, relay: Relay, live: bool) -> tuple:
+    """The memo key of ``choice``'s figures with master ``master_mb`` (:meth:`PerfModel.option`): the master's
+    memory where they depend on it (its own part, its CPU, or a live correction), else 0; and the relay where
+    there is one."""
+    key = (choice, master_mb if choice.master_part or not choice.worker_mb or live else 0)
+    return key if relay == NO_RELAY else (*key, relay)
+
+
 
 @dataclass(frozen=True)
 class PlanEstimate:
@@ -218,10 +226,8 @@ class PerfModel:
         at each of many choices): they are looked up, but not kept where not found; the figures are the same.
         ``relay``: what its neighbours in a plan let it skip (:meth:`relays`); alone, a stage moves its edge
         tensors through the master."""
-        key: tuple = self._key(choice, master_mb)
-        fkey: StageChoice | tuple[StageChoice, Relay] = choice
-        if relay != NO_RELAY:
-            key, fkey = (*key, relay), (choice, relay)
+        key = _option_key(choice, master_mb, relay, bool(self.live))
+        fkey: StageChoice | tuple[StageChoice, Relay] = choice if relay == NO_RELAY else (choice, relay)
         hit = self._options.get(key, _MISSING)
         if hit is _MISSING:
             free = not choice.master_part and bool(choice.worker_mb)
@@ -279,11 +285,6 @@ class PerfModel:
         kept = LiveCorrection(tuple((m, f) for m, f in self.live.points if self.live_regime(m) != regime),
                               self.live.overhead_ms)
         self.use_live(kept.with_point(master_mb, factor))
-
-    def _key(self, choice: StageChoice, master_mb: int) -> tuple[StageChoice, int]:
-        """The memo key of ``choice``'s figures with master ``master_mb``: the master's memory where they depend
-        on it (its own part, its CPU, or a live correction), else 0."""
-        return choice, (master_mb if choice.master_part or not choice.worker_mb or self.live else 0)
 
     def model_option(self, choice: StageChoice, master_mb: int, relay: Relay = NO_RELAY) -> OptionCost | None:
         """The model's figures for one stage choice, measurements left out."""
@@ -637,10 +638,7 @@ class PerfModel:
         opts = self._options
         live = bool(self.live)
         for ch, relay in zip(choices, self.relays(choices), strict=True):
-            key: tuple = (ch, master_mb if ch.master_part or not ch.worker_mb or live else 0)
-            if relay != NO_RELAY:
-                key = (*key, relay)
-            oc = opts.get(key, _MISSING)
+            oc = opts.get(_option_key(ch, master_mb, relay, live), _MISSING)
             if oc is _MISSING:
                 oc = self.option(ch, master_mb, relay=relay)
             if oc is None:

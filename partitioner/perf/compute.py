@@ -59,6 +59,8 @@ class ComputeModel:
     # the platform's calibrated quotas above one vCPU (``PlatformFacts.quota_factors``): (vCPU, CPU the
     # threads spend over one thread's work); empty: 1
     quota_factors: tuple[tuple[float, float], ...] = ()
+    # the calibrating probe's own threads' CPU unthrottled (``PlatformFacts.quota_threads_cpu``); 0: unknown
+    quota_threads_cpu: float = 0.0
     # stage sums by (kind, first, last[, vcpu]): a planner prices each stage with every split, placement and
     # memory, and a stage of any length would otherwise be summed again for each part of each
     _sums: dict[tuple, float] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -105,7 +107,7 @@ class ComputeModel:
         function runs ``ceil(vcpu)`` threads (``platforms.threads_for``) under a quota of ``vcpu`` cores, and
         takes the longer of two bounds: the threads unthrottled (Amdahl's law, its serial fraction fitted to
         the measured thread counts, which predicts past them) and the quota's, the CPU they spend (one
-        thread's work times the calibrated :meth:`quota_cpu`) over the share."""
+        thread's work times the calibrated :meth:`quota_cpu`, for this unit's own threads) over the share."""
         t = self.unit_ms[unit]
         t1 = t.get(1) or min(t.values()) * max(t)
         if vcpu <= 1.0:
@@ -118,19 +120,32 @@ class ComputeModel:
         else:
             s = 0.15
         threads = math.ceil(vcpu - 1e-9)
-        return max(t1 * (s + (1.0 - s) / threads), t1 * self.quota_cpu(vcpu) / vcpu)
+        amdahl = t1 * (s + (1.0 - s) / threads)
+        return max(amdahl, t1 * self.quota_cpu(vcpu, threads * amdahl / t1) / vcpu)
 
-    def quota_cpu(self, vcpu: float) -> float:
+    def quota_cpu(self, vcpu: float, threads_cpu: float | None = None) -> float:
         """The CPU ``vcpu``'s threads spend for one thread's work (see ``quota_factors``), by the share's
         fraction of its last core, the same at 2.45 as at 1.45 vCPU. A whole number of cores runs as many
         threads, which the quota never stops (1). Just past it one thread more than the quota can keep busy
         is throttled most: below the smallest calibrated fraction its figure holds; towards the next whole
-        core the waste falls to nothing."""
+        core the waste falls to nothing.
+
+        ``threads_cpu``: what the unit's own threads spend unthrottled over one thread's work (its threads
+        times their time over one thread's). The calibrated waste is the probe's, a chain of small MatMuls
+        whose threads spend 1.85x the work where a convolution's spend 1.3x (a 2-core AMD EPYC). So the waste
+        is scaled by the unit's excess over the probe's (``quota_threads_cpu``): a unit whose threads spend
+        nothing extra wastes nothing, one as wasteful as the probe wastes what it did, and no unit more (a unit
+        whose second thread barely helps, resnet18's, ran faster at 1.45 vCPU than at one, not slower as a
+        larger waste would have it). Without either figure, the probe's."""
         frac = vcpu - math.floor(vcpu)
         if vcpu <= 1.0 or not self.quota_factors or frac < 1e-9:
             return 1.0
         points = sorted((v - math.floor(v), c) for v, c in self.quota_factors)
-        return float(np.interp(frac, [f for f, _ in points] + [1.0], [c for _, c in points] + [1.0]))
+        probe = float(np.interp(frac, [f for f, _ in points] + [1.0], [c for _, c in points] + [1.0]))
+        if threads_cpu is None or self.quota_threads_cpu <= 1.0:
+            return probe
+        share = min(1.0, max(0.0, threads_cpu - 1.0) / (self.quota_threads_cpu - 1.0))
+        return 1.0 + (probe - 1.0) * share
 
     def sigma(self, first: int, last: int) -> float:
         """The compute spread of units ``first..last``: their sigmas weighted by their one-thread times."""

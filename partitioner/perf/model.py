@@ -794,6 +794,6 @@ class PerfModel:
 
 def _on_platform(compute: ComputeModel, platform: PlatformFacts) -> ComputeModel:
     """``compute`` with ``platform``'s calibrated quotas above one vCPU (:meth:`ComputeModel.unit_time`)."""
-    if compute.quota_factors == platform.quota_factors:
+    if (compute.quota_factors, compute.quota_threads_cpu) == (platform.quota_factors, platform.quota_threads_cpu):
         return compute
-    return replace(compute, quota_factors=platform.quota_factors)
+    return replace(compute, quota_factors=platform.quota_factors, quota_threads_cpu=platform.quota_threads_cpu)

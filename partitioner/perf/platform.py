@@ -50,6 +50,10 @@ class PlatformFacts:
     # calibrated quotas above one vCPU: (fractional nominal vCPU, the CPU its threads spend over one thread's,
     # the ``cpu`` of :meth:`ComputeModel.unit_time`), by vCPU; (): the ideal, 1
     quota_factors: tuple[tuple[float, float], ...] = ()
+    # the same probe's CPU at a whole number of cores with as many threads, unthrottled, over one thread's work:
+    # how much its own threads spend beyond the work (ComputeModel.quota_cpu scales the quotas' waste by each
+    # unit's own); 0: not calibrated
+    quota_threads_cpu: float = 0.0
     # calibrated transports: (name, latency ms per put or get, bandwidth MiB/s), measured on the platform
     transfers: tuple[tuple[str, float, float], ...] = ()
     # calibrated: the master's CPU per worker invocation (ms) as (master's nominal vCPU, ms), by vCPU; (): the
@@ -156,6 +160,7 @@ class PlatformFacts:
             billed_overhead_ms=profile.billed_overhead_ms,
             share_factors=_share_factors(profile),
             quota_factors=_quota_factors(profile),
+            quota_threads_cpu=_threads_cpu(profile),
             transfers=tuple((name, t.latency_ms, t.bandwidth_mb_s) for name, t in sorted(profile.transports.items())),
             dispatch=tuple(sorted((mb / profile.mb_per_vcpu, ms) for mb, ms in profile.dispatch_ms.items())),
             handling_ms=profile.handling_ms,
@@ -203,6 +208,20 @@ def _quota_factors(profile: PlatformProfile) -> tuple[tuple[float, float], ...]:
         if 0.8 <= cpu <= 2.0:
             out.append((v, max(1.0, cpu)))
     return tuple(sorted(out))
+
+
+def _threads_cpu(profile: PlatformProfile) -> float:
+    """The calibrated probe's CPU with two or more whole cores and as many threads (the quota never stops
+    them), over one thread's work: the slow-down against one vCPU times the vCPUs, at the fewest such cores
+    measured; 0 where none was (or the figure is implausible, outside 1-2 per thread)."""
+    whole = sorted((round(mb / profile.mb_per_vcpu), slowdown) for mb, slowdown in profile.cpu_share.items()
+                   if slowdown > 0 and mb / profile.mb_per_vcpu >= 1.5
+                   and abs(mb / profile.mb_per_vcpu - round(mb / profile.mb_per_vcpu)) < 0.01)
+    for v, slowdown in whole:
+        cpu = slowdown * v
+        if 1.0 <= cpu <= v:
+            return cpu
+    return 0.0
 
 
 #: what the local platform's own process, a waiting master and the caller use of the host's cores while a

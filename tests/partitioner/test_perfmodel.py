@@ -159,6 +159,39 @@ def test_a_fractional_share_above_one_vcpu_is_priced_by_the_cpu_its_threads_spen
     assert pm.compute.quota_factors == facts.quota_factors
 
 
+def test_the_quotas_waste_is_the_probes_scaled_by_what_the_units_own_threads_spend(convs: LayerGraph) -> None:
+    """calibrate's probe spends 1.8x its work on two unthrottled threads (3538 MB: 0.9x one vCPU's time) and
+    wastes 0.5 of one thread's work under a 1.45-vCPU quota (2560 MB: 1.03x). A unit whose two threads
+    spend as much as the probe's (or more) is priced as before; one whose threads spend nothing extra (twice
+    as fast on two) wastes nothing; one in between (a convolution: 1.3x) wastes in proportion."""
+    base = load_profile("local")
+    facts = PlatformFacts.from_profile(replace(base, cpu_share={2560: 1.03, 3538: 0.9}))
+    assert facts.quota_threads_cpu == pytest.approx(1.8)
+    ((v, cpu),) = facts.quota_factors
+    assert cpu == pytest.approx(1.03 * 2560 / 1769)
+
+    def on(platform: PlatformFacts, t2: float) -> ComputeModel:
+        return replace(ComputeModel(({1: 10.0, 2: t2},), (1,)), quota_factors=platform.quota_factors,
+                       quota_threads_cpu=platform.quota_threads_cpu)
+
+    def at_v(t2: float) -> float:
+        return on(facts, t2).unit_time(0, v)
+
+    assert at_v(9.0) == pytest.approx(10.0 * cpu / v)  # the probe's own threads: the probe's waste
+    assert at_v(10.0) == pytest.approx(10.0 * cpu / v)  # more wasteful than the probe: no more than its waste
+    assert at_v(5.0) == pytest.approx(10.0 / v)  # no waste: the quota's ideal
+    conv = 1.0 + (cpu - 1.0) * 0.3 / 0.8
+    assert at_v(6.5) == pytest.approx(10.0 * conv / v)
+    assert 10.0 / v < at_v(6.5) < 10.0 * cpu / v
+    # uncalibrated (no whole-core figure): every unit takes the probe's waste, as before
+    bare = PlatformFacts.from_profile(replace(base, cpu_share={2560: 1.03}))
+    assert bare.quota_threads_cpu == 0.0
+    assert on(bare, 5.0).unit_time(0, v) == pytest.approx(10.0 * cpu / v)
+    # and the perf model prices with both figures of its platform
+    pm = PerfModel(convs, facts, ComputeModel.from_flops(convs))
+    assert pm.compute.quota_threads_cpu == facts.quota_threads_cpu
+
+
 def test_master_is_billed_for_its_own_handling_once(convs: LayerGraph) -> None:
     """The platform's billed overhead is a no-op's metered duration: its handling, which the model counts in
     the instance's own time already, and what the meter adds beyond it. Only the latter is added."""

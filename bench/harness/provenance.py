@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform as _platform
 import subprocess
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,8 @@ def _versions() -> dict[str, str]:
 
 
 def machine() -> dict[str, Any]:
-    """Cores, memory, CPU model, load average now, package versions and git revision."""
+    """Cores, memory, CPU model, load average now, package versions, git revision and the time (UTC, ISO 8601):
+    when the figures it goes with were taken, which a results page written later from the saved JSON shows."""
     cpu = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -75,6 +77,7 @@ def machine() -> dict[str, Any]:
         "load_average": load,
         "versions": _versions(),
         "git": git_revision(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 

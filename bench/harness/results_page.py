@@ -85,7 +85,14 @@ def _provenance(doc: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(recorded, Mapping):
         m.update({k: v for k, v in recorded.items() if v not in (None, "", [])})
     git = m.get("git") or doc.get("git") or doc.get("git_revision") or here.get("git")
-    return {"cpu": m.get("cpu") or "unknown CPU", "cores": m.get("cores"), "os": m.get("os"), "git": git or "unknown"}
+    date = None
+    if isinstance(recorded, Mapping) and isinstance(recorded.get("date"), str):
+        try:
+            date = datetime.fromisoformat(recorded["date"]).astimezone(UTC)
+        except ValueError:
+            date = None  # not a date this page can show: the page's own
+    return {"cpu": m.get("cpu") or "unknown CPU", "cores": m.get("cores"), "os": m.get("os"), "git": git or "unknown",
+            "date": date}
 
 
 def results_page(name: str, doc: Mapping[str, Any], *, command: str | None = None,
@@ -97,10 +104,11 @@ def results_page(name: str, doc: Mapping[str, Any], *, command: str | None = Non
         doc: the document the command printed with ``--json``.
         command: the command line that produced it, shown so a reader can run it again
             (default ``flatpack bench NAME --json``).
-        now: the date written on the page (default: now, UTC).
+        now: the date written on the page (default: when the document's figures were taken, as its
+            ``machine`` record says; else now, UTC).
     """
-    when = (now or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
     prov = _provenance(doc)
+    when = (now or prov["date"] or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
     cores = f", {prov['cores']} cores" if prov.get("cores") else ""
     lines = [
         f"# bench {name}",

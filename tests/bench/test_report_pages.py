@@ -39,6 +39,20 @@ def test_a_page_has_the_provenance_and_a_table_of_the_rows() -> None:
     assert "| samples_ms | 50 values |" in page  # raw samples are counted, not listed
 
 
+def test_a_page_written_later_is_dated_when_the_figures_were_taken() -> None:
+    """A page written from saved JSON (``write_results_page`` after the run) carries the run's date from its
+    machine record, not the day it was written; a record without one (or an unreadable one) gets now."""
+    taken = {**_DOC, "machine": {**_DOC["machine"], "date": "2026-11-29T00:55:12+00:00"}}
+    assert "| 2026-11-29 00:55 UTC |" in results_page("mopar", taken)
+    garbled = {**_DOC, "machine": {**_DOC["machine"], "date": "yesterday"}}
+    before = datetime.now(UTC).strftime("%Y-%m-%d")
+    page = results_page("mopar", garbled)
+    assert before in page or datetime.now(UTC).strftime("%Y-%m-%d") in page  # a run across midnight: either day
+    from bench.harness.provenance import machine
+
+    assert datetime.fromisoformat(machine()["date"]).tzinfo is not None
+
+
 def test_write_names_the_page_after_the_benchmark_and_refreshes_the_index(tmp_path: Path) -> None:
     (tmp_path / "index.md").write_text("# Results\n\n<!-- pages -->\nold\n<!-- /pages -->\n\nafter\n")
     path = write_results_page(tmp_path, "transport", {"rows": [{"size": 1}]})

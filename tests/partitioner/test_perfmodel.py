@@ -58,17 +58,19 @@ def _whole_model_timed_at(monkeypatch: pytest.MonkeyPatch, step_ms: float) -> No
 def test_profiled_units_add_up_to_the_whole_model(convs: LayerGraph, cache: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Each thread count's unit times are scaled to add up to the whole model's timing (here: cached
-    figures 1.5x and 0.8x the profile's sums, and one 10x it, which the scale clips at 3x), keeping the
-    proportions the profile measured between units."""
+    figures 1.5x and 0.8x the profile's sums, and one 10x it, which is timed again, reads 10x again and is
+    clipped at 3x), keeping the proportions the profile measured between units."""
     monkeypatch.setenv("FLATPACK_CACHE_DIR", str(cache))
     raw = ComputeModel.from_profile(profile_graph(convs), convs)
     raw_sum = {t: sum(u[t] for u in raw.unit_ms) for t in (1, 2)}
     for whole, want in (({1: 1.5, 2: 0.8}, {1: 1.5, 2: 0.8}), ({1: 10.0, 2: 0.8}, {1: 3.0, 2: 0.8})):
-        with monkeypatch.context() as m:
-            for t, factor in whole.items():  # cache the whole-model figures, timed exactly
+        for t, factor in whole.items():  # cache the whole-model figures, timed exactly
+            with monkeypatch.context() as m:
                 _whole_model_timed_at(m, factor * raw_sum[t])
                 assert _time_whole_model(convs, t, fresh=True) == pytest.approx(factor * raw_sum[t], rel=1e-9)
-        cm, source = compute_model(convs, "auto")
+        with monkeypatch.context() as m:
+            _whole_model_timed_at(m, 10.0 * raw_sum[1])  # what timing it again reads (1 thread's 10x only)
+            cm, source = compute_model(convs, "auto")
         assert source.startswith("measured profile, scaled to the whole model's time"), source
         assert f"x{want[1]:.2f} at 1 thread, x{want[2]:.2f} at 2 threads" in source
         for t in (1, 2):
@@ -76,6 +78,26 @@ def test_profiled_units_add_up_to_the_whole_model(convs: LayerGraph, cache: Path
             shares = [u[t] / sum(v[t] for v in cm.unit_ms) for u in cm.unit_ms]
             raw_shares = [u[t] / raw_sum[t] for u in raw.unit_ms]
             assert shares == pytest.approx(raw_shares, rel=1e-9)
+
+
+def test_a_cached_whole_model_time_far_from_its_units_is_timed_again(convs: LayerGraph, cache: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole-model figure cached while the machine was busy (2.4x the units' sum: repeats that agree,
+    so timing_problem passes it) is timed again before it scales the units, and the new figure replaces it
+    in the cache; one within the band is used as cached."""
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(cache))
+    raw = ComputeModel.from_profile(profile_graph(convs), convs)
+    raw_sum = {t: sum(u[t] for u in raw.unit_ms) for t in (1, 2)}
+    for t, factor in ((1, 2.4), (2, 1.3)):
+        with monkeypatch.context() as m:
+            _whole_model_timed_at(m, factor * raw_sum[t])
+            _time_whole_model(convs, t, fresh=True)
+    with monkeypatch.context() as m:
+        _whole_model_timed_at(m, 1.2 * raw_sum[1])  # the machine quiet again: 1.2x at either thread count
+        cm, source = compute_model(convs, "auto")
+        assert "x1.20 at 1 thread, x1.30 at 2 threads" in source, source  # 2 threads: within the band, kept
+    assert sum(u[1] for u in cm.unit_ms) == pytest.approx(1.2 * raw_sum[1], rel=1e-9)
+    assert _time_whole_model(convs, 1) == pytest.approx(1.2 * raw_sum[1], rel=1e-9)  # the cache replaced
 
 
 def test_fresh_calibration_measures_again(convs: LayerGraph, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -219,7 +219,9 @@ def _scaled(pm: Any, ref: Any, rounds: int, tail: float = 1.0) -> tuple[Any, Any
     unsplit rows by up to 10 % from run to run, where all the deployments' requests together are 4 times
     as many). Where CPU follows memory the plans' functions compute at fractions of a core, whose quota
     leaves them idle most of each period, and a burst mostly falls there: a one-vCPU reference's tail
-    (x1.11) put the 128-512 MB rows 10-26 % high, so both models are the median's."""
+    (x1.11) put the 128-512 MB rows 10-26 % high, so their model is the median's (:func:`mc_model`); a plan
+    there of one vCPU or more computes as the reference does, and takes the tail (``tail``: measured over
+    the plans of one vCPU and the reference only)."""
     from partitioner.perfmodel import PerfModel
     from partitioner.planner import scale_to_whole
 
@@ -235,10 +237,31 @@ def _scaled(pm: Any, ref: Any, rounds: int, tail: float = 1.0) -> tuple[Any, Any
         return PerfModel(pm.lg, pm.platform, cm, transport=pm.transport, cpu=pm.cpu), note
 
     p50_pm, note = at(median)
-    if not pm.cpu.per_function:
-        return p50_pm, p50_pm, f"measured profile, {note}"
     mc_pm, _ = at(median * tail)
     return p50_pm, mc_pm, f"measured profile, {note}; for MC x{tail:.2f} more, the requests' mean over median"
+
+
+def mc_model(p50_pm: Any, mc_pm: Any, master_mb: int) -> Any:
+    """The model a plan's MC is predicted with (:func:`_scaled`'s two): the tail-scaled one where CPU is per
+    function or the plan's master (billed for the whole request) computes with one vCPU or more; the median's
+    where it computes with a fraction of a core."""
+    return mc_pm if p50_pm.cpu.per_function or p50_pm.function_vcpu(master_mb) >= 1.0 - 1e-9 else p50_pm
+
+
+def _model_share(lg: Any, pm: Any, platform: str, say: Callable[[str], None]) -> str:
+    """Where CPU follows memory and the model fits a function well below one vCPU: the model timed in a
+    function at one vCPU and at the smallest size that holds it, and its own CPU-share slow-down planned with
+    where it is well above calibrate's probe's, as ``flatpack deploy --memory auto`` plans it
+    (:func:`serving.calibrate.stages.scale_to_function`). ``pm`` changed in place; a note ("" if not timed)."""
+    from partitioner.planner import PlanRequest
+    from serving.calibrate.stages import scale_to_function, share_probe_mb
+
+    if share_probe_mb(pm) is None:
+        return ""
+    # the budget only lets the timing happen (a quarter of it bounds the timing): a benchmark times what it must
+    request = PlanRequest(platform=platform, transport="shm", profile_budget_s=3600)
+    note = scale_to_function(lg, request, pm, say)
+    return f"; planned with {note}" if note else ""
 
 
 def _export(lg: Any, choices: Sequence[Any], master_mb: int, out: Path, platform: str) -> Path:
@@ -289,6 +312,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
             say(f"{name}: profiling its units (cached) and planning")
             lg = LayerGraph.load(model_path(spec))
             pm, _ = perfmodel(lg, invoke, platform=base, emulate=emulate)
+            share = _model_share(lg, pm, base, say)
             plans = plans_of(pm)
             same = same_plans(plans)
             slug = name.replace("/", "_").replace("@", "-")
@@ -310,7 +334,13 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 # would not. Where CPU follows memory the rounds are 20 and the DLRM's tables would be held twice.
                 burst = 2 if pm.cpu.per_function else 1
                 samples, usage, _ = interleaved(targets, pool, n, burst=burst)
-            pm, mc_pm, compute = _scaled(pm, targets.get(REFERENCE), n, request_tail(samples))
+            if not pm.cpu.per_function:  # the tail of the requests made with one vCPU or more (see _scaled)
+                samples_tail = {k: v for k, v in samples.items()
+                                if k == REFERENCE or (k in plans and pm.function_vcpu(plans[k][1]) >= 1.0 - 1e-9)}
+            else:
+                samples_tail = samples
+            pm, mc_pm, compute = _scaled(pm, targets.get(REFERENCE), n, request_tail(samples_tail))
+            compute += share
             for k, twin in same.items():
                 samples[k], usage[k], bundles[k] = samples[twin], usage[twin], bundles[twin]
             for k in PLANS:
@@ -319,13 +349,13 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 out.append(MoparRow(
                     model=name, plan=k, slices=len(ch), functions=len(fns),
                     mc_gb_s=usage[k].mc_gb_s_per_request, memory_utilisation=usage[k].memory_utilisation,
-                    p50_ms=p50(samples[k]), predicted_mc_gb_s=predicted_gb_s(mc_pm, ch, mb),
+                    p50_ms=p50(samples[k]), predicted_mc_gb_s=predicted_gb_s(mc_model(pm, mc_pm, mb), ch, mb),
                     predicted_p50_ms=pm.estimate(ch, mb).latency_ms, stages=[str(c) for c in ch],
                     errors=bad(samples[k]), cpu_model=cpu_model, compute=compute,
                     function_errors=usage[k].function_errors, cold_starts=usage[k].cold_starts,
                     function_error_types=error_types(usage[k].functions),
                     billed=billed_per_function(usage[k].functions, n, fns), rounds=n,
-                    predicted_billed=predicted_billed(mc_pm, ch, mb)))
+                    predicted_billed=predicted_billed(mc_model(pm, mc_pm, mb), ch, mb)))
             say(f"{name}: MC mopar {out[-3].mc_gb_s:.5f} vs unsplit {out[-2].mc_gb_s:.5f} GB-s")
     return out, cpu
 

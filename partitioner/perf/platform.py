@@ -88,11 +88,26 @@ class PlatformFacts:
     def share_corrected(self, nominal_vcpu: float) -> float:
         """The CPU a function given ``nominal_vcpu`` computes with: below one vCPU, the nominal share over the
         calibrated slow-down (``share_factors``); at or above one, or uncalibrated, the nominal share."""
-        v = nominal_vcpu
-        if v >= 1.0 or not self.share_factors:
-            return v
+        return nominal_vcpu / self.share_factor(nominal_vcpu)
+
+    def share_factor(self, nominal_vcpu: float) -> float:
+        """The calibrated slow-down of a share of ``nominal_vcpu`` over the nominal one (``share_factors``,
+        interpolated); 1 at or above one vCPU, or uncalibrated."""
+        if nominal_vcpu >= 1.0 or not self.share_factors:
+            return 1.0
         xs, fs = zip(*self.share_factors, strict=True)
-        return v / float(np.interp(v, xs, fs))
+        return float(np.interp(nominal_vcpu, xs, fs))
+
+    def with_model_share(self, nominal_vcpu: float, factor: float) -> PlatformFacts:
+        """These facts for a model whose own slow-down at ``nominal_vcpu`` was measured as ``factor`` (over the
+        nominal), in place of the calibrating probe's there. The model's excess over the probe is taken to
+        shrink linearly to none at one vCPU, where no quota pauses it, and to hold below ``nominal_vcpu``."""
+        v0 = min(max(nominal_vcpu, 1e-3), 1.0 - 1e-3)
+        excess = factor / self.share_factor(v0) - 1.0
+        points = sorted({v for v, _ in self.share_factors} | {v0, 1.0 - 1e-3})  # the last: where the excess ends
+        return replace(self, share_factors=tuple(
+            (v, self.share_factor(v) * (1.0 + excess * min(1.0, max(0.0, (1.0 - v) / (1.0 - v0)))))
+            for v in points))
 
     def round_memory(self, need_mb: float) -> int:
         """The smallest memory option at least ``need_mb`` (ValueError if none is)."""

@@ -273,22 +273,64 @@ def _one_vcpu_mb(platform: Any) -> int:
     return int(min(platform.memory_max_mb, max(platform.memory_min_mb, round(platform.mb_per_vcpu))))
 
 
+#: how far above calibrate's probe a model's own CPU-share slow-down must be measured (as a fraction of the
+#: probe's) before plans below one vCPU use it: wider than a whole-model timing's run-to-run spread there
+SHARE_MARGIN = 0.25
+#: a model is timed for its own share slow-down only where the smallest size that holds it is below this
+#: share of a core (above it the quota pauses little, and the timing would cost more than it could correct)
+SHARE_PROBE_MAX_VCPU = 0.5
+
+
+#: the requests :func:`whole_model_ms` sends a size (its samples and warm-up)
+_WHOLE_REQUESTS = 13
+
+
+def share_probe_mb(pm: Any, budget_s: float | None = None) -> int | None:
+    """The size a model's own CPU-share slow-down is timed at: the smallest memory option that holds the
+    whole model in one function, where that buys less than :data:`SHARE_PROBE_MAX_VCPU` (and, given
+    ``budget_s``, where the model predicts the timing there to take at most that long); None elsewhere, or
+    where CPU does not follow memory."""
+    from partitioner.perfmodel import StageChoice
+    from partitioner.spec import Split
+
+    p = pm.platform
+    if pm.cpu.per_function or not p.share_factors:
+        return None
+    whole = [StageChoice(0, len(pm.lg.units) - 1, Split("none", (1,)), True, 0)]
+    try:
+        mb = p.round_memory(pm.master_need_mb(whole, p.memory_max_mb))
+    except ValueError:  # fits no function
+        return None
+    if mb / p.mb_per_vcpu >= SHARE_PROBE_MAX_VCPU:
+        return None
+    if budget_s is not None and pm.estimate(whole, mb).latency_ms * _WHOLE_REQUESTS / 1e3 > budget_s:
+        return None
+    return mb
+
+
 def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     """Rescale ``pm``'s unit times to the whole model timed in a one-vCPU function on the target, and its CPU
     share's slow-down at the memory the request fixes below one vCPU to the model's own there
     (:func:`whole_model_ms`); a note for the plan, empty where nothing could be timed.
 
-    With ``--memory auto`` the share's slow-down stays calibrate's: a model timed once or twice below one vCPU
-    varies from run to run on a shared host far more than calibrate's repeated probe does, and the cost of a
-    function below one vCPU is so flat in its memory that such an error decides which size the cheapest plan
-    takes."""
+    With ``--memory auto`` the model is also timed at the smallest size that holds it (:func:`share_probe_mb`),
+    and its own slow-down there replaces calibrate's only where it is more than :data:`SHARE_MARGIN` above it
+    (:meth:`PlatformFacts.with_model_share` carries it to the other sizes): a model timed once or twice below
+    one vCPU varies from run to run on a shared host far more than calibrate's repeated probe does, and the
+    cost of a function below one vCPU is so flat in its memory that an error within that noise would decide
+    which size the cheapest plan takes; a model that keeps rereading a few MB (an LSTM) loses far more of a
+    small share than the probe, and every plan of it below one vCPU would be priced low."""
     from dataclasses import replace
 
     from partitioner.planner import scale_to_whole
 
     p = pm.platform
     ref = _one_vcpu_mb(p)
-    low = [int(request.memory)] if request.memory != "auto" and int(request.memory) < p.mb_per_vcpu else []
+    auto = request.memory == "auto"
+    # a quarter of the profile budget at most: the plan's stages are timed from the same budget
+    probe = share_probe_mb(pm, budget_s=request.profile_budget_s / 4) if auto else None
+    low = ([int(request.memory)] if not auto and int(request.memory) < p.mb_per_vcpu else
+           [probe] if probe is not None else [])
     if progress is not None:
         progress("timing the whole model in a function on the local platform (cached)")
     try:
@@ -308,9 +350,13 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
         if ms.get(m):
             v = m / p.mb_per_vcpu
             factor = ms[m] / ms[ref] * v
-            if 0.5 <= factor <= 2.0:  # as calibrate's own figures are taken (partitioner.perfmodel)
+            if not auto and 0.5 <= factor <= 2.0:  # as calibrate's own figures are taken (partitioner.perfmodel)
                 pm.use_platform(replace(p, share_factors=((v, factor),)))
                 note += f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that (its CPU share's slow-down for this model)"
+            elif auto and (1.0 + SHARE_MARGIN) * p.share_factor(v) < factor <= 4.0:
+                pm.use_platform(p.with_model_share(v, factor))
+                note += (f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that, {factor / p.share_factor(v):.2f}x the "
+                         "slow-down calibrate's probe has there: planned below one vCPU with the model's own")
     pm.use_compute(compute)
     return note
 

@@ -1,0 +1,105 @@
+"""A model's own CPU-share slow-down below one vCPU, where CPU follows memory: timed at the smallest size that
+holds the model, and planned with only where it is well above calibrate's probe's (``--memory auto``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from partitioner.graph import LayerGraph
+from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts
+from partitioner.planner import PlanRequest
+from platforms import load_profile
+from tests.onnx_builders import conv_stack
+
+# calibrate's probe on a 2-core machine: a little slower than the nominal share at every size below one vCPU
+PROBE = ((128 / 1769, 1.09), (256 / 1769, 1.08), (512 / 1769, 1.13), (1024 / 1769, 1.11))
+
+
+def test_a_models_own_slow_down_replaces_the_probes_and_fades_to_none_at_one_vcpu() -> None:
+    facts = dataclasses.replace(PlatformFacts.from_profile(load_profile("local")), share_factors=PROBE)
+    v0 = 205 / 1769
+    own = facts.with_model_share(v0, 1.53)
+    assert own.share_factor(v0) == pytest.approx(1.53)
+    assert own.vcpu(205) == pytest.approx(v0 / 1.53)
+    # below the size timed the model's excess over the probe holds; above it, it shrinks towards one vCPU
+    excess = 1.53 / facts.share_factor(v0)
+    assert own.share_factor(128 / 1769) == pytest.approx(1.09 * excess)
+    lower = [own.share_factor(m / 1769) / facts.share_factor(m / 1769) for m in (256, 512, 1024, 1700)]
+    assert all(a > b for a, b in zip(lower, lower[1:], strict=False)) and lower[0] < excess
+    assert own.share_factor(1.0) == facts.share_factor(1.0) == 1.0
+    assert own.vcpu(1769) == facts.vcpu(1769) == 1.0
+    # the probe's own figures are kept where the model's matches it (no excess: nothing changes)
+    same = facts.with_model_share(v0, facts.share_factor(v0))
+    assert [same.share_factor(v) for v, _ in PROBE] == pytest.approx([f for _, f in PROBE])
+
+
+@pytest.fixture
+def lg() -> LayerGraph:
+    return LayerGraph.load(conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * 3,
+                                      cin=3, h=16, w=16))
+
+
+def _pm(lg: LayerGraph) -> PerfModel:
+    facts = dataclasses.replace(PlatformFacts.from_profile(load_profile("local")), share_factors=PROBE)
+    return PerfModel(lg, facts, ComputeModel(tuple({1: 10.0, 2: 6.0} for _ in lg.units),
+                                             tuple(u.flops for u in lg.units)), transport="shm")
+
+
+def _timed(lg: LayerGraph, pm: PerfModel, ms: dict[int, float]) -> None:
+    """``ms`` as the whole model's cached timings in a function (what ``whole_model_ms`` would have measured)."""
+    from serving.calibrate.stages import _expected_cpu_limit, stage_times_path
+
+    path = stage_times_path(lg, pm, "shm", _expected_cpu_limit()).with_suffix(".whole.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"ms": {str(k): v for k, v in ms.items()}, "samples": 10}))
+
+
+@pytest.mark.parametrize(("over_probe", "taken"), [(1.40, True), (1.15, False), (5.0, False)])
+def test_memory_auto_plans_with_the_models_own_share_only_where_it_is_well_above_the_probes(
+        lg: LayerGraph, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, over_probe: float, taken: bool) -> None:
+    """An LSTM-like model 1.4x slower at its smallest size than the probe says is planned with its own figure;
+    one 1.15x slower (within a timing's run-to-run spread) keeps calibrate's, as does one whose figure is
+    beyond belief (5x: a timing another process took over)."""
+    from serving.calibrate.stages import scale_to_function, share_probe_mb
+
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path))
+    pm = _pm(lg)
+    probe = share_probe_mb(pm)
+    assert probe == 128  # the model holds in the smallest function
+    v = probe / 1769
+    one = 3 * 10.0
+    _timed(lg, pm, {1769: one, probe: one / v * pm.platform.share_factor(v) * over_probe})
+    before = pm.platform
+    note = scale_to_function(lg, PlanRequest(platform="local", transport="shm", profile_budget_s=600), pm, None)
+    if taken:
+        assert pm.platform.share_factor(v) == pytest.approx(before.share_factor(v) * over_probe)
+        assert pm.function_vcpu(probe) < before.vcpu(probe)
+        assert "the model's own" in note and f"{over_probe:.2f}x the slow-down calibrate's probe" in note
+    else:
+        assert pm.platform.share_factors == before.share_factors
+        assert "the model's own" not in note
+
+
+def test_no_share_timing_where_cpu_is_per_function_or_the_model_needs_half_a_core(lg: LayerGraph) -> None:
+    from serving.calibrate.stages import share_probe_mb
+
+    pm = _pm(lg)
+    per_function = PerfModel(lg, pm.platform, pm.compute, transport="shm", cpu=load_profile("openfaas").cpu)
+    assert share_probe_mb(per_function) is None
+    big = PerfModel(lg, dataclasses.replace(pm.platform, memory_min_mb=1024), pm.compute, transport="shm")
+    assert share_probe_mb(big) is None  # 1024 MB is more than half a core's 1769
+    # a model whose timing at its smallest size would take longer than the planner can spare
+    seconds = pm.estimate(list(_whole(lg)), 128).latency_ms * 13 / 1e3
+    assert share_probe_mb(pm, budget_s=seconds * 1.1) == 128
+    assert share_probe_mb(pm, budget_s=seconds * 0.9) is None
+
+
+def _whole(lg: LayerGraph) -> tuple:
+    from partitioner.perfmodel import StageChoice
+    from partitioner.spec import Split
+
+    return (StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0),)

@@ -1,9 +1,9 @@
 """A test run keeps off the user's machine, and ``--leak-check`` proves it.
 
 :func:`isolate` (called when ``tests/conftest.py`` is imported) points flatpack's cache
-(``FLATPACK_CACHE_DIR``, and matplotlib's ``MPLCONFIGDIR`` in it), its state (``FLATPACK_STATE_DIR``) and the
-temporary directory (``TMPDIR``, which ``tempfile``, stable-baselines3, torch and every subprocess follow) into
-one tree of this run's own,
+(``FLATPACK_CACHE_DIR``, and matplotlib's ``MPLCONFIGDIR`` and ``XDG_CACHE_HOME`` in it), its state
+(``FLATPACK_STATE_DIR``) and the temporary directory (``TMPDIR``, which ``tempfile``, stable-baselines3, torch
+and every subprocess follow) into one tree of this run's own,
 ``<tmp>/flatpack-tests-*`` (with a ``home`` for the subprocesses of tools that write to ``$HOME``, such as
 the Serverless Framework). The process that makes the tree (pytest's controller under xdist) owns it and
 removes it when the run ends; xdist's workers inherit its environment, so they share one zoo cache and
@@ -52,6 +52,11 @@ def isolate() -> Path:
         mpl = Path(root) / "cache" / "matplotlib"
         mpl.mkdir()
         os.environ["MPLCONFIGDIR"] = str(mpl)
+        # onnxruntime writes a device id under $XDG_CACHE_HOME (~/.cache/Microsoft) the first time a process
+        # on the machine makes a session: on a fresh machine that is this run
+        xdg = Path(root) / "cache" / "xdg"
+        xdg.mkdir()
+        os.environ["XDG_CACHE_HOME"] = str(xdg)
     tempfile.tempdir = None  # gettempdir() caches its answer: read TMPDIR again
     return Path(root)
 

@@ -50,6 +50,22 @@ def test_the_cache_state_and_temporary_directories_are_the_runs_own() -> None:
     assert Path(os.environ["TMPDIR"]).is_relative_to(TEST_ROOT)
 
 
+def test_an_onnxruntime_session_leaves_nothing_in_home(tmp_path: Path) -> None:
+    """onnxruntime writes a device id under ``~/.cache/Microsoft`` the first time a process on the machine makes
+    a session (on a fresh machine, the first test that does); the run points it into its own tree."""
+    home = tmp_path / "home"
+    home.mkdir()
+    code = ("import onnx, onnxruntime as ort\n"
+            "from onnx import TensorProto, helper\n"
+            "x = helper.make_tensor_value_info('x', TensorProto.FLOAT, [1])\n"
+            "y = helper.make_tensor_value_info('y', TensorProto.FLOAT, [1])\n"
+            "g = helper.make_graph([helper.make_node('Relu', ['x'], ['y'])], 'g', [x], [y])\n"
+            "ort.InferenceSession(helper.make_model(g).SerializeToString(), providers=['CPUExecutionProvider'])\n")
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, "HOME": str(home)}, check=True, timeout=120)
+    assert Path(os.environ["XDG_CACHE_HOME"]).is_relative_to(TEST_ROOT)
+    assert not list(home.rglob("*"))
+
+
 def test_a_clean_run_passes_the_leak_check(tmp_path: Path) -> None:
     run = _child_run(tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -217,11 +217,12 @@ def _expected_cpu_limit() -> str:
 
 
 def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = (), samples: int = 10,
-                   warmup: int = 3) -> dict[int, float]:
+                   warmup: int = 3, fresh: bool = False) -> dict[int, float]:
     """The whole model's compute in one function on the local platform (the running one, else one started
     for it), at one vCPU and at each of ``memories``: the median of its handler's stage time over ``samples``
     warm requests, requests to the sizes interleaved. Cached per model and platform beside the stage times,
-    where the repeats agree (quartiles within 1.25x); a size not cached is timed with the reference again.
+    where the repeats agree (quartiles within 1.25x); a size not cached is timed with the reference again, and
+    ``fresh`` times every size again.
 
     The unit profile is scaled to the whole model timed in the planning process, and the CPU share's slow-down
     is calibrate's MatMul probe's. The same compute in a function runs a little slower than in the planning
@@ -243,6 +244,8 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     try:
         cached = {int(k): float(v) for k, v in json.loads(path.read_text())["ms"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        cached = {}
+    if fresh:
         cached = {}
     if all(m in cached for m in sizes):
         return {m: cached[m] for m in sizes}
@@ -308,6 +311,11 @@ def share_probe_mb(pm: Any, budget_s: float | None = None) -> int | None:
     return mb
 
 
+#: below this one-thread unit sum a function's own fixed costs (its handler, the transport) can take the
+#: whole model's time in it further from the sum than ``WHOLE_SUSPECT`` on a quiet machine: not cross-checked
+_SUSPECT_MIN_MS = 20.0
+
+
 def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     """Rescale ``pm``'s unit times to the whole model timed in a one-vCPU function on the target, and its CPU
     share's slow-down at the memory the request fixes below one vCPU to the model's own there
@@ -322,7 +330,7 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     small share than the probe, and every plan of it below one vCPU would be priced low."""
     from dataclasses import replace
 
-    from partitioner.planner import scale_to_whole
+    from partitioner.planner import WHOLE_SUSPECT, scale_to_whole
 
     p = pm.platform
     ref = _one_vcpu_mb(p)
@@ -341,6 +349,18 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     one = sum(u.get(1, 0.0) for u in pm.compute.unit_ms)
     if not ms.get(ref) or one <= 0:
         return ""
+    if one >= _SUSPECT_MIN_MS and not 1 / WHOLE_SUSPECT <= ms[ref] / one <= WHOLE_SUSPECT:
+        # as the planning process's own whole-model timing (partitioner.planner): a figure this far from the
+        # units' sum was most likely timed, and cached, while something else had the CPU
+        log.info("%s: the whole model's time in a function, %.1f ms, is x%.2f its units' sum; timing it again",
+                 lg.name, ms[ref], ms[ref] / one)
+        try:
+            ms = whole_model_ms(lg, request, pm, memories=low, fresh=True)
+        except (OSError, ValueError, RuntimeError) as e:
+            log.warning("could not time the whole model in a function again (%s): unit times as profiled", e)
+            return ""
+        if not ms.get(ref):
+            return ""
     ratio = ms[ref] / one
     threads = sorted({t for u in pm.compute.unit_ms for t in u})
     compute, how = scale_to_whole(pm.compute, {t: ratio * sum(u.get(t, 0.0) for u in pm.compute.unit_ms)

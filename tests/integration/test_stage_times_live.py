@@ -164,3 +164,44 @@ def test_the_whole_model_is_timed_in_a_function_once_and_the_unit_times_follow_i
         return
     assert pm.platform.share_factors == ((pytest.approx(MB / 1769), pytest.approx(factor)),)
     assert "its CPU share's slow-down for this model" in note
+
+
+def test_a_cached_whole_model_time_in_a_function_far_from_its_units_is_timed_again(
+        shared_platform, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A one-vCPU timing of the whole model in a function cached while the machine was busy (here 5x what it
+    takes) is timed again before it scales the units, as the planning process's own timing is."""
+    import json
+
+    from serving.calibrate.stages import (
+        _SUSPECT_MIN_MS,
+        _expected_cpu_limit,
+        scale_to_function,
+        stage_times_path,
+        whole_model_ms,
+    )
+    from tests.conftest import slow_model
+
+    lg = LayerGraph.load(slow_model(layers=16))  # 4 GFLOP: tens of ms on any core
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
+    request = PlanRequest(mode="lo", platform="local", memory=1769, transport="shm", profile_budget_s=600)
+    pm = _pm(lg)
+    true_ms = whole_model_ms(lg, request, pm, samples=3, warmup=1)[1769]
+    path = stage_times_path(lg, pm, "shm", _expected_cpu_limit()).with_suffix(".whole.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"ms": {"1769": 5 * true_ms}, "samples": 3}))  # cached on a busy machine
+    n = len(lg.units)
+    one = true_ms / 1.1  # the units' sum: the truth within the cross-check's band, the cached figure 5.5x
+    assert one >= _SUSPECT_MIN_MS  # slow enough to be cross-checked
+    pm = PerfModel(lg, pm.platform, ComputeModel(tuple({1: one / n} for _ in lg.units),
+                                                 tuple(u.flops for u in lg.units)), transport="shm")
+    before = {f["name"] for f in platform_functions(shared_platform)}
+    scale_to_function(lg, request, pm, None)
+    scaled = sum(u[1] for u in pm.compute.unit_ms)
+    # timed again: not the cached figure (5.5x the units, which the scale clips at 3x); a loaded machine may
+    # time it slower than the first time, but not 2.5x
+    assert scaled < 2.5 * one, (scaled, one, true_ms)
+    assert {f["name"] for f in platform_functions(shared_platform)} == before  # nothing left deployed
+
+
+def platform_functions(platform) -> list[dict]:  # noqa: ANN001 - a LocalPlatform
+    return list(platform.client.functions())

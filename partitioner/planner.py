@@ -152,11 +152,20 @@ def _forget_whole_model(lg: LayerGraph, *threads: int) -> None:
         _whole_model_path(lg, t, ort.__version__).unlink(missing_ok=True)
 
 
-def _time_whole_model(lg: LayerGraph, threads: int, reps: int = 5, *, fresh: bool = False) -> float:
+#: a cached whole-model time further than this factor from its units' profiled sum (either way) is timed
+#: again: the two differ by what units run one after another do to each other's caches (tens of per cent);
+#: a figure further off was most likely timed while something else had the CPU, and would skew every later
+#: plan of the model
+WHOLE_SUSPECT = 1.6
+
+
+def _time_whole_model(lg: LayerGraph, threads: int, reps: int = 5, *, fresh: bool = False,
+                      units_ms: float = 0.0) -> float:
     """Median ms of the whole model at ``threads`` intra-op threads, in this process, with a function's
     session options; cached per model (``fresh``: measure again and replace the cached figure). Repeats
     that disagree (:func:`timing_problem`) are measured again, and a figure that stays disturbed is used but
-    never cached."""
+    never cached. ``units_ms``: the units' profiled sum at ``threads``; a cached figure more than
+    :data:`WHOLE_SUSPECT` from it is measured again (with at least 15 repeats), as ``fresh``."""
     import tempfile
 
     import onnxruntime as ort
@@ -167,7 +176,13 @@ def _time_whole_model(lg: LayerGraph, threads: int, reps: int = 5, *, fresh: boo
 
     path = _whole_model_path(lg, threads, ort.__version__)
     if path.is_file() and not fresh:
-        return float(json.loads(path.read_text())["median_ms"])
+        cached = float(json.loads(path.read_text())["median_ms"])
+        if units_ms <= 0 or 1 / WHOLE_SUSPECT <= cached / units_ms <= WHOLE_SUSPECT:
+            return cached
+        # timing_problem catches repeats that disagree, not a machine that was slow all along
+        log.info("%s: the cached whole-model time at %d thread(s) is x%.2f its units' profiled sum; timing it "
+                 "again", lg.name, threads, cached / units_ms)
+        reps = max(reps, 15)
     with tempfile.TemporaryDirectory(prefix="flatpack-calib-") as tmp:
         model_path = Path(tmp) / "m.onnx"
         save_model(lg.model, model_path)
@@ -233,13 +248,6 @@ def threads_problem(t1_ms: float, t2_ms: float) -> str:
     return ""
 
 
-#: a cached whole-model time further than this factor from its units' profiled sum (either way) is timed
-#: again: the two differ by what units run one after another do to each other's caches (tens of per cent);
-#: a figure further off was most likely timed while something else had the CPU, and would skew every later
-#: plan of the model
-WHOLE_SUSPECT = 1.6
-
-
 def _whole_model_scaled(cm: ComputeModel, lg: LayerGraph, *, fresh: bool) -> tuple[ComputeModel, str]:
     """Profiled unit times rescaled, per thread count, so that they add up to the whole model's time.
 
@@ -252,13 +260,8 @@ def _whole_model_scaled(cm: ComputeModel, lg: LayerGraph, *, fresh: bool) -> tup
     wholes: dict[int, float] = {}
     for t in sorted({k for u in cm.unit_ms for k in u}):
         try:
-            wholes[t] = _time_whole_model(lg, t, reps=15 if fresh else 5, fresh=fresh)
-            total = sum(u.get(t, 0.0) for u in cm.unit_ms)
-            if not fresh and total > 0 and not 1 / WHOLE_SUSPECT <= wholes[t] / total <= WHOLE_SUSPECT:
-                # timing_problem catches repeats that disagree, not a machine that was slow all along
-                log.info("%s: the cached whole-model time at %d thread(s) is x%.2f its units' profiled sum; "
-                         "timing it again", lg.name, t, wholes[t] / total)
-                wholes[t] = _time_whole_model(lg, t, reps=15, fresh=True)
+            wholes[t] = _time_whole_model(lg, t, reps=15 if fresh else 5, fresh=fresh,
+                                          units_ms=sum(u.get(t, 0.0) for u in cm.unit_ms))
         except Exception as e:  # noqa: BLE001 - e.g. a model too big for this machine: keep the unit sums
             log.warning("whole-model timing at %d thread(s) failed (%s); unit times left as profiled", t, e)
     return scale_to_whole(cm, wholes)

@@ -245,7 +245,12 @@ def mc_model(p50_pm: Any, mc_pm: Any, master_mb: int) -> Any:
     """The model a plan's MC is predicted with (:func:`_scaled`'s two): the tail-scaled one where CPU is per
     function or the plan's master (billed for the whole request) computes with one vCPU or more; the median's
     where it computes with a fraction of a core."""
-    return mc_pm if p50_pm.cpu.per_function or p50_pm.function_vcpu(master_mb) >= 1.0 - 1e-9 else p50_pm
+    return mc_pm if p50_pm.cpu.per_function or _whole_vcpu(p50_pm, master_mb) else p50_pm
+
+
+def _whole_vcpu(pm: Any, memory_mb: int) -> bool:
+    """Whether a function of ``memory_mb`` computes with one vCPU or more (as the reference does)."""
+    return bool(pm.function_vcpu(memory_mb) >= 1.0 - 1e-9)
 
 
 def _model_share(lg: Any, pm: Any, platform: str, say: Callable[[str], None]) -> str:
@@ -336,7 +341,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 samples, usage, _ = interleaved(targets, pool, n, burst=burst)
             if not pm.cpu.per_function:  # the tail of the requests made with one vCPU or more (see _scaled)
                 samples_tail = {k: v for k, v in samples.items()
-                                if k == REFERENCE or (k in plans and pm.function_vcpu(plans[k][1]) >= 1.0 - 1e-9)}
+                                if k == REFERENCE or (k in plans and _whole_vcpu(pm, plans[k][1]))}
             else:
                 samples_tail = samples
             pm, mc_pm, compute = _scaled(pm, targets.get(REFERENCE), n, request_tail(samples_tail))

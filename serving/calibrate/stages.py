@@ -216,13 +216,30 @@ def _expected_cpu_limit() -> str:
     return detect(PlatformConfig.from_env(port=0).cpu_limit)
 
 
-def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = (), samples: int = 10,
-                   warmup: int = 3, fresh: bool = False) -> dict[int, float]:
+#: below this one-thread unit sum a function's own fixed costs (its handler, the transport) can take the
+#: whole model's time in it further from the sum than ``WHOLE_SUSPECT`` on a quiet machine: not cross-checked
+_SUSPECT_MIN_MS = 20.0
+#: the warm requests :func:`whole_model_ms` times a size by, after its warm-up
+_WHOLE_SAMPLES, _WHOLE_WARMUP = 10, 3
+
+
+def _whole_stage(lg: Any) -> tuple[Any, ...]:
+    """The whole model as one stage, computed by the master: a plan's choices for it in one function."""
+    from partitioner.perfmodel import StageChoice
+    from partitioner.spec import Split
+
+    return (StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0),)
+
+
+def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = (), samples: int = _WHOLE_SAMPLES,
+                   warmup: int = _WHOLE_WARMUP, units_ms: float = 0.0) -> dict[int, float]:
     """The whole model's compute in one function on the local platform (the running one, else one started
     for it), at one vCPU and at each of ``memories``: the median of its handler's stage time over ``samples``
     warm requests, requests to the sizes interleaved. Cached per model and platform beside the stage times,
-    where the repeats agree (quartiles within 1.25x); a size not cached is timed with the reference again, and
-    ``fresh`` times every size again.
+    where the repeats agree (quartiles within 1.25x); a size not cached is timed with the reference again.
+    Repeats that agree do not show a machine that was busy for the whole timing: given ``units_ms`` (the
+    units' one-thread profiled sum, at least :data:`_SUSPECT_MIN_MS`), a cached one-vCPU figure more than
+    ``WHOLE_SUSPECT`` from it is timed again with every size, as the planning process's own timing is.
 
     The unit profile is scaled to the whole model timed in the planning process, and the CPU share's slow-down
     is calibrate's MatMul probe's. The same compute in a function runs a little slower than in the planning
@@ -232,9 +249,8 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     import json
     import tempfile
 
-    from partitioner.perfmodel import StageChoice
+    from partitioner.planner import WHOLE_SUSPECT
     from partitioner.solvers.common import SolverResult
-    from partitioner.spec import Split
     from serving.calibrate.target import local_platform
 
     p = pm.platform
@@ -245,11 +261,14 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
         cached = {int(k): float(v) for k, v in json.loads(path.read_text())["ms"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         cached = {}
-    if fresh:
+    if (cached.get(ref) and units_ms >= _SUSPECT_MIN_MS
+            and not 1 / WHOLE_SUSPECT <= cached[ref] / units_ms <= WHOLE_SUSPECT):
+        log.info("%s: the whole model's cached time in a function, %.1f ms, is x%.2f its units' sum; timing it "
+                 "again", lg.name, cached[ref], cached[ref] / units_ms)
         cached = {}
     if all(m in cached for m in sizes):
         return {m: cached[m] for m in sizes}
-    whole = (StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0),)
+    whole = _whole_stage(lg)
     plans = [SolverResult(whole, m, pm.estimate(list(whole), m), "unsplit") for m in sizes]
     with tempfile.TemporaryDirectory(prefix="flatpack-whole-") as tmp, local_platform(request.platform) as t:
         timer = StageTimer(t.client, t.url, lg, request, pm, Path(tmp), samples=samples, warmup=warmup)
@@ -284,36 +303,24 @@ SHARE_MARGIN = 0.25
 SHARE_PROBE_MAX_VCPU = 0.5
 
 
-#: the requests :func:`whole_model_ms` sends a size (its samples and warm-up)
-_WHOLE_REQUESTS = 13
-
-
 def share_probe_mb(pm: Any, budget_s: float | None = None) -> int | None:
     """The size a model's own CPU-share slow-down is timed at: the smallest memory option that holds the
     whole model in one function, where that buys less than :data:`SHARE_PROBE_MAX_VCPU` (and, given
     ``budget_s``, where the model predicts the timing there to take at most that long); None elsewhere, or
     where CPU does not follow memory."""
-    from partitioner.perfmodel import StageChoice
-    from partitioner.spec import Split
-
     p = pm.platform
     if pm.cpu.per_function or not p.share_factors:
         return None
-    whole = [StageChoice(0, len(pm.lg.units) - 1, Split("none", (1,)), True, 0)]
+    whole = list(_whole_stage(pm.lg))
     try:
         mb = p.round_memory(pm.master_need_mb(whole, p.memory_max_mb))
     except ValueError:  # fits no function
         return None
     if mb / p.mb_per_vcpu >= SHARE_PROBE_MAX_VCPU:
         return None
-    if budget_s is not None and pm.estimate(whole, mb).latency_ms * _WHOLE_REQUESTS / 1e3 > budget_s:
+    if budget_s is not None and pm.estimate(whole, mb).latency_ms * (_WHOLE_SAMPLES + _WHOLE_WARMUP) / 1e3 > budget_s:
         return None
     return mb
-
-
-#: below this one-thread unit sum a function's own fixed costs (its handler, the transport) can take the
-#: whole model's time in it further from the sum than ``WHOLE_SUSPECT`` on a quiet machine: not cross-checked
-_SUSPECT_MIN_MS = 20.0
 
 
 def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
@@ -330,7 +337,7 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     small share than the probe, and every plan of it below one vCPU would be priced low."""
     from dataclasses import replace
 
-    from partitioner.planner import WHOLE_SUSPECT, scale_to_whole
+    from partitioner.planner import scale_to_whole
 
     p = pm.platform
     ref = _one_vcpu_mb(p)
@@ -341,26 +348,14 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
            [probe] if probe is not None else [])
     if progress is not None:
         progress("timing the whole model in a function on the local platform (cached)")
+    one = sum(u.get(1, 0.0) for u in pm.compute.unit_ms)
     try:
-        ms = whole_model_ms(lg, request, pm, memories=low)
+        ms = whole_model_ms(lg, request, pm, memories=low, units_ms=one)
     except (OSError, ValueError, RuntimeError) as e:
         log.warning("could not time the whole model in a function (%s): unit times as profiled", e)
         return ""
-    one = sum(u.get(1, 0.0) for u in pm.compute.unit_ms)
     if not ms.get(ref) or one <= 0:
         return ""
-    if one >= _SUSPECT_MIN_MS and not 1 / WHOLE_SUSPECT <= ms[ref] / one <= WHOLE_SUSPECT:
-        # as the planning process's own whole-model timing (partitioner.planner): a figure this far from the
-        # units' sum was most likely timed, and cached, while something else had the CPU
-        log.info("%s: the whole model's time in a function, %.1f ms, is x%.2f its units' sum; timing it again",
-                 lg.name, ms[ref], ms[ref] / one)
-        try:
-            ms = whole_model_ms(lg, request, pm, memories=low, fresh=True)
-        except (OSError, ValueError, RuntimeError) as e:
-            log.warning("could not time the whole model in a function again (%s): unit times as profiled", e)
-            return ""
-        if not ms.get(ref):
-            return ""
     ratio = ms[ref] / one
     threads = sorted({t for u in pm.compute.unit_ms for t in u})
     compute, how = scale_to_whole(pm.compute, {t: ratio * sum(u.get(t, 0.0) for u in pm.compute.unit_ms)

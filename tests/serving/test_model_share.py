@@ -85,7 +85,7 @@ def test_memory_auto_plans_with_the_models_own_share_only_where_it_is_well_above
 
 
 def test_no_share_timing_where_cpu_is_per_function_or_the_model_needs_half_a_core(lg: LayerGraph) -> None:
-    from serving.calibrate.stages import share_probe_mb
+    from serving.calibrate.stages import _whole_stage, share_probe_mb
 
     pm = _pm(lg)
     per_function = PerfModel(lg, pm.platform, pm.compute, transport="shm", cpu=load_profile("openfaas").cpu)
@@ -93,13 +93,7 @@ def test_no_share_timing_where_cpu_is_per_function_or_the_model_needs_half_a_cor
     big = PerfModel(lg, dataclasses.replace(pm.platform, memory_min_mb=1024), pm.compute, transport="shm")
     assert share_probe_mb(big) is None  # 1024 MB is more than half a core's 1769
     # a model whose timing at its smallest size would take longer than the planner can spare
-    seconds = pm.estimate(list(_whole(lg)), 128).latency_ms * 13 / 1e3
+    seconds = pm.estimate(list(_whole_stage(lg)), 128).latency_ms * 13 / 1e3
     assert share_probe_mb(pm, budget_s=seconds * 1.1) == 128
     assert share_probe_mb(pm, budget_s=seconds * 0.9) is None
 
-
-def _whole(lg: LayerGraph) -> tuple:
-    from partitioner.perfmodel import StageChoice
-    from partitioner.spec import Split
-
-    return (StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0),)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -124,10 +123,8 @@ def test_profile_graph_measures_every_unit_and_the_cache_makes_it_instant(cache_
         assert set(u.time_ms) == {1, 2} and u.flops == unit.flops and u.weight_bytes == unit.weight_bytes
         assert all(0 < u.time_ms[t] <= u.p95_ms[t] for t in (1, 2))
         assert u.peak_rss_mb > base_mb * 0.9 and u.cold_start_ms > 0
-    t = time.perf_counter()
     second = profile_graph(lg, threads=(1, 2), warmup=1, reps=3, cache_dir=cache_dir)
-    assert time.perf_counter() - t < 2.0
-    assert second.units == first.units and second.measure_s == 0.0
+    assert second.units == first.units and second.measure_s == 0.0  # nothing measured again
     cached = profile_graph(lg, threads=(1, 2), warmup=1, reps=3, cache_dir=cache_dir, cached_only=True)
     assert cached is not None and cached.units == second.units
     assert profile_graph(lg, threads=(1, 2), warmup=2, reps=3, cache_dir=cache_dir, cached_only=True) is None

@@ -191,10 +191,13 @@ class MemoryRange:
 @dataclass(frozen=True)
 class TransferCost:
     """What one put or get through a transport costs: ``latency_ms`` plus the bytes at ``bandwidth_mb_s``
-    (MiB per second, as ``bandwidth_mb_s`` everywhere in a profile)."""
+    (MiB per second, as ``bandwidth_mb_s`` everywhere in a profile). ``tensor_ms``: what each further small
+    tensor costs a function that moves several one after another (a recommendation model's nine inputs),
+    whose caches the first one has warmed; None: not calibrated, each costs ``latency_ms``."""
 
     latency_ms: float
     bandwidth_mb_s: float
+    tensor_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -336,7 +339,8 @@ class PlatformProfile:
                 shared_memory=bool(d["shared_memory"]),
                 sources={str(k): str(v) for k, v in (d.get("sources") or {}).items()},
                 billed_overhead_ms=float(d.get("billed_overhead_ms", 0.0)),
-                transports={str(k): TransferCost(float(v["latency_ms"]), float(v["bandwidth_mb_s"]))
+                transports={str(k): TransferCost(float(v["latency_ms"]), float(v["bandwidth_mb_s"]),
+                                                 float(v["tensor_ms"]) if v.get("tensor_ms") is not None else None)
                             for k, v in (d.get("transports") or {}).items()},
                 cold_start_ms=None if d.get("cold_start_ms") is None else float(d["cold_start_ms"]),
                 cpu_share={int(k): float(v) for k, v in (d.get("cpu_share") or {}).items()},

@@ -600,8 +600,9 @@ class PerfModel:
         io = nbytes / (p.bandwidth_mb_s * MB) * 1e3
         if p.shared_host and self.transport != "inline":
             # on the local platform the caller hands inputs and outputs through the deployment's transport
-            # too: a put and a get of each tensor (in the cloud they ride in the HTTP request and response)
-            io += 2 * (len(lg.inputs) + len(lg.outputs)) * p.transfer_latency_ms
+            # too: a put and a get of each tensor (in the cloud they ride in the HTTP request and response),
+            # the inputs one after another and the outputs one after another
+            io += 2 * (p.moves_ms(len(lg.inputs)) + p.moves_ms(len(lg.outputs)))
         io += self.live.overhead_ms  # the endpoint's own share, where a live probe measured it
         return p.invoke.mean + io, p.invoke.quantile(self.q) + io
 
@@ -740,8 +741,9 @@ class PerfModel:
         p = self.platform
         lg = self.lg
         nbytes = sum(lg.tensors[x].nbytes for x in (*lg.inputs, *lg.outputs))
-        # a get of each input and a put of each output, each its own transfer (a DLRM's nine inputs: nine)
-        moves = ((len(lg.inputs) + len(lg.outputs)) * p.transfer_latency_ms
+        # a get of each input and a put of each output, each its own transfer (a DLRM's nine inputs: nine), one
+        # after another: the first of each at the transfer latency, the further ones at the calibrated tensor's
+        moves = (p.moves_ms(len(lg.inputs)) + p.moves_ms(len(lg.outputs))
                  if p.shared_host and self.transport != "inline" else 0.0)
         return nbytes / (p.bandwidth_mb_s * MB) * 1e3 + moves + self.handling_ms
 

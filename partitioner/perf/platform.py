@@ -54,8 +54,12 @@ class PlatformFacts:
     # how much its own threads spend beyond the work (ComputeModel.quota_cpu scales the quotas' waste by each
     # unit's own); 0: not calibrated
     quota_threads_cpu: float = 0.0
-    # calibrated transports: (name, latency ms per put or get, bandwidth MiB/s), measured on the platform
-    transfers: tuple[tuple[str, float, float], ...] = ()
+    # calibrated transports: (name, latency ms per put or get, bandwidth MiB/s, each further small tensor's ms or
+    # None), measured on the platform
+    transfers: tuple[tuple[str, float, float, float | None], ...] = ()
+    # each further small tensor's put or get where a function moves several one after another (the first pays
+    # ``transfer_latency_ms``); None: each pays ``transfer_latency_ms``
+    tensor_ms: float | None = None
     # calibrated: the master's CPU per worker invocation (ms) as (master's nominal vCPU, ms), by vCPU; (): the
     # compute model's default at every size
     dispatch: tuple[tuple[float, float], ...] = ()
@@ -176,19 +180,28 @@ class PlatformFacts:
             share_factors=_share_factors(profile),
             quota_factors=_quota_factors(profile),
             quota_threads_cpu=_threads_cpu(profile),
-            transfers=tuple((name, t.latency_ms, t.bandwidth_mb_s) for name, t in sorted(profile.transports.items())),
+            transfers=tuple((name, t.latency_ms, t.bandwidth_mb_s, t.tensor_ms)
+                            for name, t in sorted(profile.transports.items())),
             dispatch=tuple(sorted((mb / profile.mb_per_vcpu, ms) for mb, ms in profile.dispatch_ms.items())),
             handling_ms=profile.handling_ms,
             jitter_sigma=profile.jitter_sigma,
         )
 
     def for_transport(self, transport: str) -> PlatformFacts:
-        """These facts with the per-transfer latency and bandwidth that calibrate measured for ``transport``
-        (unchanged where it measured none)."""
-        for name, latency_ms, bandwidth_mb_s in self.transfers:
+        """These facts with the per-transfer latency, bandwidth and further tensor's cost that calibrate
+        measured for ``transport`` (unchanged where it measured none)."""
+        for name, latency_ms, bandwidth_mb_s, tensor_ms in self.transfers:
             if name == transport:
-                return replace(self, transfer_latency_ms=latency_ms, bandwidth_mb_s=bandwidth_mb_s)
+                return replace(self, transfer_latency_ms=latency_ms, bandwidth_mb_s=bandwidth_mb_s, tensor_ms=tensor_ms)
         return self
+
+    def moves_ms(self, tensors: int) -> float:
+        """``tensors`` small tensors put or got one after another: the first at the transfer latency, each
+        further one at the calibrated :attr:`tensor_ms` (at the transfer latency too where none is)."""
+        if tensors <= 0:
+            return 0.0
+        further = self.tensor_ms if self.tensor_ms is not None else self.transfer_latency_ms
+        return self.transfer_latency_ms + (tensors - 1) * further
 
 
 def _share_factors(profile: PlatformProfile) -> tuple[tuple[float, float], ...]:

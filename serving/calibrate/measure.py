@@ -15,6 +15,11 @@ and invoked the ordinary way, so every figure includes what a real request pays:
   buffer larger than the last-level cache (``evict_bytes``): in a request, transfers follow compute that
   has evicted the caches, and back-to-back rounds would time hot ones (on this machine kind 0.057 ms per
   shm transfer hot, 0.082 ms cold, at 4 KiB);
+* **tensor moves**: on the local platform, for each reference transport, a no-op moving 8 small tensors each
+  way against one moving one, in turn, the caches evicted before each: what each further tensor's get or
+  put adds to the function's metered time. A model with many inputs (a DLRM's nine) moves them one after
+  another, the later ones with the caches the first one warmed: on a 2-core AMD EPYC 0.061 ms each (shm),
+  against the cold transfer's 0.162;
 * **cold start**: the first round trip after the function was deployed again (its instances gone),
   beyond a warm one's;
 * **dispatch**: the master's CPU per worker invocation (the event, the invoke request, reading the reply,
@@ -45,13 +50,14 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from functions.errors import TransportError
+from functions.plan import TensorSpec
 from platforms import MB, ExGauss, PlatformProfile, TransferCost
 from platforms.profile import vcpus_for
 from serving.calibrate.fit import fit_transfer
@@ -61,6 +67,7 @@ from serving.calibrate.probes import (
     echo_model,
     fork_model,
     noop_model,
+    tensors_model,
     write_fork_bundle,
     write_probe_bundle,
 )
@@ -179,11 +186,37 @@ class TransferFit:
     cost: TransferCost
     points: tuple[tuple[int, float, float], ...]  # (bytes, ms per transfer, its standard error in ms)
     samples: int
+    tensors: TensorMoves | None = None  # each further tensor of several (None: not measured)
 
     def to_json(self) -> dict[str, Any]:
         return {"latency_ms": self.cost.latency_ms, "bandwidth_mb_s": self.cost.bandwidth_mb_s,
+                "tensor_ms": self.cost.tensor_ms,
                 "points": [{"bytes": b, "ms": ms, "stderr_ms": se} for b, ms, se in self.points],
-                "samples_per_size": self.samples}
+                "samples_per_size": self.samples,
+                "tensors": self.tensors.to_json() if self.tensors is not None else None}
+
+
+@dataclass(frozen=True)
+class TensorMoves:
+    """A no-op that moves ``tensors`` small tensors each way against one that moves one, invoked in turn
+    (each after the caches were evicted, as in a request): what each further tensor's put or get adds to the
+    function's metered time (``billed_ms``, the mean over ``samples`` invocations each; None where the
+    platform meters nothing) and to the round trip (``rtt_ms``: the median difference over four moves a
+    tensor: the caller's put, the function's get, its put, the caller's get). ``tensor_ms``: the billed figure
+    where metered, else the round trip's."""
+
+    transport: str
+    tensors: int
+    billed_ms: float | None
+    rtt_ms: float
+    samples: int
+
+    @property
+    def tensor_ms(self) -> float:
+        return self.billed_ms if self.billed_ms is not None else self.rtt_ms
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tensors": self.tensors, "billed_ms": self.billed_ms, "rtt_ms": self.rtt_ms, "samples": self.samples}
 
 
 @dataclass(frozen=True)
@@ -357,8 +390,9 @@ class CalibrationTarget(Protocol):
         """``bundle`` deployed as a probe whose master has ``memory_mb``."""
 
 
-def _input(shape: Sequence[int]) -> dict[str, np.ndarray]:
-    return {"x": np.random.default_rng(0).standard_normal(tuple(shape)).astype(np.float32)}
+def _inputs(specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {t.name: rng.standard_normal(tuple(t.shape)).astype(np.float32) for t in specs}
 
 
 class _LocalProbe:
@@ -381,7 +415,7 @@ class _LocalProbe:
         except BaseException:
             self.dep.remove()
             raise
-        self.x = _input(self.dep.plan.model.inputs[0].shape)
+        self.x = _inputs(self.dep.plan.model.inputs)
 
     def _deploy(self, deployment: str) -> Deployment:
         return deploy_bundle(self.client, self.bundle, transport=self.transport, deployment=deployment,
@@ -392,7 +426,8 @@ class _LocalProbe:
         t = time.perf_counter()
         out = self.mc.infer(self.x)
         # a zero-copy get (shm) maps the file without reading it: touch the bytes, as a consumer would
-        float(np.asarray(out["y"]).sum())
+        for y in out.values():
+            float(np.asarray(y).sum())
         return (time.perf_counter() - t) * 1e3
 
     def master_timings(self) -> dict[str, float]:
@@ -680,6 +715,49 @@ def _transfers(target: CalibrationTarget, noop: Probe, profile: PlatformProfile,
     return transfers, skipped
 
 
+#: tensors each way in the tensor-moves probe (a recommendation model's inputs: its dense features and a
+#: few sparse ones)
+_MOVE_TENSORS = 8
+
+
+def measure_tensor_moves(target: CalibrationTarget, transport: str, settings: CalibrationSettings, workdir: Path,
+                         *, memory_mb: int, progress: Progress | None = None) -> TensorMoves:
+    """What each further small tensor of several costs on ``transport`` (:class:`TensorMoves`): a no-op moving
+    :data:`_MOVE_TENSORS` tensors each way against one moving one, invoked in turn
+    (``settings.handling_samples`` each), the caches evicted before every call."""
+    evict = _CacheEvictor(settings.evict_bytes)
+    probes = []
+    try:
+        for k in (1, _MOVE_TENSORS):
+            bundle = write_probe_bundle(workdir / f"tensors{k}-{transport}", tensors_model(k), memory_mb=memory_mb)
+            probes.append(target.deploy(bundle, transport=transport, memory_mb=memory_mb, settings=settings))
+        one, many = probes
+        for _ in range(_WARMUP):
+            one.rtt()
+            many.rtt()
+        before = (one.usage(), many.usage())
+        diffs = []
+        n = settings.handling_samples
+        for i in range(n):
+            evict()
+            b = one.rtt()
+            evict()
+            diffs.append(many.rtt() - b)
+            if progress:
+                progress(f"{transport}: {_MOVE_TENSORS} tensors against one", i + 1, n)
+        after = (one.usage(), many.usage())
+    finally:
+        for probe in probes:
+            probe.close()
+    extra = _MOVE_TENSORS - 1
+    billed = None
+    calls = [a.invocations - b.invocations for a, b in zip(after, before, strict=True)]
+    if all(a.metered for a in after) and min(calls) > 0:
+        mean = [(a.duration_ms - b.duration_ms) / c for a, b, c in zip(after, before, calls, strict=True)]
+        billed = max(0.0, (mean[1] - mean[0]) / (2 * extra))  # the function's get and put of each
+    return TensorMoves(transport, _MOVE_TENSORS, billed, max(0.0, _median(diffs)) / (4 * extra), n)
+
+
 def _cold_starts(noop: Probe, n: int, say: Progress) -> tuple[list[float], float | None]:
     """``n`` cold round trips beyond a warm one's (the no-op deployed again each time), and the platform's
     mean instance start-up per cold start where it reports one."""
@@ -694,6 +772,15 @@ def _cold_starts(noop: Probe, n: int, say: Progress) -> tuple[list[float], float
     after = noop.usage()
     n_cold = after.cold_starts - before.cold_starts
     return extra, (after.init_ms - before.init_ms) / n_cold if n_cold > 0 else None
+
+
+def _with_tensors(fit: TransferFit, target: CalibrationTarget, settings: CalibrationSettings, workdir: Path,
+                  memory_mb: int, say: Progress) -> TransferFit:
+    """``fit`` with its transport's :class:`TensorMoves` (inline tensors ride in the invocation: none)."""
+    if fit.transport == "inline":
+        return fit
+    moves = measure_tensor_moves(target, fit.transport, settings, workdir, memory_mb=memory_mb, progress=say)
+    return replace(fit, cost=replace(fit.cost, tensor_ms=moves.tensor_ms), tensors=moves)
 
 
 def calibrate_platform(target: CalibrationTarget, profile: PlatformProfile,
@@ -734,6 +821,9 @@ def calibrate_platform(target: CalibrationTarget, profile: PlatformProfile,
             raise ValueError(f"{e}; raise --samples") from e
 
         transfers, skipped = _transfers(target, noop, profile, settings, tmp, say)
+        if isinstance(target, LocalTarget):
+            transfers = {name: _with_tensors(fit, target, settings, tmp, probe_mb, say)
+                         for name, fit in transfers.items()}
         cold_extra, init_ms = _cold_starts(noop, settings.cold_starts, say)
         dispatch: tuple[Dispatch, ...] = ()
         handling = None

@@ -29,7 +29,8 @@ from onnx import TensorProto, helper, numpy_helper
 from functions.bundle import MANIFEST_SCHEMA, sha256_file
 from functions.plan import Function, ModelInfo, Part, PartInput, Plan, Split, Stage, TensorSpec, full_region
 
-__all__ = ["FORK_SPLITS", "compute_model", "echo_model", "fork_model", "noop_model", "write_fork_bundle",
+__all__ = ["FORK_SPLITS", "compute_model", "echo_model", "fork_model", "noop_model", "tensors_model",
+           "write_fork_bundle",
            "write_probe_bundle"]
 
 #: the fork probe's splits by worker count
@@ -56,6 +57,22 @@ def _model(name: str, nodes: list[onnx.NodeProto], x_shape: tuple[int, ...], y_s
 def noop_model() -> onnx.ModelProto:
     """x[1, 4] -> Relu -> y: as little work as a function can do."""
     return _model("noop", [helper.make_node("Relu", ["x"], ["y"])], (1, 4), (1, 4))
+
+
+def tensors_model(k: int) -> onnx.ModelProto:
+    """``k`` inputs x0..x{k-1} [1, 4] -> Relu each -> ``k`` outputs y0..y{k-1}: a no-op that moves ``k``
+    tensors each way (``k`` 1: :func:`noop_model` with its tensors renamed)."""
+    if k < 1:
+        raise ValueError(f"a tensors probe moves at least one tensor each way, not {k}")
+    graph = helper.make_graph(
+        [helper.make_node("Relu", [f"x{i}"], [f"y{i}"]) for i in range(k)], f"tensors{k}",
+        [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [1, 4]) for i in range(k)],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, 4]) for i in range(k)],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)])
+    m.ir_version = _IR_VERSION
+    onnx.checker.check_model(m)
+    return m
 
 
 def echo_model(nbytes: int) -> onnx.ModelProto:
@@ -103,20 +120,21 @@ def _shape(v: onnx.ValueInfoProto) -> tuple[int, ...]:
 
 def write_probe_bundle(root: Path, model: onnx.ModelProto, *, memory_mb: int) -> Path:
     """``root`` as a bundle of ``model`` run whole by one master function of ``memory_mb`` (replaced if
-    it exists). The model has one float32 input ``x`` and one output ``y``."""
+    it exists). The model's inputs and outputs are float32 (one each, ``x`` and ``y``, but for
+    :func:`tensors_model`)."""
     if root.exists():
         shutil.rmtree(root)
     (root / "parts").mkdir(parents=True)
     g = model.graph
-    x, y = g.input[0], g.output[0]
-    xs = TensorSpec(x.name, "float32", _shape(x))
-    ys = TensorSpec(y.name, "float32", _shape(y))
+    xs = tuple(TensorSpec(x.name, "float32", _shape(x)) for x in g.input)
+    ys = tuple(TensorSpec(y.name, "float32", _shape(y)) for y in g.output)
     onnx.save(model, str(root / "source.onnx"))
     onnx.save(model, str(root / "parts" / "s00_p00.onnx"))
-    part = Part(0, "master", "parts/s00_p00.onnx", (PartInput(xs.name, full_region(xs.shape)),), (ys.name,))
-    stage = Stage(0, (0, 0), Split(), (xs.name,), (ys,), (part,))
+    part = Part(0, "master", "parts/s00_p00.onnx", tuple(PartInput(x.name, full_region(x.shape)) for x in xs),
+                tuple(y.name for y in ys))
+    stage = Stage(0, (0, 0), Split(), tuple(x.name for x in xs), ys, (part,))
     digest = hashlib.sha256(model.SerializeToString()).hexdigest()
-    plan = Plan(ModelInfo(g.name, digest, (xs,), (ys,)), (Function("master", memory_mb),), (stage,),
+    plan = Plan(ModelInfo(g.name, digest, xs, ys), (Function("master", memory_mb),), (stage,),
                 mode="calibration-probe")
     plan.validate()
     plan.save(root / "plan.json")

@@ -67,6 +67,18 @@ def _measured(cal: Calibration) -> str:
     return f"{what} (profile {cal.platform_profile})" if cal.platform_profile else what
 
 
+def _tensors_source(cal: Calibration) -> str:
+    """Where each transport's ``tensor_ms`` came from ("" where none was measured)."""
+    moves = [t.tensors for t in cal.transfers.values() if t.tensors is not None]
+    if not moves:
+        return ""
+    m = moves[0]
+    how = "metered time" if m.billed_ms is not None else "round trip (over its four moves)"
+    return (f"; tensor_ms ({', '.join(t.transport for t in moves)}): a no-op moving {m.tensors} small tensors each "
+            f"way against one moving one, {m.samples} invocations each, in turn, the caches evicted before each: "
+            f"the {how} each further tensor's get or put adds")
+
+
 def calibrated_profile_data(base: str | Path, cal: Calibration, where: Provenance) -> dict[str, Any]:
     """The mapping of profile ``base`` (name or YAML path) with ``cal``'s figures in place of its own."""
     data = load_profile_data(base)
@@ -91,7 +103,8 @@ def calibrated_profile_data(base: str | Path, cal: Calibration, where: Provenanc
     if cal.transfers:
         kept = _kept(data.get("transports"), cal.transfers)
         data["transports"] = {**(data.get("transports") or {}), **{
-            name: {"latency_ms": _r(t.cost.latency_ms), "bandwidth_mb_s": _r(t.cost.bandwidth_mb_s)}
+            name: {"latency_ms": _r(t.cost.latency_ms), "bandwidth_mb_s": _r(t.cost.bandwidth_mb_s),
+                   **({"tensor_ms": _r(t.cost.tensor_ms)} if t.cost.tensor_ms is not None else {})}
             for name, t in cal.transfers.items()
         }}
         sizes = sorted({p[0] for t in cal.transfers.values() for p in t.points})
@@ -103,7 +116,7 @@ def calibrated_profile_data(base: str | Path, cal: Calibration, where: Provenanc
             f"{by}; {', '.join(cal.transfers)}: an echo function's round trips at {len(sizes)} sizes "
             f"({sizes[0]}..{sizes[-1]} bytes), {samples} per size, each paired with a no-op's, after evicting "
             f"the caches; median (echo - no-op) / transfers per round, fitted as latency + bytes / bandwidth "
-            f"(least squares weighted by each point's standard error){skipped}{kept}")
+            f"(least squares weighted by each point's standard error){_tensors_source(cal)}{skipped}{kept}")
         main = _deploy_transport(cal, profile)
         if main is not None:
             data["bandwidth_mb_s"] = _r(cal.transfers[main].cost.bandwidth_mb_s)

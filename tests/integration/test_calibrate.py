@@ -57,6 +57,12 @@ def test_the_profile_loads_and_says_what_was_measured(calibrated: CalibrationRes
     assert prof.billed_overhead_ms > 0
     assert set(prof.transports) == {"inline", "shm"}, calibrated.calibration.skipped
     assert all(t.latency_ms >= 0 and t.bandwidth_mb_s > 0 for t in prof.transports.values())
+    # a further tensor of several is measured where tensors move by reference (inline ones ride the call)
+    shm = calibrated.calibration.transfers["shm"].tensors
+    assert shm is not None and shm.tensors == 8 and shm.billed_ms is not None and shm.rtt_ms >= 0
+    assert prof.transports["shm"].tensor_ms == pytest.approx(shm.billed_ms, abs=1e-4)
+    assert prof.transports["inline"].tensor_ms is None
+    assert "8 small tensors" in prof.sources["transports"]
     assert prof.bandwidth_mb_s == prof.transports["shm"].bandwidth_mb_s  # the local deploy's transport
     assert prof.cold_start_ms is not None and prof.cold_start_ms >= 0
     assert set(prof.cpu_share) == {512} and prof.cpu_share[512] > 0

@@ -283,6 +283,45 @@ def test_a_calibrated_transport_prices_the_plans_that_use_it(convs: LayerGraph) 
     assert shm.request_ms()[0] < PerfModel(convs, published, transport="shm").request_ms()[0]
 
 
+def _nine_inputs() -> LayerGraph:
+    """x0..x8 [1, 4] -> Concat -> MatMul -> y [1, 8]: a DLRM's many small inputs, one output."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((36, 8)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Concat", [f"x{i}" for i in range(9)], ["c"], axis=1),
+         helper.make_node("MatMul", ["c", "w"], ["y"])], "nine",
+        [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [1, 4]) for i in range(9)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        initializer=[numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return LayerGraph.load(m)
+
+
+def test_a_models_further_inputs_cost_the_calibrated_tensor_not_a_cold_transfer() -> None:
+    """A model with nine inputs moves them one after another: the first at the transfer latency, each further
+    one at the transport's calibrated ``tensor_ms`` (the caches warm from the first); uncalibrated, each pays
+    the latency. The master's CPU per request and the request's latency follow; inline tensors move none."""
+    from platforms.profile import TransferCost
+
+    lg = _nine_inputs()
+    base = load_profile("local")
+    cold = PlatformFacts.from_profile(replace(base, transports={"shm": TransferCost(0.16, 2000.0)}))
+    warm = PlatformFacts.from_profile(replace(base, transports={"shm": TransferCost(0.16, 2000.0, tensor_ms=0.06)}))
+    assert warm.for_transport("shm").tensor_ms == 0.06 and cold.for_transport("shm").tensor_ms is None
+    assert warm.for_transport("shm").moves_ms(9) == pytest.approx(0.16 + 8 * 0.06)
+    assert cold.for_transport("shm").moves_ms(9) == pytest.approx(9 * 0.16)
+    assert warm.moves_ms(0) == 0.0
+    pm_cold, pm_warm = (PerfModel(lg, f, transport="shm") for f in (cold, warm))
+    saved = 8 * (0.16 - 0.06)  # the eight further inputs; the one output is the first of its kind
+    assert pm_cold.request_master_cpu_ms() - pm_warm.request_master_cpu_ms() == pytest.approx(saved)
+    assert pm_cold.request_ms()[0] - pm_warm.request_ms()[0] == pytest.approx(2 * saved)  # the caller's moves too
+    inline = [PerfModel(lg, f, transport="inline").request_master_cpu_ms() for f in (cold, warm)]
+    assert inline[0] == inline[1]
+
+
 def test_a_calibrated_dispatch_prices_each_worker_the_master_invokes(convs: LayerGraph) -> None:
     """A profile's measured ``dispatch_ms`` replaces the compute model's default: the master's CPU and the
     stage's latency grow by the difference once per worker it invokes; a stage without workers is unchanged."""

@@ -18,6 +18,7 @@ from serving.calibrate.probes import (
     echo_model,
     fork_model,
     noop_model,
+    tensors_model,
     write_fork_bundle,
     write_probe_bundle,
 )
@@ -58,6 +59,19 @@ def test_probe_bundles_are_valid_bundles(tmp_path: Path) -> None:
     assert np.linalg.norm(y) == pytest.approx(np.linalg.norm(c), rel=1e-3)
     with pytest.raises(ValueError, match="multiple of 4"):
         echo_model(4097)
+
+
+def test_the_tensors_probe_moves_each_of_its_tensors_each_way(tmp_path: Path) -> None:
+    b = Bundle.load(write_probe_bundle(tmp_path / "t", tensors_model(3), memory_mb=512))
+    assert [t.name for t in b.plan.model.inputs] == ["x0", "x1", "x2"]
+    assert [t.name for t in b.plan.model.outputs] == ["y0", "y1", "y2"]
+    assert [i.name for i in b.plan.stages[0].parts[0].inputs] == ["x0", "x1", "x2"]
+    sess = ort.InferenceSession(str(tmp_path / "t" / "parts" / "s00_p00.onnx"), providers=["CPUExecutionProvider"])
+    xs = {f"x{i}": np.full((1, 4), i - 1.0, np.float32) for i in range(3)}
+    for i, y in enumerate(sess.run([f"y{i}" for i in range(3)], xs)):
+        np.testing.assert_array_equal(y, np.maximum(xs[f"x{i}"], 0))
+    with pytest.raises(ValueError, match="at least one"):
+        tensors_model(0)
 
 
 def test_fork_probes_are_verified_bundles_whose_master_only_sends_and_joins(tmp_path: Path) -> None:

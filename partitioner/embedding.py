@@ -169,8 +169,8 @@ def row_shards(lg: LayerGraph, facts: EmbeddingFacts, degree: int) -> list[RowSh
     return [RowShard(j, {ni: r[j] for ni, r in per_lookup.items()}) for j in range(degree)]
 
 
-def embedding_costs(lg: LayerGraph, facts: EmbeddingFacts, degree: int) -> list[tuple[int, int, int, int, int]]:
-    """Per part (flops, weight bytes, input bytes, output bytes, activation bytes): its slice of every
+def embedding_costs(lg: LayerGraph, facts: EmbeddingFacts, degree: int) -> list[tuple[int, int, int, int, int, int]]:
+    """Per part (flops, weight bytes, input bytes, output bytes, activation bytes, input tensors): its slice of every
     table, all of the other constants and inputs its nodes read, the joined tensor whole, and a lookup's
     work (one copy per looked-up element, plus the masking per index) split by its share of the rows."""
     shards = row_shards(lg, facts, degree)
@@ -192,7 +192,7 @@ def embedding_costs(lg: LayerGraph, facts: EmbeddingFacts, degree: int) -> list[
             share = (hi - lo) / max(1, table.shape[0])
             weights += int(table.nbytes * share)
             flops += int(lg.flops_of(ni) * share) + 6 * math.prod(lg.tensors[node.input[1]].shape)
-        out.append((flops, weights, in_bytes, out_bytes, acts))
+        out.append((flops, weights, in_bytes, out_bytes, acts, max(1, len(inputs))))
     return out
 
 

@@ -58,6 +58,7 @@ class PartCost:
     input_bytes: int
     output_bytes: int
     activation_bytes: int
+    input_tensors: int = 1  # the tensors it reads (a DLRM's embedding stage: its eight index tensors)
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,7 @@ class CutStage:
             input_bytes=sum(lg.tensors[x].nbytes for x in self.inputs),
             output_bytes=sum(lg.tensors[o].nbytes for o in self.outputs),
             activation_bytes=sum(lg.tensors[o].nbytes for i in nodes for o in lg.nodes[i].output if o),
+            input_tensors=max(1, len(self.inputs)),
         )
 
     def embedding(self) -> EmbeddingFacts:
@@ -530,7 +532,7 @@ class _Tally:
         """The part's cost, reading the boxes ``inputs`` of tensors it does not compute."""
         ins = sum(math.prod(shape_of(b)) * lg.tensors[x].dtype.itemsize for x, b in inputs.items())
         return PartCost(flops=self.flops, weight_bytes=self.weights, input_bytes=ins,
-                        output_bytes=self.out_bytes or 0, activation_bytes=self.acts)
+                        output_bytes=self.out_bytes or 0, activation_bytes=self.acts, input_tensors=max(1, len(inputs)))
 
 
 def _contraction_fraction(lg: LayerGraph, node: onnx.NodeProto, bw: Backward) -> float:

@@ -552,7 +552,10 @@ class PerfModel:
             mine=mine,
             theirs=theirs,
             codec_ms=choice.codec_ms,
-            transfers=tuple(p.transfer_ms(x.input_bytes) + p.transfer_ms(x.output_bytes) for x in theirs),
+            # a worker reads its input tensors one after another: where calibrate measured what a further one
+            # costs, each after the first adds that (uncalibrated, the inputs move as one, as they were priced)
+            transfers=tuple(p.transfer_ms(x.input_bytes) + p.further_tensors_ms(x.input_tensors)
+                            + p.transfer_ms(x.output_bytes) for x in theirs),
             put=sum(p.transfer_ms(x.input_bytes) for x in theirs),
             get=sum(p.transfer_ms(x.output_bytes) for x in theirs),
             join=out_bytes / (p.memcpy_gb_s * 1e9) * 1e3 + c.stage_overhead_ms,

@@ -195,6 +195,11 @@ class PlatformFacts:
                 return replace(self, transfer_latency_ms=latency_ms, bandwidth_mb_s=bandwidth_mb_s, tensor_ms=tensor_ms)
         return self
 
+    def further_tensors_ms(self, tensors: int) -> float:
+        """What the tensors after the first of ``tensors`` read one after another add, at the calibrated
+        :attr:`tensor_ms`; 0 where none is calibrated (a part's inputs are then priced as one transfer)."""
+        return max(0, tensors - 1) * self.tensor_ms if self.tensor_ms is not None else 0.0
+
     def moves_ms(self, tensors: int) -> float:
         """``tensors`` small tensors put or got one after another: the first at the transfer latency, each
         further one at the calibrated :attr:`tensor_ms` (at the transfer latency too where none is)."""

@@ -195,3 +195,5 @@ def test_the_tiny_dlrm_embedding_unit_at_shard_boundaries(tiny_dlrm: LayerGraph,
     got, want = _run_stage(lg, u, u, Split("embedding", (degree,)), inputs)
     for name, w in want.items():
         np.testing.assert_allclose(got[name], w, rtol=1e-6, atol=1e-6)
+    # each part reads the three index tensors, one after another (the dense features join on the master)
+    assert [c.input_tensors for c in CutStage(lg, u, u).costs(Split("embedding", (degree,)))] == [3] * degree

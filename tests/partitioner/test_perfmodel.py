@@ -320,6 +320,13 @@ def test_a_models_further_inputs_cost_the_calibrated_tensor_not_a_cold_transfer(
     assert pm_cold.request_ms()[0] - pm_warm.request_ms()[0] == pytest.approx(2 * saved)  # the caller's moves too
     inline = [PerfModel(lg, f, transport="inline").request_master_cpu_ms() for f in (cold, warm)]
     assert inline[0] == inline[1]
+    # a worker running the stage reads the nine too: each after the first at the calibrated figure (where none is
+    # calibrated, a part's inputs are priced as one transfer, as before)
+    whole = StageChoice(0, len(lg.units) - 1, Split(), False, 1769)
+    assert [c.input_tensors for c in pm_warm.part_costs(0, len(lg.units) - 1, Split())] == [9]
+    on_worker = [pm.option(whole, 1769) for pm in (pm_cold, pm_warm)]
+    assert on_worker[0] is not None and on_worker[1] is not None
+    assert on_worker[1].latency_ms - on_worker[0].latency_ms == pytest.approx(8 * 0.06)
 
 
 def test_a_calibrated_dispatch_prices_each_worker_the_master_invokes(convs: LayerGraph) -> None:

@@ -45,14 +45,12 @@ def lo_cmd(models: tuple[str, ...], memories: tuple[int, ...], rounds: int, max_
     """Unsplit vs latency-optimal plan at the same memory per function, live on the local platform with each
     function's CPU share emulated; the prediction's error; where the plan's p50 goes (compute, communication,
     dispatch, waiting: its requests' traces); full-size VGGs on the Lambda profile beside Gillis."""
-    from bench.harness.memory import back_free_memory
     from bench.harness.provenance import machine
     from bench.suite.lo_live import LAMBDA_MODELS, LIVE_MODELS, lambda_rows, live_rows
     from serving.console import status
 
     specs = tuple(_spec(m) for m in models) or LIVE_MODELS
     with status("bench lo") as say:
-        back_free_memory(say)
         rows, cpu, gflops = live_rows(specs, memories, rounds=rounds, max_group=max_group, say=say,
                                       measure_budget_s=measure_budget)
         lam = [] if no_lambda else lambda_rows(LAMBDA_MODELS, (1769, 3008), gflops_per_thread=gflops,

@@ -32,7 +32,6 @@ def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int | None, quick:
     """MOPAR's plan against Unsplit and Uniform slicing, live on the local platform with each function's CPU
     emulated as --platform sells it: billed GB-s per request (MC), memory utilisation and p50, with the MC the
     plan predicted."""
-    from bench.harness.memory import back_free_memory
     from bench.harness.provenance import machine
     from bench.suite.mopar_live import QUICK_MODELS, default_models, rows, targets
     from platforms import load_profile
@@ -49,7 +48,6 @@ def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int | None, quick:
     specs = tuple(_spec(m) for m in models) or (QUICK_MODELS if quick else default_models(platform))
     n = min(rounds, 5) if quick else rounds
     with status("bench mopar") as say:
-        back_free_memory(say)
         result, cpu = rows(specs, rounds=n, say=say, platform=platform)
     doc = {"page": "mopar" if platform == "local" else f"mopar-{platform}", "platform": platform,
            "cpu_model": cpu.get("cpu_model", "follows_memory"), "cpu_limit": cpu.get("cpu_limit"),

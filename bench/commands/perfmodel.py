@@ -51,10 +51,8 @@ def _print(result: PerfModelResult) -> None:
 def perfmodel_cmd(as_json: bool, n: int, quick: bool, memories: tuple[int, ...]) -> None:
     """Predicted vs measured latency and billed cost of plans on the local platform."""
     from bench.components.perfmodel import MEMORIES
-    from bench.harness.memory import back_free_memory
     from serving.console import err_console
 
-    back_free_memory(lambda m: err_console.print(f"[dim]{m}[/]"))
     result = run_perfmodel(n=n, quick=quick, memories=memories or MEMORIES,
                            say=lambda m: err_console.print(f"[dim]{m}[/]"))
     doc = result.to_json()

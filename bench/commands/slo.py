@@ -30,7 +30,6 @@ def slo_cmd(models: tuple[str, ...], factors: tuple[float, ...], requests: int, 
     """SLOs of 1.3x, 2x and 3x (and 2x at p95) a model's lo plan's live latency, each asked of `flatpack deploy
     --mode slo` on the local platform and checked live with this bench's own client: was it met, in how many
     rounds, and without buying latency nobody asked for."""
-    from bench.harness.memory import back_free_memory
     from bench.harness.provenance import machine
     from bench.suite.slo import MODELS, QUICK_MODELS, attainment, run, targets
     from serving.console import console, err_console, status
@@ -54,7 +53,6 @@ def slo_cmd(models: tuple[str, ...], factors: tuple[float, ...], requests: int, 
                           f"({r.functions} functions, {r.rounds} round(s), exit {r.exit_code})")
 
     with status("bench slo") as say:
-        back_free_memory(say)
         bases, rows, facts = run(chosen, requests=requests, factors=factors, say=say, on_row=show)
     checked = targets(rows, facts["seconds"])
     doc = {"machine": machine(), "quick": quick, "requests": requests, **facts,

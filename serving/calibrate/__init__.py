@@ -14,6 +14,7 @@ What is measured, and how, is in :mod:`serving.calibrate.measure`; how the cloud
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from dataclasses import dataclass, replace
@@ -34,11 +35,13 @@ from serving.calibrate.measure import (
     measure_cpu_share,
 )
 from serving.calibrate.profile_file import calibrated_profile_data, calibrated_profile_path, write_profile
-from serving.calibrate.provenance import Provenance
+from serving.calibrate.provenance import Provenance, early_boot_warning
 from serving.calibrate.target import PlatformTarget, local_platform
 
 if TYPE_CHECKING:
     from serving.calibrate.cloud import CloudTarget
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Calibration",
@@ -225,4 +228,8 @@ def ensure_local_calibration(*, recalibrate: bool = False, samples: int = LOCAL_
     with exclusive(path.with_name(f".{path.name}.lock")):
         if path.is_file() and not recalibrate:
             return path
-        return calibrate(LOCAL, output=path, samples=samples, progress=progress).path
+        result = calibrate(LOCAL, output=path, samples=samples, progress=progress)
+        early = early_boot_warning(result.provenance.uptime_s)
+        if early:
+            log.warning("the local platform's calibration (%s): %s (`flatpack calibrate`)", result.path, early)
+        return result.path

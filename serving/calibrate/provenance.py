@@ -12,7 +12,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Provenance", "git_commit"]
+__all__ = ["SETTLE_S", "Provenance", "early_boot_warning", "git_commit", "uptime_s"]
+
+#: a machine up for less than this may still run slow: on a Firecracker microVM, bench mopar run 4-9 minutes
+#: after boot read its plans 9-14 % slower than the same run 16-20 minutes after boot (docs/benchmarks.md)
+SETTLE_S = 900.0
 
 # the checkout: the directory above the ``serving`` package
 _ROOT = Path(__file__).resolve().parent.parent.parent
@@ -33,6 +37,23 @@ def git_commit(root: Path = _ROOT) -> str | None:
     return f"{rev}+dirty" if dirty else rev
 
 
+def uptime_s() -> float | None:
+    """Seconds since this machine booted (``/proc/uptime``); None where it does not say."""
+    try:
+        return float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def early_boot_warning(uptime: float | None) -> str:
+    """Why figures measured ``uptime`` seconds after boot may run slow ("" after :data:`SETTLE_S`, or unknown)."""
+    if uptime is None or uptime >= SETTLE_S:
+        return ""
+    return (f"this machine booted {uptime / 60:.0f} minute(s) ago: a virtual machine can run slower in its first "
+            f"{SETTLE_S / 60:.0f} minutes (docs/benchmarks.md), and a calibration is kept for every later plan; "
+            f"calibrate again once it has been up a while")
+
+
 def _version() -> str:
     try:
         return metadata.version("flatpack")
@@ -49,6 +70,7 @@ class Provenance:
     cpus: int
     python: str
     load_1m: float | None = None  # the machine's 1-minute load average: above ``cpus``, others were busy too
+    uptime_s: float | None = None  # seconds since the machine booted (see early_boot_warning)
 
     @classmethod
     def here(cls) -> Provenance:
@@ -57,7 +79,7 @@ class Provenance:
         except OSError:
             load = None
         return cls(socket.gethostname(), datetime.now(UTC).isoformat(timespec="seconds"), _version(), git_commit(),
-                   os.cpu_count() or 1, _platform.python_version(), load)
+                   os.cpu_count() or 1, _platform.python_version(), load, uptime_s())
 
     def line(self) -> str:
         """``host H (N CPUs, load L), date, flatpack V (commit C)``."""
@@ -67,4 +89,5 @@ class Provenance:
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "date": self.date, "flatpack_version": self.flatpack_version,
-                "commit": self.commit, "cpus": self.cpus, "python": self.python, "load_1m": self.load_1m}
+                "commit": self.commit, "cpus": self.cpus, "python": self.python, "load_1m": self.load_1m,
+                "uptime_s": self.uptime_s}

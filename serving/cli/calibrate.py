@@ -130,6 +130,8 @@ _SKIPPED_LABELS = {"dispatch": "master CPU per worker", "handling": "CPU per inv
 
 
 def _print(doc: dict) -> None:
+    from serving.calibrate.provenance import early_boot_warning
+
     where = doc["provenance"]
     if doc["target"] == "the local platform":
         how = "started for the run" if doc["embedded_platform"] else "already running"
@@ -177,5 +179,8 @@ def _print(doc: dict) -> None:
     if where["load_1m"] is not None and where["load_1m"] > where["cpus"]:
         console.print(f"[yellow]warning:[/] the machine was busy (load {where['load_1m']:.1f} on {where['cpus']} "
                       f"CPUs): other work's noise is in these figures; calibrate again when it is idle")
+    early = early_boot_warning(where.get("uptime_s"))
+    if early:
+        console.print(f"[yellow]warning:[/] {early}")
     console.print(f"[dim]{doc['seconds']:.1f} s; flatpack {where['flatpack_version']}"
                   f"{' (' + where['commit'] + ')' if where['commit'] else ''}[/]")

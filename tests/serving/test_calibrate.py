@@ -93,3 +93,14 @@ def test_settings_scale_from_one_figure_and_check_their_values() -> None:
         CalibrationSettings(transports=("s3",))
     with pytest.raises(ValueError, match="invoke_samples must be at least 3"):
         CalibrationSettings(invoke_samples=2)
+
+
+def test_a_calibration_in_a_machines_first_minutes_is_told_to_be_taken_again() -> None:
+    from serving.calibrate.provenance import SETTLE_S, Provenance, early_boot_warning
+
+    said = early_boot_warning(300.0)
+    assert "booted 5 minute(s) ago" in said and "calibrate again" in said
+    assert early_boot_warning(SETTLE_S) == "" and early_boot_warning(None) == ""
+    here = Provenance.here()
+    assert here.uptime_s is not None and here.uptime_s > 0  # Linux says it
+    assert here.to_json()["uptime_s"] == here.uptime_s

@@ -159,6 +159,12 @@ def _forget_whole_model(lg: LayerGraph, *threads: int) -> None:
 WHOLE_SUSPECT = 1.6
 
 
+def far_from_units(whole_ms: float, units_ms: float) -> bool:
+    """Whether a whole-model time lies more than :data:`WHOLE_SUSPECT` from its units' profiled sum, either
+    way (False without a sum to compare with)."""
+    return units_ms > 0 and not 1 / WHOLE_SUSPECT <= whole_ms / units_ms <= WHOLE_SUSPECT
+
+
 def _time_whole_model(lg: LayerGraph, threads: int, reps: int = 5, *, fresh: bool = False,
                       units_ms: float = 0.0) -> float:
     """Median ms of the whole model at ``threads`` intra-op threads, in this process, with a function's
@@ -177,7 +183,7 @@ def _time_whole_model(lg: LayerGraph, threads: int, reps: int = 5, *, fresh: boo
     path = _whole_model_path(lg, threads, ort.__version__)
     if path.is_file() and not fresh:
         cached = float(json.loads(path.read_text())["median_ms"])
-        if units_ms <= 0 or 1 / WHOLE_SUSPECT <= cached / units_ms <= WHOLE_SUSPECT:
+        if not far_from_units(cached, units_ms):
             return cached
         # timing_problem catches repeats that disagree, not a machine that was slow all along
         log.info("%s: the cached whole-model time at %d thread(s) is x%.2f its units' profiled sum; timing it "

@@ -18,8 +18,7 @@ and invoked the ordinary way, so every figure includes what a real request pays:
 * **tensor moves**: on the local platform, for each reference transport, a no-op moving 8 small tensors each
   way against one moving one, in turn, the caches evicted before each: what each further tensor's get or
   put adds to the function's metered time. A model with many inputs (a DLRM's nine) moves them one after
-  another, the later ones with the caches the first one warmed: on a 2-core AMD EPYC 0.061 ms each (shm),
-  against the cold transfer's 0.162;
+  another, the later ones with the caches the first one warmed: a fraction of a cold transfer's latency;
 * **cold start**: the first round trip after the function was deployed again (its instances gone),
   beyond a warm one's;
 * **dispatch**: the master's CPU per worker invocation (the event, the invoke request, reading the reply,
@@ -504,6 +503,15 @@ def _redis_reason(url: str | None) -> str | None:
     return None
 
 
+def _paired_rtt(evict: Callable[[], None], base: Probe, probe: Probe) -> float:
+    """``probe``'s round trip less ``base``'s, each after the caches were evicted: paired, a burst of load from
+    elsewhere slows both calls and drops out of their difference."""
+    evict()
+    b = base.rtt()
+    evict()
+    return probe.rtt() - b
+
+
 class _CacheEvictor:
     """Writes one byte per cache line of a buffer larger than the last-level cache."""
 
@@ -535,11 +543,7 @@ def measure_transfer(target: CalibrationTarget, noop: Probe, transport: str, siz
                 for _ in range(_WARMUP):
                     probe.rtt()
                 for k in range(n):
-                    evict()
-                    b = noop.rtt()
-                    evict()
-                    # paired: a burst of load from elsewhere slows both calls, and drops out of their difference
-                    diffs[size].append(probe.rtt() - b)
+                    diffs[size].append(_paired_rtt(evict, noop, probe))
                     if progress:
                         again = f", again ({attempt + 1})" if attempt else ""
                         progress(f"{transport} transfers ({size // KIB} KiB{again})", i * n + k + 1, total)
@@ -739,10 +743,7 @@ def measure_tensor_moves(target: CalibrationTarget, transport: str, settings: Ca
         diffs = []
         n = settings.handling_samples
         for i in range(n):
-            evict()
-            b = one.rtt()
-            evict()
-            diffs.append(many.rtt() - b)
+            diffs.append(_paired_rtt(evict, one, many))
             if progress:
                 progress(f"{transport}: {_MOVE_TENSORS} tensors against one", i + 1, n)
         after = (one.usage(), many.usage())

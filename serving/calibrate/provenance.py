@@ -14,8 +14,7 @@ from typing import Any
 
 __all__ = ["SETTLE_S", "Provenance", "early_boot_warning", "git_commit", "uptime_s"]
 
-#: a machine up for less than this may still run slow: on a Firecracker microVM, bench mopar run 4-9 minutes
-#: after boot read its plans 9-14 % slower than the same run 16-20 minutes after boot (docs/benchmarks.md)
+#: a machine up for less than this may still run slow: a virtual machine's first minutes (docs/benchmarks.md)
 SETTLE_S = 900.0
 
 # the checkout: the directory above the ``serving`` package

@@ -249,7 +249,7 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     import json
     import tempfile
 
-    from partitioner.planner import WHOLE_SUSPECT
+    from partitioner.planner import far_from_units
     from partitioner.solvers.common import SolverResult
     from serving.calibrate.target import local_platform
 
@@ -261,8 +261,7 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
         cached = {int(k): float(v) for k, v in json.loads(path.read_text())["ms"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         cached = {}
-    if (cached.get(ref) and units_ms >= _SUSPECT_MIN_MS
-            and not 1 / WHOLE_SUSPECT <= cached[ref] / units_ms <= WHOLE_SUSPECT):
+    if cached.get(ref) and units_ms >= _SUSPECT_MIN_MS and far_from_units(cached[ref], units_ms):
         log.info("%s: the whole model's cached time in a function, %.1f ms, is x%.2f its units' sum; timing it "
                  "again", lg.name, cached[ref], cached[ref] / units_ms)
         cached = {}

@@ -256,7 +256,7 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
                   say: Callable[[str], None] | None = None) -> PerfModelResult:
     """Every plan of :data:`CASES` (the first two models with ``quick``) deployed and timed ``n`` times, and
     predicted with the platform facts probed between its requests (see the module docstring)."""
-    from bench.suite.planning import oversubscribed
+    from bench.suite.planning import oversubscribed, part_overhead
     from functions.bundle import Bundle
     from partitioner.export import Placement, export_bundle
     from partitioner.graph import LayerGraph
@@ -265,7 +265,7 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
     from partitioner.planner import PlanRequest, compute_model, export_solution, scale_to_whole, solve
     from partitioner.solvers.common import Infeasible
     from partitioner.spec import parse_stages
-    from serving.calibrate import LOCAL, calibrate, calibrated_profile
+    from serving.calibrate import LOCAL, calibrate, calibrated_profile, calibrated_profile_path
     from serving.platform.config import PlatformConfig
     from serving.platform.deploy import deploy_bundle
     from serving.platform.master_client import MasterClient
@@ -303,6 +303,9 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
         for model, opts, plans in cases:
             path = build_to_file(model, tmp / f"{model}.onnx", **opts)
             lg = LayerGraph.load(path)
+            # each part's compute beyond its units' share, timed as `flatpack deploy` times it (cached)
+            profile_path = calibrated_profile_path(LOCAL)
+            overhead = part_overhead(lg, str(profile_path) if profile_path.is_file() else "local")
             # the whole model in one function at one vCPU, kept deployed beside each plan: its compute (the
             # handler's stage time) is the reference the unit times are scaled to, timed where the plans run
             # (a function computes 3-9 % slower than this process does on the same machine)
@@ -316,6 +319,8 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
                 # unit times from the (cached) profile, scaled to whole-model timings taken now (two threads)
                 # and between the plan's requests (one thread), so prediction and runs see the same machine
                 cm, source = compute_model(lg, "measure", fresh=True)
+                if overhead is not None and overhead > cm.overhead_ms:
+                    cm = dataclasses.replace(cm, part_overhead_ms=overhead - cm.overhead_ms)
                 out = tmp / f"{model}-{label}-{mb}"
                 if spec == "lo":
                     req = PlanRequest(mode="lo", platform="local", memory=mb, max_group=4, transport=transport)

@@ -3,7 +3,9 @@ platform's CPU model: by default Lambda's (each function gets the CPU share its 
 a core), with ``platform="openfaas"`` OpenFaaS's (each function its own CPU, the profile's default vCPU,
 apart from its memory limit: MOPAR's testbed, where memory sized per slice pays).
 
-Per model: its units are profiled (cached), the platform's invoke path is timed, ``--mode mopar`` plans,
+Per model: its units are profiled (cached), the platform's invoke path is timed, each part's compute overhead
+is timed as ``flatpack deploy`` times it (the model cut into a chain of parts against the whole, cached),
+``--mode mopar`` plans,
 and three bundles are deployed: the MOPAR plan, Unsplit (the whole model in one function at the smallest
 memory that holds it) and Uniform (as many slices as MOPAR's, at least two, with equal numbers of units, each
 on a worker sized to its need). Interleaved sequential requests go to the three; the platform's meter gives
@@ -269,6 +271,17 @@ def _model_share(lg: Any, pm: Any, platform: str, say: Callable[[str], None]) ->
     return f"; planned with {note}" if note else ""
 
 
+def _with_overhead(pm: Any, overhead: float | None) -> str:
+    """``pm`` with each part's compute ``overhead`` (timed at one vCPU) where it is above the compute model's
+    own session run (and not taken already with the model's share); a note ("" where not)."""
+    from dataclasses import replace
+
+    if overhead is None or overhead <= pm.compute.overhead_ms or pm.compute.part_overhead_ms > 0:
+        return ""
+    pm.use_compute(replace(pm.compute, part_overhead_ms=overhead - pm.compute.overhead_ms))
+    return f"; each part {overhead:.2f} ms beyond its units' share (a chain of parts timed against the whole)"
+
+
 def _export(lg: Any, choices: Sequence[Any], master_mb: int, out: Path, platform: str) -> Path:
     from partitioner.export import Placement, export_bundle
 
@@ -297,7 +310,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
     from bench.load.inputs import InputPool
     from bench.suite.comparison import bad, p50
     from bench.suite.deployments import deployments, interleaved
-    from bench.suite.planning import invoke_facts, perfmodel
+    from bench.suite.planning import invoke_facts, part_overhead, perfmodel
     from functions.plan import Plan
     from partitioner.graph import LayerGraph
     from serving.platform.process import PlatformProcess
@@ -305,6 +318,10 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
     out: list[MoparRow] = []
     emulate = None if platform == "local" else platform
     base = _calibrated_local(say)
+    overheads = {}
+    for spec in specs:
+        say(f"{label(spec)}: timing its parts against the whole model (cached)")
+        overheads[label(spec)] = part_overhead(LayerGraph.load(model_path(spec)), base)
     with (tempfile.TemporaryDirectory(prefix="flatpack-bench-mopar-") as tmp,
           PlatformProcess(idle_timeout_s=1800, profile=platform) as pp):
         work = Path(tmp)
@@ -318,6 +335,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
             lg = LayerGraph.load(model_path(spec))
             pm, _ = perfmodel(lg, invoke, platform=base, emulate=emulate)
             share = _model_share(lg, pm, base, say)
+            share += _with_overhead(pm, overheads[name])
             plans = plans_of(pm)
             same = same_plans(plans)
             slug = name.replace("/", "_").replace("@", "-")

@@ -19,7 +19,7 @@ from partitioner.perfmodel import HOST_RESERVE_CORES
 from platforms import ExGauss
 
 __all__ = ["InvokeFacts", "emulated_facts", "invoke_facts", "lo_plan", "load_model", "max_degree", "measured_lo_plan",
-           "oversubscribed", "perfmodel", "shares_room"]
+           "oversubscribed", "part_overhead", "perfmodel", "shares_room"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,18 @@ def perfmodel(lg: Any, invoke: Any, *, platform: str = "local", transport: str =
     if facts is not pm.platform or cpu is not pm.cpu:
         pm = PerfModel(lg, facts, pm.compute, transport=transport, cpu=cpu)
     return pm, source
+
+
+def part_overhead(lg: Any, platform: str) -> float | None:
+    """Each part's compute beyond its units' share of the whole model, timed as ``flatpack deploy`` times it
+    (:func:`serving.calibrate.stages.part_overhead_ms`: the model cut into a chain of parts against the whole,
+    each function of one vCPU; cached) on a local platform of ``platform``'s profile started for it: called
+    before the benchmark's own platform starts, which may emulate another CPU model."""
+    from partitioner.planner import PlanRequest
+    from serving.calibrate.stages import part_overhead_ms
+
+    pm, _ = perfmodel(lg, None, platform=platform)
+    return part_overhead_ms(lg, PlanRequest(platform=platform, transport="shm", profile_budget_s=3600), pm)
 
 
 def emulated_facts(local: Any, profile: Any) -> Any:

@@ -46,6 +46,11 @@ class ComputeModel:
     # up over units (one is freed before the next is taken), so a part is charged the largest of its units'.
     unit_transient_mb: tuple[float, ...] = ()
     overhead_ms: float = 0.05  # per session run
+    # what a part computes in a function of its own beyond its units' share of the whole model, from the
+    # caches it starts on and the input it reads from the transport (serving.calibrate.stages.part_overhead_ms,
+    # timed at one vCPU less ``overhead_ms``); not stretched by a share below one vCPU, whose quota's pauses
+    # leave every burst of a part on cold caches, which the share's calibrated slow-down already holds
+    part_overhead_ms: float = 0.0
     stage_overhead_ms: float = 0.15  # the master's slicing, bookkeeping and joining per stage
     invocation_overhead_ms: float = 0.3  # a worker's decoding and encoding per invocation
     # the master's CPU per worker invocation it makes (the event, the invoke request, reading the reply):
@@ -171,12 +176,16 @@ class ComputeModel:
     def part_time(self, first: int, last: int, part_flops: int, vcpu: float) -> float:
         stage_flops = self._stage_flops(first, last)
         share = part_flops / stage_flops if stage_flops else 1.0
-        return self.stage_time(first, last, vcpu) * share + self.overhead_ms * cpu_stretch(vcpu)
+        return self.stage_time(first, last, vcpu) * share + self._overhead(vcpu)
+
+    def _overhead(self, vcpu: float) -> float:
+        """A part's fixed compute at ``vcpu``: the session run's, stretched by a share, and the part's own."""
+        return self.overhead_ms * cpu_stretch(vcpu) + self.part_overhead_ms
 
     def part_times(self, first: int, last: int, parts_flops: Sequence[int], vcpu: float) -> list[float]:
         """:meth:`part_time` of each of several parts of one stage."""
         stage_flops = self._stage_flops(first, last)
-        stage, overhead = self.stage_time(first, last, vcpu), self.overhead_ms * cpu_stretch(vcpu)
+        stage, overhead = self.stage_time(first, last, vcpu), self._overhead(vcpu)
         return [stage * (f / stage_flops if stage_flops else 1.0) + overhead for f in parts_flops]
 
     def _stage_flops(self, first: int, last: int) -> float:

@@ -20,20 +20,25 @@ how the platform limits CPU) and transport, under ``<cache>/stage-times/``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from functions import settings
+from functions.plan import Split
 from partitioner.live import LiveCorrection
 from partitioner.stage_times import StageRecord, StageTimes, records_from
 
-__all__ = ["StageTimer", "live_correction_path", "load_live_correction", "load_stage_times", "refine_on_target",
-           "save_live_correction", "save_stage_times", "scale_to_function", "solve_on_target", "stage_records",
-           "stage_times_path", "whole_model_ms"]
+__all__ = ["OVERHEAD_PARTS", "StageTimer", "cached_whole", "chain_choices", "live_correction_path",
+           "load_live_correction", "load_stage_times", "overhead_from", "part_overhead_ms", "refine_on_target",
+           "save_live_correction", "save_stage_times", "scale_to_function", "share_samples", "solve_on_target",
+           "stage_records", "stage_times_path", "whole_model_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,12 @@ class StageTimer:
     def measure_together(self, results: Sequence[Any]) -> list[list[StageRecord | None]]:
         """The records of each of ``results`` (as :meth:`measure`), the plans deployed side by side and their
         requests interleaved (one to each in turn), so that a drift of the machine's speed moves them alike."""
+        timings = self.timings_together(results)
+        return [stage_records(self.pm, result, t) for result, t in zip(results, timings, strict=True)]
+
+    def timings_together(self, results: Sequence[Any]) -> list[list[dict[str, float]]]:
+        """The master's timings of each warm request to each of ``results`` (deployed side by side, their
+        requests interleaved as :meth:`measure_together` sends them)."""
         from partitioner.inputs import random_inputs
         from partitioner.planner import export_solution
         from serving.platform.deploy import deploy_bundle, new_deployment_id
@@ -120,7 +131,7 @@ class StageTimer:
                     _, t = caller.infer_timed(inputs)
                     if i >= self.warmup:
                         timings[k].append(t)
-        return [stage_records(self.pm, result, t) for result, t in zip(results, timings, strict=True)]
+        return timings
 
 
 def stage_records(pm: Any, result: Any, timings: Sequence[Mapping[str, float]]) -> list[StageRecord | None]:
@@ -221,6 +232,11 @@ def _expected_cpu_limit() -> str:
 _SUSPECT_MIN_MS = 20.0
 #: the warm requests :func:`whole_model_ms` times a size by, after its warm-up
 _WHOLE_SAMPLES, _WHOLE_WARMUP = 10, 3
+#: the rounds a model's own CPU-share slow-down is timed over, where the budget allows (at least
+#: :data:`_WHOLE_SAMPLES`): the slow-down is the ratio of two medians, and on a shared host each moves from one
+#: block of requests to the next (an LSTM's, in blocks of 8 rounds: 5 % a block, either way), so 10 rounds
+#: left a plan's prediction below one vCPU as far off as the timing happened to fall
+SHARE_SAMPLES = 30
 
 
 def _whole_stage(lg: Any) -> tuple[Any, ...]:
@@ -232,7 +248,7 @@ def _whole_stage(lg: Any) -> tuple[Any, ...]:
 
 
 def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = (), samples: int = _WHOLE_SAMPLES,
-                   warmup: int = _WHOLE_WARMUP, units_ms: float = 0.0) -> dict[int, float]:
+                   warmup: int = _WHOLE_WARMUP, units_ms: float = 0.0, min_samples: int = 0) -> dict[int, float]:
     """The whole model's compute in one function on the local platform (the running one, else one started
     for it), at one vCPU and at each of ``memories``: the median of its handler's stage time over ``samples``
     warm requests, requests to the sizes interleaved. Cached per model and platform beside the stage times,
@@ -240,6 +256,7 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     Repeats that agree do not show a machine that was busy for the whole timing: given ``units_ms`` (the
     units' one-thread profiled sum, at least :data:`_SUSPECT_MIN_MS`), a cached one-vCPU figure more than
     ``WHOLE_SUSPECT`` from it is timed again with every size, as the planning process's own timing is.
+    ``min_samples``: a cache timed over fewer requests than that is timed again (with ``samples``).
 
     The unit profile is scaled to the whole model timed in the planning process, and the CPU share's slow-down
     is calibrate's MatMul probe's. The same compute in a function runs a little slower than in the planning
@@ -257,10 +274,7 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     ref = _one_vcpu_mb(p)
     sizes = [ref, *sorted({int(m) for m in memories if p.memory_min_mb <= int(m) <= p.memory_max_mb} - {ref})]
     path = stage_times_path(lg, pm, request.transport, _expected_cpu_limit()).with_suffix(".whole.json")
-    try:
-        cached = {int(k): float(v) for k, v in json.loads(path.read_text())["ms"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        cached = {}
+    cached, cached_samples = cached_whole(path, min_samples)
     if cached.get(ref) and units_ms >= _SUSPECT_MIN_MS and far_from_units(cached[ref], units_ms):
         log.info("%s: the whole model's cached time in a function, %.1f ms, is x%.2f its units' sum; timing it "
                  "again", lg.name, cached[ref], cached[ref] / units_ms)
@@ -282,11 +296,110 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     if out and spread <= _SPREAD_LIMIT:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"ms": {str(m): v for m, v in {**cached, **out}.items()},
-                                    "samples": samples}))
+                                    "samples": min(samples, cached_samples) if cached else samples}))
     elif out:
         log.warning("the whole model's timings in a function disagree (quartiles %.2fx apart): the machine looks "
                     "busy; using them for this plan only", spread)
     return out
+
+
+#: the most parts :func:`part_overhead_ms` cuts a model into (consecutive units together where it has more)
+OVERHEAD_PARTS = 16
+
+
+def chain_choices(lg: Any, memory_mb: int, parts: int = OVERHEAD_PARTS) -> tuple[Any, ...]:
+    """``lg`` cut into ``min(parts, units)`` unsplit stages of consecutive units, as equal in count as they
+    come, each computed by a worker of its own at ``memory_mb`` (the master only relays)."""
+    from partitioner.perfmodel import StageChoice
+
+    n = len(lg.units)
+    k = max(1, min(parts, n))
+    bounds = [round(i * n / k) for i in range(k + 1)]
+    return tuple(StageChoice(a, b - 1, Split("none", (1,)), False, memory_mb)
+                 for a, b in itertools.pairwise(bounds))
+
+
+def overhead_from(whole_ms: Sequence[float], chain_run_ms: Sequence[float], parts: int) -> float:
+    """A part's compute beyond its units' share of the whole model, from the whole model's compute in one
+    function (``whole_ms``, per request) and the sum of the chain's ``parts`` workers' compute (per request,
+    the same requests' rounds): the difference of their medians over the ``parts - 1`` runs the chain makes
+    more than the whole does (at least 0)."""
+    if parts < 2 or not whole_ms or not chain_run_ms:
+        raise ValueError(f"a per-part overhead needs a chain of at least 2 parts and timings of both, got {parts} "
+                         f"parts, {len(whole_ms)} and {len(chain_run_ms)} timings")
+    return max(0.0, (float(np.median(chain_run_ms)) - float(np.median(whole_ms))) / (parts - 1))
+
+
+def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SAMPLES,
+                     warmup: int = _WHOLE_WARMUP) -> float | None:
+    """What each part of a split plan computes beyond its units' share of the whole model, on the local
+    platform: the whole model in one function of one vCPU against the model cut into a chain of up to
+    :data:`OVERHEAD_PARTS` stages (:func:`chain_choices`), each part on a worker of its own of one vCPU, their
+    requests interleaved (:func:`overhead_from`). Cached per model and platform beside the stage times, where
+    the repeats agree. None where the model has one unit, or needs more than one vCPU's memory.
+
+    The units are profiled in a loop in the planning process, where each run finds the caches as the run
+    before left them, and one function that runs the whole model reads each activation where the unit
+    before wrote it. A part in a function of its own starts on caches the other functions' runs took over
+    since its last request, and reads its input from the transport: a few tenths of a millisecond a part
+    that grow with what it touches (none of it in a unit's profiled time), and that a plan of many small
+    parts pays many times over."""
+    import json
+    import tempfile
+
+    from partitioner.solvers.common import SolverResult
+    from serving.calibrate.target import local_platform
+
+    p = pm.platform
+    ref = _one_vcpu_mb(p)
+    if len(lg.units) < 2:
+        return None
+    whole = _whole_stage(lg)
+    try:
+        if pm.master_need_mb(list(whole), p.memory_max_mb) > ref:
+            return None
+    except ValueError:
+        return None
+    path = stage_times_path(lg, pm, request.transport, _expected_cpu_limit()).with_suffix(".parts.json")
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return float(json.loads(path.read_text())["overhead_ms"])
+    chain = chain_choices(lg, ref)
+    plans = [SolverResult(whole, ref, pm.estimate(list(whole), ref), "unsplit"),
+             SolverResult(chain, ref, pm.estimate(list(chain), ref), "chain")]
+    with tempfile.TemporaryDirectory(prefix="flatpack-parts-") as tmp, local_platform(request.platform) as t:
+        timer = StageTimer(t.client, t.url, lg, request, pm, Path(tmp), samples=samples, warmup=warmup)
+        whole_t, chain_t = timer.timings_together(plans)
+    whole_ms = [float(x["stage0_ms"]) for x in whole_t if "stage0_ms" in x]
+    chain_ms = [sum(float(x.get(f"stage{i}_workers_run_ms", 0.0)) for i in range(len(chain))) for x in chain_t]
+    overhead = overhead_from(whole_ms, chain_ms, len(chain))
+    spread = max(_quartile_ratio(whole_ms), _quartile_ratio(chain_ms))
+    if spread <= _SPREAD_LIMIT:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"overhead_ms": round(overhead, 4), "parts": len(chain), "samples": samples}))
+    else:
+        log.warning("the whole model's and its parts' timings disagree (quartiles %.2fx apart): the machine looks "
+                    "busy; using them for this plan only", spread)
+    return overhead
+
+
+def _quartile_ratio(xs: Sequence[float]) -> float:
+    q1, q3 = np.percentile(xs, [25, 75]) if xs else (1.0, 1.0)
+    return float(q3 / q1) if q1 > 0 else float("inf")
+
+
+def cached_whole(path: Path, min_samples: int = 0) -> tuple[dict[int, float], int]:
+    """The whole-model timings cached at ``path`` (ms by memory) and the requests each was timed over; none
+    where there are none, they cannot be read, or they were timed over fewer than ``min_samples``."""
+    import json
+
+    try:
+        doc = json.loads(path.read_text())
+        samples = int(doc.get("samples", 0))
+        if samples < min_samples:
+            return {}, 0
+        return {int(k): float(v) for k, v in doc["ms"].items()}, samples
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}, 0
 
 
 def _one_vcpu_mb(platform: Any) -> int:
@@ -317,15 +430,32 @@ def share_probe_mb(pm: Any, budget_s: float | None = None) -> int | None:
         return None
     if mb / p.mb_per_vcpu >= SHARE_PROBE_MAX_VCPU:
         return None
-    if budget_s is not None and pm.estimate(whole, mb).latency_ms * (_WHOLE_SAMPLES + _WHOLE_WARMUP) / 1e3 > budget_s:
+    if budget_s is not None and _round_ms(pm, mb) * (_WHOLE_SAMPLES + _WHOLE_WARMUP) / 1e3 > budget_s:
         return None
     return mb
+
+
+def _round_ms(pm: Any, mb: int) -> float:
+    """One round of the share timing as the model predicts it: the whole model at ``mb`` and at one vCPU."""
+    whole = list(_whole_stage(pm.lg))
+    return float(pm.estimate(whole, mb).latency_ms + pm.estimate(whole, _one_vcpu_mb(pm.platform)).latency_ms)
+
+
+def share_samples(pm: Any, mb: int, budget_s: float | None = None) -> int:
+    """The rounds the model's own share slow-down at ``mb`` is timed over: :data:`SHARE_SAMPLES`, or as many
+    as ``budget_s`` holds after the warm-up, and never fewer than a whole-model timing's."""
+    if budget_s is None:
+        return SHARE_SAMPLES
+    fit = int(budget_s * 1e3 / max(_round_ms(pm, mb), 1e-6)) - _WHOLE_WARMUP
+    return max(_WHOLE_SAMPLES, min(SHARE_SAMPLES, fit))
 
 
 def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     """Rescale ``pm``'s unit times to the whole model timed in a one-vCPU function on the target, and its CPU
     share's slow-down at the memory the request fixes below one vCPU to the model's own there
-    (:func:`whole_model_ms`); a note for the plan, empty where nothing could be timed.
+    (:func:`whole_model_ms`); and take each part's compute overhead from the model cut into a chain of parts
+    timed against the whole (:func:`part_overhead_ms`, where above the compute model's own); a note for the
+    plan, empty where nothing could be timed.
 
     With ``--memory auto`` the model is also timed at the smallest size that holds it (:func:`share_probe_mb`),
     and its own slow-down there replaces calibrate's only where it is more than :data:`SHARE_MARGIN` above it
@@ -334,22 +464,24 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     cost of a function below one vCPU is so flat in its memory that an error within that noise would decide
     which size the cheapest plan takes; a model that keeps rereading a few MB (an LSTM) loses far more of a
     small share than the probe, and every plan of it below one vCPU would be priced low."""
-    from dataclasses import replace
-
     from partitioner.planner import scale_to_whole
 
     p = pm.platform
     ref = _one_vcpu_mb(p)
     auto = request.memory == "auto"
     # a quarter of the profile budget at most: the plan's stages are timed from the same budget
-    probe = share_probe_mb(pm, budget_s=request.profile_budget_s / 4) if auto else None
+    budget_s = request.profile_budget_s / 4
+    probe = share_probe_mb(pm, budget_s=budget_s) if auto else None
+    # the share's slow-down is a ratio of two timings: timed over more rounds than the reference alone needs
+    n = share_samples(pm, probe, budget_s) if probe is not None else _WHOLE_SAMPLES
     low = ([int(request.memory)] if not auto and int(request.memory) < p.mb_per_vcpu else
            [probe] if probe is not None else [])
     if progress is not None:
         progress("timing the whole model in a function on the local platform (cached)")
     one = sum(u.get(1, 0.0) for u in pm.compute.unit_ms)
     try:
-        ms = whole_model_ms(lg, request, pm, memories=low, units_ms=one)
+        ms = whole_model_ms(lg, request, pm, memories=low, units_ms=one, samples=n,
+                            min_samples=n if probe is not None else 0)
     except (OSError, ValueError, RuntimeError) as e:
         log.warning("could not time the whole model in a function (%s): unit times as profiled", e)
         return ""
@@ -371,8 +503,31 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
                 pm.use_platform(p.with_model_share(v, factor))
                 note += (f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that, {factor / p.share_factor(v):.2f}x the "
                          "slow-down calibrate's probe has there: planned below one vCPU with the model's own")
+    overhead = _timed_overhead(lg, request, pm, budget_s)
+    if overhead is not None and overhead > compute.overhead_ms:
+        compute = replace(compute, part_overhead_ms=overhead - compute.overhead_ms)
+        note += (f"; each part computes {overhead:.2f} ms beyond its units' share of the whole (the model cut into "
+                 "a chain of parts, timed against it)")
     pm.use_compute(compute)
     return note
+
+
+def _timed_overhead(lg: Any, request: Any, pm: Any, budget_s: float) -> float | None:
+    """:func:`part_overhead_ms` where its timing fits ``budget_s`` as the model predicts it (else None, as
+    where it cannot be timed)."""
+    ref = _one_vcpu_mb(pm.platform)
+    chain = list(chain_choices(lg, ref))
+    try:
+        round_ms = pm.estimate(list(_whole_stage(lg)), ref).latency_ms + pm.estimate(chain, ref).latency_ms
+    except ValueError:  # the model does not fit a function of one vCPU
+        return None
+    if round_ms * (_WHOLE_SAMPLES + _WHOLE_WARMUP) / 1e3 > budget_s:
+        return None
+    try:
+        return part_overhead_ms(lg, request, pm)
+    except (OSError, ValueError, RuntimeError) as e:
+        log.warning("could not time the model's parts against the whole (%s): each part's overhead as modelled", e)
+        return None
 
 
 def solve_on_target(lg: Any, request: Any, pm: Any, *, progress: Any = None) -> tuple[Any, Any]:

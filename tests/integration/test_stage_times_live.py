@@ -205,3 +205,32 @@ def test_a_cached_whole_model_time_in_a_function_far_from_its_units_is_timed_aga
 
 def platform_functions(platform) -> list[dict]:  # noqa: ANN001 - a LocalPlatform
     return list(platform.client.functions())
+
+
+def test_each_parts_overhead_is_the_chain_of_parts_timed_against_the_whole_model_then_cached(
+        shared_platform, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The model cut into a chain of parts, each on a worker of its own, is timed against the whole model in
+    one function in the same rounds: what each part computes beyond its units' share is their difference over
+    the parts the chain adds. Nothing stays deployed; a second call takes it from the cache; and a plan of
+    many parts is priced with it."""
+    from serving.calibrate.stages import chain_choices, part_overhead_ms, scale_to_function
+    from tests.conftest import slow_model
+
+    lg = LayerGraph.load(slow_model(n=256, layers=8))
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
+    request = PlanRequest(mode="lo", platform="local", transport="shm", profile_budget_s=600)
+    pm = _pm(lg)
+    before = {f["name"] for f in platform_functions(shared_platform)}
+    overhead = part_overhead_ms(lg, request, pm, samples=3, warmup=1)
+    assert overhead is not None and overhead >= 0.0
+    assert {f["name"] for f in platform_functions(shared_platform)} == before  # nothing left deployed
+    if not list((tmp_path / "cache" / "stage-times").glob("*.parts.json")):
+        return  # saved only where its repeats agreed, which a loaded CI machine may not give
+    assert part_overhead_ms(lg, request, pm) == pytest.approx(overhead, abs=1e-4)  # the cache's
+    chain = list(chain_choices(lg, 1769))
+    modelled = pm.estimate(chain, 1769).latency_ms
+    note = scale_to_function(lg, request, pm, None)
+    if overhead > 0.05:  # above the compute model's own default: taken, and every part of a plan pays it
+        assert pm.compute.part_overhead_ms == pytest.approx(overhead - pm.compute.overhead_ms, abs=1e-4)
+        assert "beyond its units' share" in note
+    assert pm.estimate(chain, 1769).latency_ms > 0 and modelled > 0

@@ -13,6 +13,7 @@ from partitioner.graph import LayerGraph
 from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts
 from partitioner.planner import PlanRequest
 from platforms import load_profile
+from serving.calibrate.stages import SHARE_SAMPLES
 from tests.onnx_builders import conv_stack
 
 # calibrate's probe on a 2-core machine: a little slower than the nominal share at every size below one vCPU
@@ -55,7 +56,7 @@ def _timed(lg: LayerGraph, pm: PerfModel, ms: dict[int, float]) -> None:
 
     path = stage_times_path(lg, pm, "shm", _expected_cpu_limit()).with_suffix(".whole.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"ms": {str(k): v for k, v in ms.items()}, "samples": 10}))
+    path.write_text(json.dumps({"ms": {str(k): v for k, v in ms.items()}, "samples": SHARE_SAMPLES}))
 
 
 @pytest.mark.parametrize(("over_probe", "taken"), [(1.40, True), (1.15, False), (5.0, False)])
@@ -92,8 +93,42 @@ def test_no_share_timing_where_cpu_is_per_function_or_the_model_needs_half_a_cor
     assert share_probe_mb(per_function) is None
     big = PerfModel(lg, dataclasses.replace(pm.platform, memory_min_mb=1024), pm.compute, transport="shm")
     assert share_probe_mb(big) is None  # 1024 MB is more than half a core's 1769
-    # a model whose timing at its smallest size would take longer than the planner can spare
-    seconds = pm.estimate(list(_whole_stage(lg)), 128).latency_ms * 13 / 1e3
+    # a model whose timing at its smallest size (each round beside one at one vCPU) would take longer than the
+    # planner can spare
+    whole = list(_whole_stage(lg))
+    seconds = (pm.estimate(whole, 128).latency_ms + pm.estimate(whole, 1769).latency_ms) * 13 / 1e3
     assert share_probe_mb(pm, budget_s=seconds * 1.1) == 128
     assert share_probe_mb(pm, budget_s=seconds * 0.9) is None
 
+
+
+def test_the_share_is_timed_over_as_many_rounds_as_the_budget_holds_between_the_floor_and_the_cap(
+        lg: LayerGraph) -> None:
+    """The model's own share slow-down is a ratio of two timings that each move by ~5 % from block to block:
+    timed over :data:`SHARE_SAMPLES` rounds where the budget allows, never fewer than a whole-model timing's."""
+    from serving.calibrate.stages import _WHOLE_SAMPLES, _WHOLE_WARMUP, _whole_stage, share_samples
+
+    pm = _pm(lg)
+    whole = list(_whole_stage(lg))
+    round_s = (pm.estimate(whole, 128).latency_ms + pm.estimate(whole, 1769).latency_ms) / 1e3
+    assert share_samples(pm, 128) == SHARE_SAMPLES
+    assert share_samples(pm, 128, budget_s=round_s * (SHARE_SAMPLES + _WHOLE_WARMUP) * 3) == SHARE_SAMPLES
+    assert share_samples(pm, 128, budget_s=round_s * (20 + _WHOLE_WARMUP + 0.5)) == 20
+    assert share_samples(pm, 128, budget_s=round_s * 2) == _WHOLE_SAMPLES
+
+
+def test_a_cached_whole_model_timing_over_fewer_requests_than_the_share_needs_is_not_taken(
+        tmp_path: Path) -> None:
+    """A timing cached over 10 requests (a whole-model timing at one vCPU) does not price a share slow-down
+    that needs 30: it is timed again; one over 30 serves both."""
+    from serving.calibrate.stages import cached_whole
+
+    path = tmp_path / "m.whole.json"
+    assert cached_whole(path) == ({}, 0)  # none yet
+    path.write_text(json.dumps({"ms": {"1769": 30.0, "204": 400.0}, "samples": 10}))
+    assert cached_whole(path) == ({1769: 30.0, 204: 400.0}, 10)
+    assert cached_whole(path, min_samples=SHARE_SAMPLES) == ({}, 0)
+    path.write_text(json.dumps({"ms": {"1769": 30.0, "204": 400.0}, "samples": SHARE_SAMPLES}))
+    assert cached_whole(path, min_samples=SHARE_SAMPLES) == ({1769: 30.0, 204: 400.0}, SHARE_SAMPLES)
+    path.write_text("{not json")
+    assert cached_whole(path) == ({}, 0)

@@ -1,0 +1,111 @@
+"""Each part's compute overhead: the chain of parts it is timed with, its arithmetic, and where the planner
+takes it (from the cache: the live timing is tested in tests/integration/test_stage_times_live.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from partitioner.graph import LayerGraph
+from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts
+from partitioner.planner import PlanRequest
+from platforms import load_profile
+from tests.onnx_builders import conv_stack
+
+
+def _lg(layers: int) -> LayerGraph:
+    return LayerGraph.load(conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * layers,
+                                      cin=3, h=16, w=16))
+
+
+def _pm(lg: LayerGraph) -> PerfModel:
+    facts = PlatformFacts.from_profile(load_profile("local"))
+    return PerfModel(lg, facts, ComputeModel(tuple({1: 10.0, 2: 6.0} for _ in lg.units),
+                                             tuple(u.flops for u in lg.units)), transport="shm")
+
+
+@pytest.mark.parametrize(("units", "parts"), [(3, 3), (16, 16), (40, 16), (17, 16)])
+def test_the_chain_covers_every_unit_once_in_consecutive_worker_parts(units: int, parts: int) -> None:
+    from serving.calibrate.stages import chain_choices
+
+    lg = _lg(units)
+    assert len(lg.units) == units
+    chain = chain_choices(lg, 1769)
+    assert len(chain) == parts
+    assert chain[0].first == 0 and chain[-1].last == units - 1
+    assert all(a.last + 1 == b.first for a, b in zip(chain, chain[1:], strict=False))
+    sizes = [c.last - c.first + 1 for c in chain]
+    assert max(sizes) - min(sizes) <= 1  # as equal in count as they come
+    assert all(not c.master_part and c.worker_mb == 1769 and str(c.split) == "none" for c in chain)
+
+
+def test_the_overhead_is_the_chains_extra_compute_over_the_runs_it_adds() -> None:
+    from serving.calibrate.stages import overhead_from
+
+    # 4 parts run 3 more times than the whole: 1.5 ms more in all is 0.5 ms a part
+    assert overhead_from([10.0, 10.2, 9.8], [11.5, 11.4, 11.6], 4) == pytest.approx(0.5)
+    assert overhead_from([10.0], [9.0], 4) == 0.0  # a chain timed faster than the whole: no overhead, not less
+    with pytest.raises(ValueError, match="at least 2 parts"):
+        overhead_from([10.0], [11.0], 1)
+    with pytest.raises(ValueError, match="timings of both"):
+        overhead_from([], [11.0], 4)
+
+
+def _cache(lg: LayerGraph, pm: PerfModel, suffix: str, doc: dict) -> None:
+    from serving.calibrate.stages import _expected_cpu_limit, stage_times_path
+
+    path = stage_times_path(lg, pm, "shm", _expected_cpu_limit()).with_suffix(suffix)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+
+
+def test_the_planner_prices_every_part_with_the_timed_overhead_where_it_is_above_the_models_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the whole model and its chain timed (cached), a plan of more parts costs more by the overhead
+    each part adds; a timed overhead below the compute model's own leaves it."""
+    from serving.calibrate.stages import chain_choices, part_overhead_ms, scale_to_function
+
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path))
+    lg = _lg(4)
+    request = PlanRequest(platform="local", transport="shm", profile_budget_s=600, memory="1769")
+    for timed, taken in ((0.6, True), (0.01, False)):
+        pm = _pm(lg)
+        _cache(lg, pm, ".whole.json", {"ms": {"1769": 40.0}, "samples": 10})
+        _cache(lg, pm, ".parts.json", {"overhead_ms": timed, "parts": 4, "samples": 10})
+        assert part_overhead_ms(lg, request, pm) == pytest.approx(timed)
+        chain = list(chain_choices(lg, 1769))
+        default = pm.compute.overhead_ms
+        note = scale_to_function(lg, request, pm, None)
+        assert pm.compute.overhead_ms == default  # the session run's own, as it was
+        assert pm.compute.part_overhead_ms == pytest.approx(timed - default if taken else 0.0)
+        assert ("beyond its units' share" in note) is taken
+        if taken:
+            before = _pm(lg)
+            before.use_compute(dataclasses.replace(pm.compute, part_overhead_ms=0.0))
+            extra = pm.estimate(chain, 1769).latency_ms - before.estimate(chain, 1769).latency_ms
+            assert extra == pytest.approx(len(chain) * (timed - default), rel=0.05)
+
+
+def test_a_parts_own_overhead_is_not_stretched_by_a_share_below_one_vcpu() -> None:
+    """The session run's overhead is CPU work a share stretches; a part's own (cold caches, its input) is
+    already in the share's calibrated slow-down below one vCPU, whose quota leaves every burst on cold
+    caches: it is added as timed at one vCPU, not 14 times over at 128 MB."""
+    lg = _lg(2)
+    cm = dataclasses.replace(_pm(lg).compute, part_overhead_ms=0.5)
+    plain = dataclasses.replace(cm, part_overhead_ms=0.0)
+    for vcpu in (1.0, 128 / 1769, 0.5):
+        assert cm.part_time(0, 1, lg.units[0].flops + lg.units[1].flops, vcpu) == pytest.approx(
+            plain.part_time(0, 1, lg.units[0].flops + lg.units[1].flops, vcpu) + 0.5)
+        assert cm.part_times(0, 1, [lg.units[0].flops], vcpu)[0] == pytest.approx(
+            plain.part_times(0, 1, [lg.units[0].flops], vcpu)[0] + 0.5)
+
+
+def test_no_overhead_is_timed_for_a_model_of_one_unit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from serving.calibrate.stages import part_overhead_ms
+
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path))
+    lg = _lg(1)
+    assert part_overhead_ms(lg, PlanRequest(platform="local", transport="shm"), _pm(lg)) is None

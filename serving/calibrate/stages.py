@@ -256,7 +256,8 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     Repeats that agree do not show a machine that was busy for the whole timing: given ``units_ms`` (the
     units' one-thread profiled sum, at least :data:`_SUSPECT_MIN_MS`), a cached one-vCPU figure more than
     ``WHOLE_SUSPECT`` from it is timed again with every size, as the planning process's own timing is.
-    ``min_samples``: a cache timed over fewer requests than that is timed again (with ``samples``).
+    ``min_samples``: a cache timed over fewer requests than that is timed again (with ``samples``). ValueError
+    where the platform gives one vCPU for another memory than ``pm``'s facts do (:func:`_sells_cpu_as_modelled`).
 
     The unit profile is scaled to the whole model timed in the planning process, and the CPU share's slow-down
     is calibrate's MatMul probe's. The same compute in a function runs a little slower than in the planning
@@ -284,6 +285,7 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     whole = _whole_stage(lg)
     plans = [SolverResult(whole, m, pm.estimate(list(whole), m), "unsplit") for m in sizes]
     with tempfile.TemporaryDirectory(prefix="flatpack-whole-") as tmp, local_platform(request.platform) as t:
+        _sells_cpu_as_modelled(t, pm)
         timer = StageTimer(t.client, t.url, lg, request, pm, Path(tmp), samples=samples, warmup=warmup)
         records = {m: recs[0] for m, recs in zip(sizes, timer.measure_together(plans), strict=True)}
     # below one vCPU an instance's request lasts at least its CPU over its share (the quota, and the local
@@ -336,7 +338,8 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SA
     platform: the whole model in one function of one vCPU against the model cut into a chain of up to
     :data:`OVERHEAD_PARTS` stages (:func:`chain_choices`), each part on a worker of its own of one vCPU, their
     requests interleaved (:func:`overhead_from`). Cached per model and platform beside the stage times, where
-    the repeats agree. None where the model has one unit, or needs more than one vCPU's memory.
+    the repeats agree. None where the model has one unit, or needs more than one vCPU's memory; ValueError where
+    the platform gives one vCPU for another memory than ``pm``'s facts do (:func:`_sells_cpu_as_modelled`).
 
     The units are profiled in a loop in the planning process, where each run finds the caches as the run
     before left them, and one function that runs the whole model reads each activation where the unit
@@ -367,6 +370,7 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SA
     plans = [SolverResult(whole, ref, pm.estimate(list(whole), ref), "unsplit"),
              SolverResult(chain, ref, pm.estimate(list(chain), ref), "chain")]
     with tempfile.TemporaryDirectory(prefix="flatpack-parts-") as tmp, local_platform(request.platform) as t:
+        _sells_cpu_as_modelled(t, pm)
         timer = StageTimer(t.client, t.url, lg, request, pm, Path(tmp), samples=samples, warmup=warmup)
         whole_t, chain_t = timer.timings_together(plans)
     whole_ms = [float(x["stage0_ms"]) for x in whole_t if "stage0_ms" in x]
@@ -400,6 +404,21 @@ def cached_whole(path: Path, min_samples: int = 0) -> tuple[dict[int, float], in
         return {int(k): float(v) for k, v in doc["ms"].items()}, samples
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}, 0
+
+
+def _sells_cpu_as_modelled(target: Any, pm: Any) -> None:
+    """Raise ValueError where the local platform ``target`` gives a function of ``pm``'s one-vCPU memory
+    (:func:`_one_vcpu_mb`) another CPU share than one vCPU: its CPU follows memory at another rate than ``pm``'s
+    facts say (a model of the openfaas profile, 1,024 MB a vCPU, timed on the local one's 1,769). A timing
+    there would be taken for one vCPU's, and every plan priced from it."""
+    cpu = dict(target.client.health().get("cpu") or {})
+    if cpu.get("cpu_model", "follows_memory") != "follows_memory" or not cpu.get("mb_per_vcpu"):
+        return  # each function its own CPU, whatever its memory: one vCPU by the profile's default
+    here, modelled = float(cpu["mb_per_vcpu"]), float(pm.platform.mb_per_vcpu)
+    if abs(here - modelled) > 1.0:
+        raise ValueError(f"the platform at {target.url} gives a function one vCPU per {here:.0f} MB, the model "
+                         f"timed there one per {modelled:.0f} MB ({pm.platform.name}): plan for the platform that "
+                         "times it")
 
 
 def _one_vcpu_mb(platform: Any) -> int:

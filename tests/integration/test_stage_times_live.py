@@ -234,3 +234,26 @@ def test_each_parts_overhead_is_the_chain_of_parts_timed_against_the_whole_model
         assert pm.compute.part_overhead_ms == pytest.approx(overhead - pm.compute.overhead_ms, abs=1e-4)
         assert "beyond its units' share" in note
     assert pm.estimate(chain, 1769).latency_ms > 0 and modelled > 0
+
+
+def test_a_model_of_another_cpu_rate_is_not_timed_as_one_vcpu_on_the_local_platform(
+        shared_platform, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A model of the openfaas profile takes 1,024 MB for one vCPU; on the local platform (1,769 MB a vCPU) that
+    buys 0.58 of a core, and a timing there read as one vCPU's priced every plan from a slow whole model (the
+    parts' overhead came out 0). It is refused, naming both rates, and nothing is deployed."""
+    from serving.calibrate.stages import part_overhead_ms, whole_model_ms
+    from tests.conftest import slow_model
+
+    lg = LayerGraph.load(slow_model(n=128, layers=4))
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
+    request = PlanRequest(mode="lo", platform="local", transport="shm", profile_budget_s=600)
+    local = _pm(lg)
+    openfaas = PerfModel(lg, dataclasses.replace(local.platform, name="openfaas", mb_per_vcpu=1024.0), local.compute,
+                         transport="shm", cpu=load_profile("openfaas").cpu)
+    before = {f["name"] for f in platform_functions(shared_platform)}
+    with pytest.raises(ValueError, match="one vCPU per 1769 MB.*one per 1024 MB"):
+        part_overhead_ms(lg, request, openfaas, samples=3, warmup=1)
+    with pytest.raises(ValueError, match="one vCPU per 1769 MB"):
+        whole_model_ms(lg, request, openfaas, samples=3, warmup=1)
+    assert {f["name"] for f in platform_functions(shared_platform)} == before
+    assert not list((tmp_path / "cache").rglob("*.json"))  # nothing cached from it

@@ -14,7 +14,8 @@ times whose repeats disagree (the machine is busy with something else: the same 
 whole-model timing) are used for this plan but not saved.
 
 The cache file is per model (its units' FLOPs, weights and outputs), platform (its CPU per MB, cores and
-how the platform limits CPU) and transport, under ``<cache>/stage-times/``.
+how the platform limits CPU), machine (its CPU model: ``partitioner.profile.cache.machine_info``) and
+transport, under ``<cache>/stage-times/``.
 """
 
 from __future__ import annotations
@@ -55,12 +56,15 @@ def stage_times_path(lg: Any, pm: Any, transport: str, cpu_limit: str) -> Path:
     import onnxruntime as ort
 
     from partitioner.planner import units_digest
+    from partitioner.profile.cache import machine_info
 
     p = pm.platform
-    # the format's version last: records whose model figures stand on unit times scaled to the whole model
+    # the machine as the unit profile's cache knows it (its CPU model, cores, onnxruntime, machine id): a cache
+    # carried to a machine with another CPU (a VM image's clone on another host) is not taken for this one's.
+    # The format's version last: records whose model figures stand on unit times scaled to the whole model
     # timed in a function
     key = (f"{lg.name}-{units_digest(lg)}-{p.name}-{p.mb_per_vcpu:g}mb-c{p.cores}-{cpu_limit}-{transport}"
-           f"-ort{ort.__version__}-{_FORMAT}")
+           f"-ort{ort.__version__}-m{machine_info()['id'][:8]}-{_FORMAT}")
     return settings.cache_dir() / "stage-times" / f"{key}.json"
 
 

@@ -109,3 +109,23 @@ def test_no_overhead_is_timed_for_a_model_of_one_unit(tmp_path: Path, monkeypatc
     monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path))
     lg = _lg(1)
     assert part_overhead_ms(lg, PlanRequest(platform="local", transport="shm"), _pm(lg)) is None
+
+
+def test_the_timings_cached_on_one_machine_are_not_taken_on_another_with_another_cpu(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage times, the whole model's and the parts' timings are keyed by the machine as the unit profile's
+    cache knows it: a cache dir carried to a clone of the VM on a host with another CPU is timed again there."""
+    import partitioner.profile.cache as profile_cache
+    from serving.calibrate.stages import _expected_cpu_limit, part_overhead_ms, stage_times_path
+
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path))
+    lg = _lg(4)
+    pm = _pm(lg)
+    here = stage_times_path(lg, pm, "shm", _expected_cpu_limit())
+    _cache(lg, pm, ".parts.json", {"overhead_ms": 0.6, "parts": 4, "samples": 10})
+    assert part_overhead_ms(lg, PlanRequest(platform="local", transport="shm"), pm) == pytest.approx(0.6)
+    other = {**profile_cache.machine_info(), "cpu": "Intel(R) Xeon(R)", "id": "0123456789abcdef"}
+    monkeypatch.setattr(profile_cache, "machine_info", lambda: other)
+    there = stage_times_path(lg, pm, "shm", _expected_cpu_limit())
+    assert there != here and there.parent == here.parent
+    assert not there.with_suffix(".parts.json").exists()  # the other machine's cache is not this one's

@@ -1,7 +1,7 @@
 """`flatpack calibrate`: measure a platform's figures there and write them as a platform profile.
 
     result = calibrate("local", samples=200)          # the running local platform, or one started for it
-    result.path                                       # ~/.cache/flatpack/platforms/local-<host>.yaml
+    result.path                                       # ~/.cache/flatpack/platforms/local-<host>-<machine>.yaml
     calibrated_profile("local")                       # that profile, or None if this machine has none
 
     calibrate("aws-lambda", cloud=Cloud(endpoint_url=URL))  # probes deployed through the Lambda deployer

@@ -5,8 +5,9 @@ takes it): the base profile's mapping as written, with the fields a calibration 
 their ``sources`` saying so (measured by whom, on which host, when, with which flatpack, from how many
 samples). Fields it did not measure keep the base profile's value and source.
 
-Per machine, calibrations are cached under ``$FLATPACK_CACHE_DIR/platforms/<profile>-<host>.yaml``
-(:func:`calibrated_profile_path`); :func:`calibrated_profile` reads that cache.
+Per machine, calibrations are cached under ``$FLATPACK_CACHE_DIR/platforms/<profile>-<host>-<machine>.yaml``
+(:func:`calibrated_profile_path`; ``<machine>`` is the unit profile cache's key of this machine: its CPU model,
+cores, onnxruntime and machine id); :func:`calibrated_profile` reads that cache.
 """
 
 from __future__ import annotations
@@ -30,8 +31,15 @@ _ROUND = 4  # decimals kept of a measured ms or MB/s figure
 
 def calibrated_profile_path(name: str, *, host: str | None = None, cache_dir: Path | None = None) -> Path:
     """Where this machine's calibration of profile ``name`` is cached:
-    ``<cache_dir>/platforms/<name>-<host>.yaml`` (``cache_dir`` defaults to ``$FLATPACK_CACHE_DIR``)."""
-    host = re.sub(r"[^A-Za-z0-9_.-]", "_", host or socket.gethostname()) or "host"
+    ``<cache_dir>/platforms/<name>-<host>.yaml`` (``cache_dir`` defaults to ``$FLATPACK_CACHE_DIR``). ``host``
+    (a cloud's endpoint or region) as given; by default this machine's host name and its key in the unit
+    profile's cache (``partitioner.profile.cache.machine_info``): a cache directory carried to a clone of this
+    VM on a host with another CPU, whose host name and machine id are the same, is calibrated there again."""
+    if host is None:
+        from partitioner.profile.cache import machine_info
+
+        host = f"{socket.gethostname()}-{machine_info()['id'][:8]}"
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", host) or "host"
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
     return (cache_dir or settings.cache_dir()) / "platforms" / f"{stem}-{host}.yaml"
 

@@ -25,7 +25,7 @@ __all__ = ["calibrate_cmd"]
                    "YAML file of one.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where to write the calibrated profile (default: the cache, $FLATPACK_CACHE_DIR/platforms/"
-                   "<profile>-<host>.yaml; for a cloud <profile>-<endpoint host:port or region>.yaml).")
+                   "<profile>-<host>-<machine>.yaml; for a cloud <profile>-<endpoint host:port or region>.yaml).")
 @click.option("--samples", type=click.IntRange(min=10), default=200, show_default=True,
               help="Warm no-op round trips for the invoke-latency fit; transfers, cold starts and the CPU share "
                    "take a share of it (a tenth per transfer size, one cold start per 40, a twentieth per size).")

@@ -104,3 +104,22 @@ def test_a_calibration_in_a_machines_first_minutes_is_told_to_be_taken_again() -
     here = Provenance.here()
     assert here.uptime_s is not None and here.uptime_s > 0  # Linux says it
     assert here.to_json()["uptime_s"] == here.uptime_s
+
+
+def test_this_machines_calibration_is_keyed_by_its_cpu_and_a_clouds_by_its_endpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache directory carried to a clone of this VM on a host with another CPU (the same host name and machine
+    id) does not hand it this machine's calibration; a cloud's calibration is named by its endpoint alone."""
+    import socket
+
+    import partitioner.profile.cache as profile_cache
+    from serving.calibrate import calibrated_profile_path
+
+    here = calibrated_profile_path("local", cache_dir=tmp_path)
+    assert here.name.startswith(f"local-{socket.gethostname().split('.')[0]}")
+    other = {**profile_cache.machine_info(), "cpu": "Intel(R) Xeon(R)", "id": "0123456789abcdef"}
+    monkeypatch.setattr(profile_cache, "machine_info", lambda: other)
+    there = calibrated_profile_path("local", cache_dir=tmp_path)
+    assert there != here and there.parent == here.parent and there.name.endswith("-01234567.yaml")
+    cloud = calibrated_profile_path("aws-lambda", host="eu-west-1", cache_dir=tmp_path)
+    assert cloud.name == "aws-lambda-eu-west-1.yaml"

@@ -319,8 +319,7 @@ def run_perfmodel(*, n: int = 30, quick: bool = False, memories: Sequence[int] =
                 # unit times from the (cached) profile, scaled to whole-model timings taken now (two threads)
                 # and between the plan's requests (one thread), so prediction and runs see the same machine
                 cm, source = compute_model(lg, "measure", fresh=True)
-                if overhead is not None and overhead > cm.overhead_ms:
-                    cm = dataclasses.replace(cm, part_overhead_ms=overhead - cm.overhead_ms)
+                cm = cm.with_part_overhead(overhead)
                 out = tmp / f"{model}-{label}-{mb}"
                 if spec == "lo":
                     req = PlanRequest(mode="lo", platform="local", memory=mb, max_group=4, transport=transport)

@@ -274,11 +274,10 @@ def _model_share(lg: Any, pm: Any, platform: str, say: Callable[[str], None]) ->
 def _with_overhead(pm: Any, overhead: float | None) -> str:
     """``pm`` with each part's compute ``overhead`` (timed at one vCPU) where it is above the compute model's
     own session run (and not taken already with the model's share); a note ("" where not)."""
-    from dataclasses import replace
-
-    if overhead is None or overhead <= pm.compute.overhead_ms or pm.compute.part_overhead_ms > 0:
+    taken = pm.compute.with_part_overhead(overhead)
+    if taken is pm.compute or pm.compute.part_overhead_ms > 0:
         return ""
-    pm.use_compute(replace(pm.compute, part_overhead_ms=overhead - pm.compute.overhead_ms))
+    pm.use_compute(taken)
     return f"; each part {overhead:.2f} ms beyond its units' share (a chain of parts timed against the whole)"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -177,6 +177,14 @@ class ComputeModel:
         stage_flops = self._stage_flops(first, last)
         share = part_flops / stage_flops if stage_flops else 1.0
         return self.stage_time(first, last, vcpu) * share + self._overhead(vcpu)
+
+    def with_part_overhead(self, timed_ms: float | None) -> ComputeModel:
+        """This model with each part's own overhead from ``timed_ms`` (what a part computed beyond its units'
+        share, timed at one vCPU: :func:`serving.calibrate.stages.part_overhead_ms`) less the session run's
+        ``overhead_ms`` it holds; itself where nothing was timed or the timing is not above that."""
+        if timed_ms is None or timed_ms <= self.overhead_ms:
+            return self
+        return replace(self, part_overhead_ms=timed_ms - self.overhead_ms)
 
     def _overhead(self, vcpu: float) -> float:
         """A part's fixed compute at ``vcpu``: the session run's, stretched by a share, and the part's own."""

@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import logging
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -269,11 +269,9 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     leave the caches in the quota's pauses): timing the model itself in a function at the sizes planned
     takes both into the model."""
     import json
-    import tempfile
 
     from partitioner.planner import far_from_units
     from partitioner.solvers.common import SolverResult
-    from serving.calibrate.target import local_platform
 
     p = pm.platform
     ref = _one_vcpu_mb(p)
@@ -288,9 +286,7 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
         return {m: cached[m] for m in sizes}
     whole = _whole_stage(lg)
     plans = [SolverResult(whole, m, pm.estimate(list(whole), m), "unsplit") for m in sizes]
-    with tempfile.TemporaryDirectory(prefix="flatpack-whole-") as tmp, local_platform(request.platform) as t:
-        _sells_cpu_as_modelled(t, pm)
-        timer = StageTimer(t.client, t.url, lg, request, pm, Path(tmp), samples=samples, warmup=warmup)
+    with _modelled_timer(lg, request, pm, samples=samples, warmup=warmup) as timer:
         records = {m: recs[0] for m, recs in zip(sizes, timer.measure_together(plans), strict=True)}
     # below one vCPU an instance's request lasts at least its CPU over its share (the quota, and the local
     # platform's top-up after the handler: serving.platform.cpu), which a handler's own time misses when the
@@ -352,10 +348,8 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SA
     that grow with what it touches (none of it in a unit's profiled time), and that a plan of many small
     parts pays many times over."""
     import json
-    import tempfile
 
     from partitioner.solvers.common import SolverResult
-    from serving.calibrate.target import local_platform
 
     p = pm.platform
     ref = _one_vcpu_mb(p)
@@ -373,9 +367,7 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SA
     chain = chain_choices(lg, ref)
     plans = [SolverResult(whole, ref, pm.estimate(list(whole), ref), "unsplit"),
              SolverResult(chain, ref, pm.estimate(list(chain), ref), "chain")]
-    with tempfile.TemporaryDirectory(prefix="flatpack-parts-") as tmp, local_platform(request.platform) as t:
-        _sells_cpu_as_modelled(t, pm)
-        timer = StageTimer(t.client, t.url, lg, request, pm, Path(tmp), samples=samples, warmup=warmup)
+    with _modelled_timer(lg, request, pm, samples=samples, warmup=warmup) as timer:
         whole_t, chain_t = timer.timings_together(plans)
     whole_ms = [float(x["stage0_ms"]) for x in whole_t if "stage0_ms" in x]
     chain_ms = [sum(float(x.get(f"stage{i}_workers_run_ms", 0.0)) for i in range(len(chain))) for x in chain_t]
@@ -408,6 +400,20 @@ def cached_whole(path: Path, min_samples: int = 0) -> tuple[dict[int, float], in
         return {int(k): float(v) for k, v in doc["ms"].items()}, samples
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}, 0
+
+
+@contextlib.contextmanager
+def _modelled_timer(lg: Any, request: Any, pm: Any, *, samples: int, warmup: int) -> Iterator[StageTimer]:
+    """A :class:`StageTimer` on the local platform (the running one, else one started for it) that gives a
+    function of ``pm``'s one-vCPU memory one vCPU (:func:`_sells_cpu_as_modelled`, else ValueError), its
+    bundles in a temporary directory."""
+    import tempfile
+
+    from serving.calibrate.target import local_platform
+
+    with tempfile.TemporaryDirectory(prefix="flatpack-timing-") as tmp, local_platform(request.platform) as t:
+        _sells_cpu_as_modelled(t, pm)
+        yield StageTimer(t.client, t.url, lg, request, pm, Path(tmp), samples=samples, warmup=warmup)
 
 
 def _sells_cpu_as_modelled(target: Any, pm: Any) -> None:
@@ -527,8 +533,9 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
                 note += (f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that, {factor / p.share_factor(v):.2f}x the "
                          "slow-down calibrate's probe has there: planned below one vCPU with the model's own")
     overhead = _timed_overhead(lg, request, pm, budget_s)
-    if overhead is not None and overhead > compute.overhead_ms:
-        compute = replace(compute, part_overhead_ms=overhead - compute.overhead_ms)
+    taken = compute.with_part_overhead(overhead)
+    if taken is not compute:
+        compute = taken
         note += (f"; each part computes {overhead:.2f} ms beyond its units' share of the whole (the model cut into "
                  "a chain of parts, timed against it)")
     pm.use_compute(compute)

@@ -14,7 +14,7 @@ __all__ = ["mopar_cmd"]
 
 @click.command("mopar")
 @click.option("--model", "models", multiple=True, help="NAME[/wDIV][@SIZE]; repeat (default: vgg16/w2@224, "
-              "resnet50/w2@224, lstm-2/w2, bert/w2, gcn/w4, and dlrm where CPU follows memory).")
+              "resnet50@224, lstm-2/w2, bert/w2, gcn/w4, and dlrm where CPU follows memory).")
 @click.option("--platform", "platform", default="local", show_default=True,
               help="The platform the local platform emulates, by profile name: local (Lambda's CPU model, CPU "
                    "follows memory) or openfaas (CPU per function, apart from memory: MOPAR's testbed).")

@@ -36,6 +36,7 @@ _BENCHMARKS: dict[str, str] = {
     "mopar": "bench.commands.mopar:mopar_cmd",
     "slo": "bench.commands.slo:slo_cmd",
     "intake": "bench.commands.intake:intake_cmd",
+    "embedding": "bench.commands.embedding:embedding_cmd",
 }
 
 

@@ -7,12 +7,14 @@ up, and every index. A part rewrites each lookup as
 
     local = idx - lo          (a negative index counted from the table's end first, as Gather does)
     inside = 0 <= local < hi - lo
-    rows = Gather(table[lo:hi], Where(inside, local, 0))
-    out = Where(inside, rows, 0)
+    out = Gather(table[lo:hi] + [a row of zeros], Where(inside, local, hi - lo))
 
 so an index looks up its row in exactly one part and zeros in the others: the parts' outputs add up to
-the whole lookup, exactly (``x + 0 == x``). This is Megatron's vocabulary-parallel embedding; indices are
-not routed per shard (that would give parts request-dependent shapes) but masked, and they are small.
+the whole lookup, exactly (``x + 0 == x``). The zeros are looked up from the part's one extra row rather
+than masked in after the lookup: a Where over every element looked up made each part slower than the whole
+stage (``flatpack bench embedding`` times parts against it). This is Megatron's vocabulary-parallel
+embedding; indices are not routed per shard (that would give parts request-dependent shapes) but masked,
+and they are small.
 
 The sum join carries through the *linear* ops after the lookups: ops that copy or move elements
 (Reshape, Unsqueeze, Concat of lookups, Slice, ...), sum them (ReduceSum, ReduceMean over an
@@ -51,6 +53,11 @@ _LINEAR_IN_ALL = frozenset({"Concat", "Add", "Sub", "Sum"})
 _SCALE = frozenset({"Mul"})
 
 _INTEGER_KINDS = frozenset("iu")
+
+#: a part's work per index to route it to its rows or to the row of zeros (nine elementwise ops), in the
+#: units of a lookup's work per element looked up: ``flatpack bench embedding`` times parts against the
+#: whole stage, and the lookups themselves scale with the part's share of the rows
+ROUTING_FLOPS_PER_INDEX = 28
 
 
 @dataclass(frozen=True)
@@ -172,7 +179,7 @@ def row_shards(lg: LayerGraph, facts: EmbeddingFacts, degree: int) -> list[RowSh
 def embedding_costs(lg: LayerGraph, facts: EmbeddingFacts, degree: int) -> list[tuple[int, int, int, int, int, int]]:
     """Per part (flops, weight bytes, input bytes, output bytes, activation bytes, input tensors): its slice of every
     table, all of the other constants and inputs its nodes read, the joined tensor whole, and a lookup's
-    work (one copy per looked-up element, plus the masking per index) split by its share of the rows."""
+    work by its share of the rows, plus the routing of every index (:data:`ROUTING_FLOPS_PER_INDEX`)."""
     shards = row_shards(lg, facts, degree)
     nodes = facts.part_nodes
     tables = {lg.nodes[ni].input[0] for ni in facts.lookups}
@@ -190,13 +197,13 @@ def embedding_costs(lg: LayerGraph, facts: EmbeddingFacts, degree: int) -> list[
             node = lg.nodes[ni]
             table = lg.tensors[node.input[0]]
             share = (hi - lo) / max(1, table.shape[0])
-            weights += int(table.nbytes * share)
-            flops += int(lg.flops_of(ni) * share) + 6 * math.prod(lg.tensors[node.input[1]].shape)
+            weights += int(table.nbytes * share) + table.nbytes // max(1, table.shape[0])  # and its row of zeros
+            flops += int(lg.flops_of(ni) * share) + ROUTING_FLOPS_PER_INDEX * math.prod(lg.tensors[node.input[1]].shape)
         out.append((flops, weights, in_bytes, out_bytes, acts, max(1, len(inputs))))
     return out
 
 
-def embedding_part(lg: LayerGraph, facts: EmbeddingFacts, shard: RowShard, output: str, opset: int
+def embedding_part(lg: LayerGraph, facts: EmbeddingFacts, shard: RowShard, output: str
                    ) -> EmbeddingPart:
     """The model of one part: the stage's nodes up to the joined tensor, each lookup masked to the rows
     of ``shard`` (its table sliced to them), the joined tensor's partial named ``output``."""
@@ -213,7 +220,7 @@ def embedding_part(lg: LayerGraph, facts: EmbeddingFacts, shard: RowShard, outpu
     for ni in facts.part_nodes:
         node = lg.nodes[ni]
         if ni in shard.rows:
-            new_nodes.extend(_masked_lookup(lg, node, shard.rows[ni], const, inits, opset))
+            new_nodes.extend(_masked_lookup(lg, node, shard.rows[ni], const, inits))
             lo, hi = shard.rows[ni]
             flops += int(lg.flops_of(ni) * (hi - lo) / max(1, lg.tensors[node.input[0]].shape[0]))
             continue
@@ -241,40 +248,31 @@ def embedding_part(lg: LayerGraph, facts: EmbeddingFacts, shard: RowShard, outpu
 
 
 def _masked_lookup(lg: LayerGraph, node: onnx.NodeProto, rows: tuple[int, int], const: Callable[[str, np.ndarray], str],
-                   inits: dict[str, onnx.TensorProto], opset: int) -> list[onnx.NodeProto]:
-    """``node`` (a lookup) on rows ``lo..hi`` of its table: zeros for an index outside them."""
+                   inits: dict[str, onnx.TensorProto]) -> list[onnx.NodeProto]:
+    """``node`` (a lookup) on rows ``lo..hi`` of its table: zeros for an index outside them, looked up from a
+    row of zeros appended to the part's rows."""
     table, idx = node.input[0], node.input[1]
     lo, hi = rows
     t = lg.tensors[table]
     it = lg.tensors[idx].dtype
     sliced = f"{table}__rows{lo}_{hi}"
     if sliced not in inits:
-        inits[sliced] = numpy_helper.from_array(np.ascontiguousarray(lg.initializer(table)[lo:hi]), sliced)
+        part = lg.initializer(table)[lo:hi]
+        padded = np.concatenate([part, np.zeros((1, *part.shape[1:]), part.dtype)])
+        inits[sliced] = numpy_helper.from_array(padded, sliced)
     p = f"{node.output[0]}__shard"
     zero = const("zero", np.array(0, it))
     n_rows = const("rows", np.array(t.shape[0], it))
-    out = [
+    width = const("len", np.array(hi - lo, it))  # also the index of the row of zeros
+    return [
         helper.make_node("Less", [idx, zero], [p + "_neg"], name=p + "_neg"),
         helper.make_node("Add", [idx, n_rows], [p + "_wrapped"], name=p + "_wrapped"),
         helper.make_node("Where", [p + "_neg", p + "_wrapped", idx], [p + "_idx"], name=p + "_idx"),
         helper.make_node("Sub", [p + "_idx", const("lo", np.array(lo, it))], [p + "_local"], name=p + "_local"),
         helper.make_node("Less", [p + "_local", zero], [p + "_below"], name=p + "_below"),
         helper.make_node("Not", [p + "_below"], [p + "_from"], name=p + "_from"),
-        helper.make_node("Less", [p + "_local", const("len", np.array(hi - lo, it))], [p + "_to"], name=p + "_to"),
+        helper.make_node("Less", [p + "_local", width], [p + "_to"], name=p + "_to"),
         helper.make_node("And", [p + "_from", p + "_to"], [p + "_in"], name=p + "_in"),
-        helper.make_node("Where", [p + "_in", p + "_local", zero], [p + "_safe"], name=p + "_safe"),
-        helper.make_node("Gather", [sliced, p + "_safe"], [p + "_rows"], name=p + "_rows", axis=0),
+        helper.make_node("Where", [p + "_in", p + "_local", width], [p + "_safe"], name=p + "_safe"),
+        helper.make_node("Gather", [sliced, p + "_safe"], [node.output[0]], name=node.name or p, axis=0),
     ]
-    idx_rank = len(lg.tensors[idx].shape)
-    axes = list(range(idx_rank, idx_rank + len(t.shape) - 1))
-    mask = p + "_in"
-    if axes:
-        mask = p + "_mask"
-        if opset >= 13:
-            out.append(helper.make_node("Unsqueeze", [p + "_in", const("axes", np.array(axes, np.int64))], [mask],
-                                        name=mask))
-        else:
-            out.append(helper.make_node("Unsqueeze", [p + "_in"], [mask], name=mask, axes=axes))
-    out.append(helper.make_node("Where", [mask, p + "_rows", const("fill", np.array(0, t.dtype))], [node.output[0]],
-                                name=node.name or p))
-    return out

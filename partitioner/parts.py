@@ -282,7 +282,7 @@ class CutStage:
         partial = j + "__partial" if needs_epilogue else j
         parts = []
         for shard in shards:
-            ep = embedding_part(lg, facts, shard, partial, self._opset)
+            ep = embedding_part(lg, facts, shard, partial)
             parts.append(PartModel(ep.model, ep.inputs, ep.output, full(lg.tensors[j].shape), ep.flops))
         joined = TensorSpec(partial, lg.tensors[j].dtype.name, lg.tensors[j].shape)
         epilogue = None

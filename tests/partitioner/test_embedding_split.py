@@ -120,11 +120,14 @@ def test_each_part_holds_only_its_rows() -> None:
     assert cut.join == "sum" and len(cut.parts) == 4
     for part, (lo, hi) in zip(cut.parts, even_ranges(ROWS, 4), strict=True):
         tables = [t for t in part.model.graph.initializer if len(t.dims) == 2 and t.dims[1] == DIM]
-        assert [tuple(t.dims) for t in tables] == [(hi - lo, DIM)]
-        np.testing.assert_array_equal(numpy_helper.to_array(tables[0]), lg.initializer("table")[lo:hi])
+        # its rows, and a row of zeros that an index outside them looks up
+        assert [tuple(t.dims) for t in tables] == [(hi - lo + 1, DIM)]
+        rows = numpy_helper.to_array(tables[0])
+        np.testing.assert_array_equal(rows[:-1], lg.initializer("table")[lo:hi])
+        assert not rows[-1].any()
     costs = CutStage(lg, u, u).costs(Split("embedding", (4,)))
-    # its rows of the table, and the ReduceSum's axes (8 bytes)
-    assert [c.weight_bytes for c in costs] == [(hi - lo) * DIM * 4 + 8 for lo, hi in even_ranges(ROWS, 4)]
+    # its rows of the table and the row of zeros, and the ReduceSum's axes (8 bytes)
+    assert [c.weight_bytes for c in costs] == [(hi - lo + 1) * DIM * 4 + 8 for lo, hi in even_ranges(ROWS, 4)]
 
 
 def test_more_parts_than_rows_and_stages_without_lookups_are_refused() -> None:

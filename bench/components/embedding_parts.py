@@ -1,0 +1,139 @@
+"""An embedding split's parts timed against the whole lookup stage (``flatpack bench embedding``).
+
+The stage that holds a model's embedding lookups (the DLRM's tables) is cut whole and into ``embedding=N``
+parts (:mod:`partitioner.embedding`), each saved with its tables as external data and run by onnxruntime
+in this process at one thread, as a function of one vCPU runs it. Every round draws fresh indices (a
+request looks up rows anywhere in its tables, not the rows the last one left in cache) and runs the whole
+stage and every part on them in turn, so that the machine's drift hits all alike. Reported per part: its
+median, its ratio to the whole stage's median in the same rounds, and the ratio the performance model
+prices it at (the part's FLOPs over the stage's, :func:`partitioner.embedding.embedding_costs`).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["EmbeddingPartsResult", "PartRow", "lookup_unit", "measure"]
+
+
+@dataclass(frozen=True)
+class PartRow:
+    degree: int
+    part: int
+    p50_ms: float
+    ratio: float  # the part's median over the whole stage's
+    modelled_ratio: float  # the part's FLOPs over the stage's, as the performance model prices it
+
+    @property
+    def error(self) -> float:
+        return self.modelled_ratio / self.ratio - 1.0 if self.ratio > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class EmbeddingPartsResult:
+    model: str
+    unit: int
+    whole_p50_ms: float
+    rounds: int
+    rows: list[PartRow]
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def worst_error(self) -> float:
+        return max((abs(r.error) for r in self.rows), default=0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"page": "embedding", "model": self.model, "unit": self.unit, "whole_p50_ms": self.whole_p50_ms,
+                "rounds": self.rounds, "worst_error": self.worst_error,
+                "rows": [asdict(r) | {"error": r.error} for r in self.rows], "machine": self.machine}
+
+
+def lookup_unit(lg: Any) -> int:
+    """The first unit an embedding split can cut (ValueError where none can)."""
+    from partitioner.errors import NotSplittable
+    from partitioner.parts import CutStage
+
+    for u in range(len(lg.units)):
+        try:
+            CutStage(lg, u, u).embedding()
+        except NotSplittable:
+            continue
+        return u
+    raise ValueError(f"{lg.name}: no unit holds embedding lookups an embedding split can cut")
+
+
+def _session(model: Any, path: Path) -> Any:
+    import onnx
+
+    from functions.session import make_session
+
+    onnx.save(model, path, save_as_external_data=True, location=path.name + ".data")
+    return make_session(path, intra_op_threads=1)
+
+
+def _feeds(sessions: Sequence[Any], rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """One round's inputs for every session: indices anywhere in the tables' ``rows``, floats elsewhere."""
+    feeds: dict[str, np.ndarray] = {}
+    for s in sessions:
+        for i in s.get_inputs():
+            if i.name in feeds:
+                continue
+            shape = [d if isinstance(d, int) else 1 for d in i.shape]
+            feeds[i.name] = (rng.integers(0, rows, shape, dtype=np.int64) if "int" in i.type else
+                             rng.random(shape, dtype=np.float32))
+    return feeds
+
+
+def measure(lg: Any, *, degrees: Sequence[int] = (2, 4), rounds: int = 40, warmup: int = 5, seed: int = 0,
+            progress: Callable[[str], None] | None = None) -> EmbeddingPartsResult:
+    """Time the lookup stage of ``lg`` whole and cut into each of ``degrees`` parts (see the module)."""
+    from bench.harness.provenance import machine
+    from partitioner.parts import CutStage
+    from partitioner.spec import parse_split
+
+    say = progress or (lambda _m: None)
+    unit = lookup_unit(lg)
+    stage = CutStage(lg, unit, unit)
+    rows = min(lg.tensors[lg.nodes[ni].input[0]].shape[0] for ni in stage.embedding().lookups)
+    whole_flops = stage.whole_cost().flops
+    with tempfile.TemporaryDirectory(prefix="flatpack-bench-embedding-") as tmp:
+        say(f"unit {unit}: cutting it whole and into {', '.join(map(str, degrees))} parts")
+        whole = stage.cut(parse_split("none", None)).whole
+        names = ["whole"]
+        sessions = [_session(whole, Path(tmp) / "whole.onnx")]
+        modelled: dict[str, tuple[int, int, float]] = {}
+        for k in degrees:
+            split = parse_split("embedding", str(k))
+            costs = stage.costs(split)
+            for j, part in enumerate(stage.cut(split).parts):
+                name = f"e{k}p{j}"
+                names.append(name)
+                sessions.append(_session(part.model, Path(tmp) / f"{name}.onnx"))
+                modelled[name] = (k, j, costs[j].flops / whole_flops if whole_flops else 1.0)
+        # the files just written (gigabytes of tables) are flushed before the rounds, not written back
+        # during them
+        os.sync()
+        rng = np.random.default_rng(seed)
+        times: dict[str, list[float]] = {n: [] for n in names}
+        say(f"{warmup} warm-up and {rounds} timed rounds, one thread")
+        for r in range(warmup + rounds):
+            feeds = _feeds(sessions, rows, rng)
+            for name, s in zip(names, sessions, strict=True):
+                mine = {i.name: feeds[i.name] for i in s.get_inputs()}
+                t0 = time.perf_counter()
+                s.run(None, mine)
+                if r >= warmup:
+                    times[name].append((time.perf_counter() - t0) * 1e3)
+    whole_ms = statistics.median(times["whole"])
+    out = [PartRow(k, j, statistics.median(times[n]), statistics.median(times[n]) / whole_ms, m)
+           for n, (k, j, m) in modelled.items()]
+    return EmbeddingPartsResult(lg.name, unit, whole_ms, rounds, out, machine())

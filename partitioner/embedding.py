@@ -198,9 +198,15 @@ def embedding_costs(lg: LayerGraph, facts: EmbeddingFacts, degree: int) -> list[
             table = lg.tensors[node.input[0]]
             share = (hi - lo) / max(1, table.shape[0])
             weights += int(table.nbytes * share) + table.nbytes // max(1, table.shape[0])  # and its row of zeros
-            flops += int(lg.flops_of(ni) * share) + ROUTING_FLOPS_PER_INDEX * math.prod(lg.tensors[node.input[1]].shape)
+            flops += _lookup_flops(lg, ni, share)
         out.append((flops, weights, in_bytes, out_bytes, acts, max(1, len(inputs))))
     return out
+
+
+def _lookup_flops(lg: LayerGraph, ni: int, share: float) -> int:
+    """The work of lookup ``ni`` in a part holding ``share`` of its table's rows: its share of the rows looked
+    up, and every index routed (:data:`ROUTING_FLOPS_PER_INDEX`)."""
+    return int(lg.flops_of(ni) * share) + ROUTING_FLOPS_PER_INDEX * math.prod(lg.tensors[lg.nodes[ni].input[1]].shape)
 
 
 def embedding_part(lg: LayerGraph, facts: EmbeddingFacts, shard: RowShard, output: str
@@ -222,7 +228,7 @@ def embedding_part(lg: LayerGraph, facts: EmbeddingFacts, shard: RowShard, outpu
         if ni in shard.rows:
             new_nodes.extend(_masked_lookup(lg, node, shard.rows[ni], const, inits))
             lo, hi = shard.rows[ni]
-            flops += int(lg.flops_of(ni) * (hi - lo) / max(1, lg.tensors[node.input[0]].shape[0]))
+            flops += _lookup_flops(lg, ni, (hi - lo) / max(1, lg.tensors[node.input[0]].shape[0]))
             continue
         copy = onnx.NodeProto()
         copy.CopyFrom(node)

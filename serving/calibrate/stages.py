@@ -528,14 +528,15 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
             if not auto and 0.5 <= factor <= 2.0:  # as calibrate's own figures are taken (partitioner.perfmodel)
                 pm.use_platform(replace(p, share_factors=((v, factor),)))
                 note += f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that (its CPU share's slow-down for this model)"
-            elif auto and (1.0 + SHARE_MARGIN) * p.share_factor(v) < factor <= 4.0:
-                pm.use_platform(p.with_model_share(v, factor))
-                note += (f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that, {factor / p.share_factor(v):.2f}x the "
-                         "slow-down calibrate's probe has there: planned below one vCPU with the model's own")
-            elif auto and factor <= (1.0 + SHARE_MARGIN) * p.share_factor(v):
-                note += (f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that, {factor / p.share_factor(v):.2f}x the "
-                         f"slow-down calibrate's probe has there: planned below one vCPU with the probe's (a model's "
-                         f"figure replaces it from {1.0 + SHARE_MARGIN:.2f}x)")
+            elif auto and factor <= 4.0:
+                over = factor / p.share_factor(v)
+                note += (f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that, {over:.2f}x the slow-down calibrate's "
+                         "probe has there: planned below one vCPU with ")
+                if over > 1.0 + SHARE_MARGIN:
+                    pm.use_platform(p.with_model_share(v, factor))
+                    note += "the model's own"
+                else:
+                    note += f"the probe's (a model's figure replaces it from {1.0 + SHARE_MARGIN:.2f}x)"
     overhead = _timed_overhead(lg, request, pm, budget_s)
     taken = compute.with_part_overhead(overhead)
     if taken is not compute:

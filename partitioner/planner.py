@@ -22,6 +22,7 @@ from partitioner.export import Placement, build_plan, export_bundle
 from partitioner.graph import LayerGraph
 from partitioner.perfmodel import ComputeModel, CutCodec, CutCodecs, PerfModel, PlatformFacts, StageChoice
 from partitioner.solvers.common import Infeasible, SearchSpace, SolverResult, memory_options
+from partitioner.tail import quartile_ratio
 from platforms import PlatformProfile, load_profile
 
 __all__ = ["LO_MEMORY_TOLERANCE", "MODES", "SOLVERS", "PlanRequest", "codecs_of", "compute_model", "export_solution",
@@ -239,9 +240,9 @@ def timing_problem(times_ms: list[float]) -> str:
     or if the work is too short to tell): their quartiles disagree by more than :data:`DISAGREEMENT`."""
     if len(times_ms) < 4 or float(np.median(times_ms)) < MIN_CHECKED_MS:
         return ""
-    q1, q3 = np.percentile(times_ms, [25, 75])
-    if q1 > 0 and q3 / q1 > DISAGREEMENT:
-        return f"repeats disagree: the upper quartile is {q3 / q1:.2f}x the lower"
+    ratio = quartile_ratio(times_ms)
+    if ratio is not None and ratio > DISAGREEMENT:
+        return f"repeats disagree: the upper quartile is {ratio:.2f}x the lower"
     return ""
 
 

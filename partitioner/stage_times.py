@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from functions.plan import Split
-from partitioner.tail import sigma_from_quartiles
+from partitioner.tail import quartile_ratio, sigma_from_quartiles
 
 __all__ = ["Refined", "StageRecord", "StageTimes", "refine"]
 
@@ -333,10 +333,7 @@ def records_from(choices: Iterable[Any], master_mb: int, stage_ms: Sequence[Sequ
     model_cpus = model_cpu_ms if model_cpu_ms is not None else [0.0] * n
     scale = _total_scale(stage_ms)
     totals = _totals(stage_ms)
-    request_spread = None
-    if len(totals) >= 4:
-        t1, t3 = np.percentile(totals, [25, 75])
-        request_spread = float(t3 / t1) if t1 > 0 else None
+    request_spread = quartile_ratio(totals) if len(totals) >= 4 else None
     for c, samples, model, cpu, model_cpu in zip(choices, stage_ms, model_ms, cpus, model_cpus, strict=True):
         if not samples:
             out.append(None)

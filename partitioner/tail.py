@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-__all__ = ["DEFAULT_SIGMA", "StageShape", "jitter_factor", "plan_quantile", "sigma_from_p95", "sigma_from_quartiles",
-           "stage_quantile", "workers_quantile"]
+__all__ = ["DEFAULT_SIGMA", "StageShape", "jitter_factor", "plan_quantile", "quartile_ratio", "sigma_from_p95",
+           "sigma_from_quartiles", "stage_quantile", "workers_quantile"]
 
 #: a unit's compute spread when nothing measured it: a quiet machine's run-to-run variation
 DEFAULT_SIGMA = 0.05
@@ -53,6 +53,15 @@ def sigma_from_p95(median_ms: float, p95_ms: float) -> float:
     if median_ms <= 0 or p95_ms <= median_ms:
         return 0.0
     return min(_MAX_SIGMA, math.log(p95_ms / median_ms) / _Z95)
+
+
+def quartile_ratio(xs: Sequence[float] | np.ndarray) -> float | None:
+    """How far apart repeated timings ``xs`` lie: their upper quartile over their lower; None where there are
+    none or the lower quartile is not above 0."""
+    if len(xs) == 0:
+        return None
+    q1, q3 = np.percentile(xs, [25, 75])
+    return float(q3 / q1) if q1 > 0 else None
 
 
 def sigma_from_quartiles(q3_over_q1: float) -> float:

@@ -35,6 +35,7 @@ from functions import settings
 from functions.plan import Split
 from partitioner.live import LiveCorrection
 from partitioner.stage_times import StageRecord, StageTimes, records_from
+from partitioner.tail import quartile_ratio
 
 __all__ = ["OVERHEAD_PARTS", "StageTimer", "cached_whole", "chain_choices", "live_correction_path",
            "load_live_correction", "load_stage_times", "overhead_from", "part_overhead_ms", "refine_on_target",
@@ -372,7 +373,8 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SA
     whole_ms = [float(x["stage0_ms"]) for x in whole_t if "stage0_ms" in x]
     chain_ms = [sum(float(x.get(f"stage{i}_workers_run_ms", 0.0)) for i in range(len(chain))) for x in chain_t]
     overhead = overhead_from(whole_ms, chain_ms, len(chain))
-    spread = max(_quartile_ratio(whole_ms), _quartile_ratio(chain_ms))
+    # both non-empty (overhead_from says so); a lower quartile of 0 is no agreement
+    spread = max(quartile_ratio(whole_ms) or float("inf"), quartile_ratio(chain_ms) or float("inf"))
     if spread <= _SPREAD_LIMIT:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"overhead_ms": round(overhead, 4), "parts": len(chain), "samples": samples}))
@@ -380,11 +382,6 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SA
         log.warning("the whole model's and its parts' timings disagree (quartiles %.2fx apart): the machine looks "
                     "busy; using them for this plan only", spread)
     return overhead
-
-
-def _quartile_ratio(xs: Sequence[float]) -> float:
-    q1, q3 = np.percentile(xs, [25, 75]) if xs else (1.0, 1.0)
-    return float(q3 / q1) if q1 > 0 else float("inf")
 
 
 def cached_whole(path: Path, min_samples: int = 0) -> tuple[dict[int, float], int]:

@@ -12,7 +12,7 @@ import pytest
 from functions.plan import Split
 from partitioner.graph import LayerGraph
 from partitioner.perfmodel import ComputeModel, ExGauss, PerfModel, PlatformFacts, StageChoice
-from partitioner.tail import StageShape, jitter_factor, plan_quantile, sigma_from_p95, stage_quantile
+from partitioner.tail import StageShape, jitter_factor, plan_quantile, quartile_ratio, sigma_from_p95, stage_quantile
 from platforms import load_profile
 from tests.onnx_builders import conv_stack
 
@@ -113,3 +113,11 @@ def test_a_request_wide_jitter_moves_the_tail_and_the_bound_keeps_above_it() -> 
     assert shaky.plan_quantile(choices, 1769) > plain.plan_quantile(choices, 1769) * 1.15
     assert shaky.plan_quantile(choices, 1769) <= est.latency_q_ms
     assert est.latency_ms == pytest.approx(plain.estimate(choices, 1769).latency_ms)  # the mean is the mean
+
+
+def test_the_quartile_ratio_of_repeated_timings_and_none_where_it_means_nothing() -> None:
+    assert quartile_ratio([10.0, 10.0, 10.0, 10.0]) == 1.0
+    assert quartile_ratio([8.0, 10.0, 12.0, 14.0, 100.0]) == pytest.approx(14.0 / 10.0)
+    assert quartile_ratio(np.array([1.0, 2.0, 3.0])) == pytest.approx(2.5 / 1.5)
+    assert quartile_ratio([]) is None
+    assert quartile_ratio([0.0, 0.0, 0.0, 5.0]) is None  # a lower quartile of 0

@@ -21,8 +21,10 @@ __all__ = ["mopar_cmd"]
 @click.option("--rounds", type=int, default=None,
               help="Interleaved requests per plan, at least (default: 60 where CPU is per function; 20 where it "
                    "follows memory, whose 128 MB functions take seconds a request). A fast model gets more, up "
-                   "to 10x, until its requests add up to 3 s: MC is a mean of billed times, and on a shared "
-                   "host the odd request that waits out a busy moment moves a short run's mean.")
+                   "to 10x, until its requests add up to 3 s, and then more, up to 10x in all, until every "
+                   "plan's mean request is known within 2 % (relative standard error): MC is a mean of billed "
+                   "times, and on a shared host the odd request that waits out a busy moment moves a short "
+                   "run's mean.")
 @click.option("--quick", is_flag=True, help="A tiny run: vgg16/w8@64 (unless --model is given), 5 rounds (a fast "
               "model more, as --rounds says).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also save the JSON here.")

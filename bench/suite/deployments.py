@@ -4,8 +4,10 @@ rounds of requests over them."""
 from __future__ import annotations
 
 import contextlib
+import math
+import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from bench.load.latency import Sample
 from bench.load.targets import DeploymentTarget, Target
 from bench.load.usage import UsageSummary, meter_delta, usage_summary
 
-__all__ = ["Deployments", "deployments", "interleaved"]
+__all__ = ["Deployments", "deployments", "interleaved", "mean_uncertainty"]
 
 
 class Deployments:
@@ -58,7 +60,8 @@ def deployments(pp: Any) -> Iterator[Deployments]:
         s.close()
 
 
-def interleaved(targets: Mapping[str, Target], pool: InputPool, rounds: int, *, warmup: int = 3, burst: int = 1
+def interleaved(targets: Mapping[str, Target], pool: InputPool, rounds: int, *, warmup: int = 3, burst: int = 1,
+                precision: float = 0.0, max_rounds: int | None = None,
                 ) -> tuple[dict[str, list[Sample]], dict[str, UsageSummary], float]:
     """Warm every target up, then ``rounds`` interleaved rounds; samples, meter usage per target, wall s.
 
@@ -66,7 +69,13 @@ def interleaved(targets: Mapping[str, Target], pool: InputPool, rounds: int, *, 
     function holds that many warm instances, as a service that has seen that much concurrency does. A split
     plan hedges its stragglers (after 20 calls of a part, past their p95); with one instance per function
     each first hedge starts one, cold, inside the measured rounds, and on a small host every instance's
-    cold start takes CPU from the request being timed."""
+    cold start takes CPU from the request being timed.
+
+    ``precision`` > 0: after the first ``rounds``, ``rounds`` more at a time while some target's mean latency
+    is less certain than that (:func:`mean_uncertainty`), up to ``max_rounds`` in all (default: ``rounds``).
+    A comparison of means (a meter's billed time per request) then rests on as many requests as each run's
+    spread needs: on a shared host the odd request that waits out a busy moment moves a short run's mean by
+    more than a model's error. Every target gets the same rounds; the usage is over all of them."""
     if burst > 1:
         for target in targets.values():
             closed_loop(target, pool, clients=burst, requests=2)
@@ -74,6 +83,21 @@ def interleaved(targets: Mapping[str, Target], pool: InputPool, rounds: int, *, 
     before = {k: t.usage() for k, t in targets.items()}
     t0 = time.perf_counter()
     samples = alternate(targets, pool, rounds=rounds)
+    done, cap = rounds, max(rounds, max_rounds or rounds)
+    while precision > 0 and done < cap and max(mean_uncertainty(v) for v in samples.values()) > precision:
+        more = alternate(targets, pool, rounds=min(rounds, cap - done))
+        for k, v in more.items():
+            samples[k] += v
+        done += min(rounds, cap - done)
     wall = time.perf_counter() - t0
-    usage = {k: usage_summary(meter_delta(before[k], t.usage()), rounds) for k, t in targets.items()}
+    usage = {k: usage_summary(meter_delta(before[k], t.usage()), done) for k, t in targets.items()}
     return samples, usage, wall
+
+
+def mean_uncertainty(samples: Sequence[Sample]) -> float:
+    """The relative standard error of the mean latency of ``samples`` that answered (its standard deviation
+    over the square root of their count, over their mean); infinite with fewer than two."""
+    ok = [s.latency_ms for s in samples if s.ok]
+    if len(ok) < 2 or statistics.fmean(ok) <= 0:
+        return math.inf
+    return statistics.stdev(ok) / math.sqrt(len(ok)) / statistics.fmean(ok)

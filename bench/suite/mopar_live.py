@@ -167,6 +167,11 @@ def default_models(platform: str) -> tuple[ModelSpec, ...]:
 #: moved by a third between two runs of 20 rounds)
 MEASURED_MS = 3000.0
 MAX_ROUNDS_FACTOR = 10
+#: and then more rounds until every plan's mean request is known to this relative standard error (up to
+#: MAX_ROUNDS_FACTOR times the rounds, bench.suite.deployments.interleaved): at a small CPU share a request
+#: that meets a busy moment of the host is stretched by the share, and a few of them move a mean of 20 by more
+#: than the 10 % the model is held to
+MC_PRECISION = 0.02
 
 
 def rounds_for(pm: Any, unsplit: tuple[Sequence[Any], int], rounds: int) -> int:
@@ -357,7 +362,11 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 # attempt failing once its stage was over), as a service that has seen two requests at once
                 # would not. Where CPU follows memory the rounds are 20 and the DLRM's tables would be held twice.
                 burst = 2 if pm.cpu.per_function else 1
-                samples, usage, _ = interleaved(targets, pool, n, burst=burst)
+                samples, usage, _ = interleaved(targets, pool, n, burst=burst, precision=MC_PRECISION,
+                                                max_rounds=MAX_ROUNDS_FACTOR * max(n, rounds))
+                if (ran := len(next(iter(samples.values())))) > n:
+                    n = ran
+                    say(f"{name}: {n} rounds, until every plan's mean is known within {MC_PRECISION:.0%}")
             if not pm.cpu.per_function:  # the tail of the requests made with one vCPU or more (see _scaled)
                 samples_tail = {k: v for k, v in samples.items()
                                 if k == REFERENCE or (k in plans and _whole_vcpu(pm, plans[k][1]))}

@@ -202,3 +202,29 @@ def test_pipeline_baseline_loads_every_stage_and_enforces_its_cap(bundles) -> No
         tight.close()
     s = summarize(samples, wall_s=wall)
     assert s.errors == 2 and s.error_types == {"PipelineOutOfMemory": 2}
+
+
+def test_an_interleaved_comparison_runs_more_rounds_until_every_mean_is_as_certain_as_asked(conv, platform) -> None:
+    from bench.suite.deployments import interleaved
+
+    target, bundle = conv
+    pool = InputPool.from_bundle(bundle, 3)
+    # no run of real requests has a mean known to within 1e-9: rounds are added, 2 at a time, up to the cap
+    samples, usage, _ = interleaved({"a": target}, pool, 2, warmup=1, precision=1e-9, max_rounds=5)
+    assert [s.index for s in samples["a"]] == [0, 1, 0, 1, 0] and all(s.correct for s in samples["a"])
+    assert usage["a"].invocations == 5 * INVOCATIONS_PER_REQUEST
+    # any run's mean is known within 100 %: the first rounds only
+    samples, usage, _ = interleaved({"a": target}, pool, 2, warmup=1, precision=1.0, max_rounds=5)
+    assert len(samples["a"]) == 2 and usage["a"].invocations == 2 * INVOCATIONS_PER_REQUEST
+
+
+def test_a_means_uncertainty_is_its_standard_error_over_it_from_the_requests_that_answered() -> None:
+    from bench.suite.deployments import mean_uncertainty
+
+    def s(ms: float, error: str | None = None) -> Sample:
+        return Sample(0, 0, 0.0, 0.0, ms, ms, error=error, correct=error is None)
+
+    # the failed request left out: mean 20, sample standard deviation sqrt(400 / 3), over the root of 4 requests
+    assert mean_uncertainty([s(10), s(10), s(30), s(30), s(500, "TimeoutError")]) == pytest.approx(
+        (400 / 3) ** 0.5 / 2 / 20)
+    assert mean_uncertainty([s(10), s(100, "TimeoutError")]) == float("inf")

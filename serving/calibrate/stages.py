@@ -434,8 +434,9 @@ def _one_vcpu_mb(platform: Any) -> int:
 
 
 #: how far above calibrate's probe a model's own CPU-share slow-down must be measured (as a fraction of the
-#: probe's) before plans below one vCPU use it: wider than a whole-model timing's run-to-run spread there
-SHARE_MARGIN = 0.25
+#: probe's) before plans below one vCPU use it: wider than the spread of a ratio timed over SHARE_SAMPLES
+#: interleaved rounds. Below it the probe's figure is as good, and plans do not change with timing noise
+SHARE_MARGIN = 0.05
 #: a model is timed for its own share slow-down only where the smallest size that holds it is below this
 #: share of a core (above it the quota pauses little, and the timing would cost more than it could correct)
 SHARE_PROBE_MAX_VCPU = 0.5
@@ -484,12 +485,13 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     plan, empty where nothing could be timed.
 
     With ``--memory auto`` the model is also timed at the smallest size that holds it (:func:`share_probe_mb`),
-    and its own slow-down there replaces calibrate's only where it is more than :data:`SHARE_MARGIN` above it
-    (:meth:`PlatformFacts.with_model_share` carries it to the other sizes): a model timed once or twice below
-    one vCPU varies from run to run on a shared host far more than calibrate's repeated probe does, and the
-    cost of a function below one vCPU is so flat in its memory that an error within that noise would decide
-    which size the cheapest plan takes; a model that keeps rereading a few MB (an LSTM) loses far more of a
-    small share than the probe, and every plan of it below one vCPU would be priced low."""
+    and its own slow-down there replaces calibrate's where it is more than :data:`SHARE_MARGIN` above it
+    (:meth:`PlatformFacts.with_model_share` carries it to the other sizes). A model that keeps rereading a few
+    MB (an LSTM, a graph convolution) loses more of a small share than calibrate's compute-bound probe, and
+    every plan of it below one vCPU would be priced low by the difference; within the margin (the timing's own
+    spread over its rounds) the probe's figure is kept, so that a plan does not follow timing noise: the
+    cost of a function below one vCPU is so flat in its memory that such noise would decide which size the
+    cheapest plan takes."""
     from partitioner.planner import scale_to_whole
 
     p = pm.platform

@@ -85,10 +85,10 @@ def interleaved(targets: Mapping[str, Target], pool: InputPool, rounds: int, *, 
     samples = alternate(targets, pool, rounds=rounds)
     done, cap = rounds, max(rounds, max_rounds or rounds)
     while precision > 0 and done < cap and max(mean_uncertainty(v) for v in samples.values()) > precision:
-        more = alternate(targets, pool, rounds=min(rounds, cap - done))
-        for k, v in more.items():
+        step = min(rounds, cap - done)
+        for k, v in alternate(targets, pool, rounds=step).items():
             samples[k] += v
-        done += min(rounds, cap - done)
+        done += step
     wall = time.perf_counter() - t0
     usage = {k: usage_summary(meter_delta(before[k], t.usage()), done) for k, t in targets.items()}
     return samples, usage, wall

@@ -172,16 +172,11 @@ def test_a_cached_whole_model_time_in_a_function_far_from_its_units_is_timed_aga
     takes) is timed again before it scales the units, as the planning process's own timing is."""
     import json
 
-    from serving.calibrate.stages import (
-        _SUSPECT_MIN_MS,
-        _expected_cpu_limit,
-        scale_to_function,
-        stage_times_path,
-        whole_model_ms,
-    )
+    from serving.calibrate import stages
+    from serving.calibrate.stages import _expected_cpu_limit, scale_to_function, stage_times_path, whole_model_ms
     from tests.conftest import slow_model
 
-    lg = LayerGraph.load(slow_model(layers=16))  # 4 GFLOP: tens of ms on any core
+    lg = LayerGraph.load(slow_model(layers=16))  # 4 GFLOP: 15-40 ms on the cores seen, all compute
     monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
     request = PlanRequest(mode="lo", platform="local", memory=1769, transport="shm", profile_budget_s=600)
     pm = _pm(lg)
@@ -191,7 +186,9 @@ def test_a_cached_whole_model_time_in_a_function_far_from_its_units_is_timed_aga
     path.write_text(json.dumps({"ms": {"1769": 5 * true_ms}, "samples": 3}))  # cached on a busy machine
     n = len(lg.units)
     one = true_ms / 1.1  # the units' sum: the truth within the cross-check's band, the cached figure 5.5x
-    assert one >= _SUSPECT_MIN_MS  # slow enough to be cross-checked
+    # cross-checked whatever the core's speed: the floor keeps out models whose handler's fixed costs rival their
+    # compute, and this one's are a fraction of a millisecond
+    monkeypatch.setattr(stages, "_SUSPECT_MIN_MS", min(stages._SUSPECT_MIN_MS, one / 2))
     pm = PerfModel(lg, pm.platform, ComputeModel(tuple({1: one / n} for _ in lg.units),
                                                  tuple(u.flops for u in lg.units)), transport="shm")
     before = {f["name"] for f in platform_functions(shared_platform)}

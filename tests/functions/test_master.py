@@ -274,11 +274,15 @@ def test_hedging_is_on_by_default_for_split_stages_only(bundles, reference, depl
     stage 2's straggler and waits for stage 0's."""
     assert FunctionConfig(bundle_dir=bundles.chain, deployment="d", function="master").hedge_percentile == 95.0
     inv = _Stalling({(0, 0), (2, 0)}, stall_s=1.0)
-    d = deployed(bundles.chain, inv, hedge_min_samples=3)
+    # the warm calls give the durations the percentile is taken from, and none of them can be hedged (each
+    # finds fewer than that many before it): on a loaded machine a warm call past the percentile of the few
+    # before it was hedged too, and the policy hedges at most a tenth of a part's recent calls
+    warm = 10
+    d = deployed(bundles.chain, inv, hedge_min_samples=warm)
     plan = d.plan
     assert [cheap_to_duplicate(st, d.bundle) for st in plan.stages] == [False, False, True]
     assert not cheap_to_duplicate(plan.stages[2], d.bundle, max_part_bytes=16)  # parts too big to load twice
-    for i in range(4):  # the durations the percentile is taken from
+    for i in range(warm):
         reply, _ = d.infer(d.inputs(i), request_id=f"w{i}")
         assert reply.error is None, reply.error
     x = d.inputs(9)
@@ -286,7 +290,8 @@ def test_hedging_is_on_by_default_for_split_stages_only(bundles, reference, depl
     assert reply.error is None, reply.error
     _check_outputs(d, got, x, reference)
     slow = [(s, p, a) for r, s, p, a in inv.attempts if r == "slow"]
-    assert (2, 0, 1) in slow, f"stage 2's straggler was not hedged: {slow}"
+    warm_hedges = [(r, s, p) for r, s, p, a in inv.attempts if r != "slow" and a]
+    assert (2, 0, 1) in slow, f"stage 2's straggler was not hedged: {slow} (warm calls hedged: {warm_hedges})"
     assert [a for s, p, a in slow if (s, p) == (0, 0)] == [0], "a whole-stage part was hedged"
     _no_tensors_left(d)  # the straggler that lost still finishes; its outputs are deleted then
 

@@ -175,7 +175,8 @@ class StageTimes:
 class Refined:
     """What :func:`refine` ends with: the last plan, the rounds it measured, its seconds, which of the plan's
     stages are priced by a live measurement (``timed``, by index), whether every stage that needed one has
-    it (``all_measured``), and why the loop stopped."""
+    it (``all_measured``), why the loop stopped, and how many of the rounds were runoffs (two plans that
+    stood on measurements timed together, rather than stages not measured yet)."""
 
     result: Any
     rounds: int
@@ -183,6 +184,7 @@ class Refined:
     timed: tuple[bool, ...]
     all_measured: bool
     stopped: str
+    runoffs: int = 0
 
     def summary(self) -> str:
         """A line for the user: what timing the plans on the platform did."""
@@ -280,7 +282,7 @@ def refine(plan: PlanFn, measure: MeasureFn, times: StageTimes, apply: Callable[
                     if won else f"; {runoffs} runoff(s) between other plans")
     timed = tuple(_is_measured(c, result.master_mb, times, False) for c in result.choices)
     return Refined(result, rounds, time.perf_counter() - t0, timed, not _unmeasured(result, times, split_only),
-                   stopped)
+                   stopped, runoffs)
 
 
 def _plan_key(r: Any) -> tuple[Any, ...]:

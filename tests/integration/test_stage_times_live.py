@@ -91,8 +91,10 @@ def test_a_second_plan_of_the_same_model_takes_its_stage_times_from_the_cache(pl
                                                                               monkeypatch: pytest.MonkeyPatch,
                                                                               tmp_path: Path) -> None:
     """refine_on_target measures on the running platform (found through its URL), saves the stage times, and
-    the next plan measures nothing: its stages are priced by what was measured. (Every record is saved
-    here however much its repeats disagree: this test is about the cache, on a machine other tests load.)"""
+    the next plan measures no stage: its stages are priced by what was measured. (Every record is saved
+    here however much its repeats disagree: this test is about the cache, on a machine other tests load. So
+    a placement variant of the plan may come within the runoff margin of it, and be timed beside it: a runoff,
+    not a stage missing from the cache.)"""
     from serving.calibrate.stages import refine_on_target
 
     monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path / "cache"))
@@ -107,7 +109,7 @@ def test_a_second_plan_of_the_same_model_takes_its_stage_times_from_the_cache(pl
     pm2 = _pm(lg)
     again = refine_on_target(lg, request, pm2, lambda: _plan(pm2), budget_s=600, samples=3,
                           spread_limit=float("inf"))
-    assert again.rounds == 0 and again.all_measured
+    assert again.rounds == again.runoffs and again.all_measured, again.stopped
     assert [str(c) for c in again.result.choices] == [str(c) for c in first.result.choices]
     split = [c for c in again.result.choices if c.split.degree > 1]
     assert all(pm2.option(c, MB).measured for c in split)

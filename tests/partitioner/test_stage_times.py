@@ -336,6 +336,7 @@ def test_a_plan_timed_in_a_slow_moment_gets_a_runoff_beside_the_one_that_beat_it
     refined = refine(plan, measure, StageTimes(), apply, budget_s=1e9, measure_together=together, estimate=estimate)
     assert refined.result.choices == _TILES, refined.stopped
     assert refined.rounds == 3 and refined.all_measured and "won" in refined.stopped
+    assert refined.runoffs == 1  # the third round: the two plans timed together
     # without the runoff the loop ends on the plan that happened to be timed in a quiet moment
     plan, measure, _, apply, _ = _race(noisy_first=1.1)
     assert refine(plan, measure, StageTimes(), apply, budget_s=1e9).result.choices == _ROWS
@@ -437,7 +438,7 @@ def test_runoffs_are_bounded() -> None:
     state, plan, measure, together, apply, estimate, variants = _field(true_ms, model_ms, [1.0, 0.9])
     refined = refine(plan, measure, StageTimes(), apply, budget_s=1e9, measure_together=together,
                      estimate=estimate, variants=variants, max_runoffs=1)
-    assert len(state["together"]) == 1 and refined.all_measured
+    assert len(state["together"]) == 1 and refined.runoffs == 1 and refined.all_measured
 
 
 def test_a_plans_placement_variants_move_every_split_stages_share_to_the_other_side_and_are_priced(

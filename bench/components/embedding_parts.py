@@ -82,6 +82,11 @@ def _session(model: Any, path: Path) -> Any:
     return make_session(path, intra_op_threads=1)
 
 
+def _shape(arg: Any) -> list[int]:
+    """A session input's shape, a symbolic dimension (a batch) taken as 1."""
+    return [d if isinstance(d, int) else 1 for d in arg.shape]
+
+
 def _feeds(sessions: Sequence[Any], rng: np.random.Generator, indices: Callable[[int], np.ndarray]
            ) -> dict[str, np.ndarray]:
     """One round's inputs for every session: ``indices(n)`` for an index input of n elements, floats
@@ -91,7 +96,7 @@ def _feeds(sessions: Sequence[Any], rng: np.random.Generator, indices: Callable[
         for i in s.get_inputs():
             if i.name in feeds:
                 continue
-            shape = [d if isinstance(d, int) else 1 for d in i.shape]
+            shape = _shape(i)
             feeds[i.name] = (indices(math.prod(shape)).reshape(shape) if "int" in i.type else
                              rng.random(shape, dtype=np.float32))
     return feeds
@@ -140,8 +145,8 @@ def measure(lg: Any, *, degrees: Sequence[int] = (2, 4), rounds: int = 40, warmu
         # during them
         os.sync()
         rng = np.random.default_rng(seed)
-        per_input = max((math.prod(d if isinstance(d, int) else 1 for d in i.shape) for s in sessions
-                         for i in s.get_inputs() if "int" in i.type), default=1)
+        per_input = max((math.prod(_shape(i)) for s in sessions for i in s.get_inputs() if "int" in i.type),
+                        default=1)
         sweeps = _sweeps(rows, row_bytes, per_input)
         times: dict[str, list[float]] = {n: [] for n in names}
         say(f"{len(sweeps)} rounds mapping every page of the tables, {warmup} warm-up and {rounds} timed rounds, "
@@ -158,7 +163,7 @@ def measure(lg: Any, *, degrees: Sequence[int] = (2, 4), rounds: int = 40, warmu
                 s.run(None, mine)
                 if r >= warmup:
                     times[name].append((time.perf_counter() - t0) * 1e3)
-    whole_ms = statistics.median(times["whole"])
-    out = [PartRow(k, j, statistics.median(times[n]), statistics.median(times[n]) / whole_ms, m)
-           for n, (k, j, m) in modelled.items()]
+    medians = {n: statistics.median(ts) for n, ts in times.items()}
+    whole_ms = medians["whole"]
+    out = [PartRow(k, j, medians[n], medians[n] / whole_ms, m) for n, (k, j, m) in modelled.items()]
     return EmbeddingPartsResult(lg.name, unit, whole_ms, rounds, out, machine())

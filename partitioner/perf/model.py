@@ -586,6 +586,15 @@ class PerfModel:
                                                  sum(p.billed_ms(t + extra) for t in worker_ms))
         return hit
 
+    def worker_fixed_ms(self, choice: StageChoice, master_mb: int) -> tuple[float, ...]:
+        """Each of ``choice``'s workers' time beside its compute as modelled: reading its inputs, writing its
+        outputs and its handling, at its share (none where the choice is not admissible)."""
+        key = (choice.first, choice.last, choice.split, choice.master_part, choice.decode, choice.encode)
+        parts = self._stage_parts(choice, key)
+        if parts is None:
+            return ()
+        return self._workers_at(parts, key, choice.worker_mb or master_mb, choice.first, choice.last).fixed
+
     def _workers_worst(self, workers: _Workers, parts: _StageParts) -> float:
         if workers.worst_q is None:
             workers.worst_q = workers_quantile(workers.fixed, workers.compute, parts.sigma, self.platform.invoke,

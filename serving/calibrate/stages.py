@@ -37,10 +37,10 @@ from partitioner.live import LiveCorrection
 from partitioner.stage_times import StageRecord, StageTimes, records_from
 from partitioner.tail import quartile_ratio
 
-__all__ = ["OVERHEAD_PARTS", "StageTimer", "cached_whole", "chain_choices", "live_correction_path",
-           "load_live_correction", "load_stage_times", "overhead_from", "part_overhead_ms", "refine_on_target",
-           "save_live_correction", "save_stage_times", "scale_to_function", "share_samples", "solve_on_target",
-           "stage_records", "stage_times_path", "whole_model_ms"]
+__all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocation", "cached_whole", "chain_choices",
+           "live_correction_path", "load_live_correction", "load_stage_times", "overhead_from", "part_overhead_ms",
+           "refine_on_target", "save_live_correction", "save_stage_times", "scale_to_function", "share_samples",
+           "solve_on_target", "stage_records", "stage_times_path", "whole_model_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,9 @@ class StageTimer:
         self.samples = samples
         self.warmup = warmup
         self.round = 0
+        # per plan of the last :meth:`timings_together`: each function's mean billed ms per invocation over
+        # its warm requests, from the platform's meter, by the function's name in the plan
+        self.billed: list[dict[str, float]] = []
 
     def measure(self, result: Any) -> list[StageRecord | None]:
         """One record per stage of ``result``: its median stage time over ``samples`` warm requests."""
@@ -118,7 +121,7 @@ class StageTimer:
 
         timings: list[list[dict[str, float]]] = [[] for _ in results]
         with contextlib.ExitStack() as stack:
-            callers = []
+            callers, deployed = [], []
             for result in results:
                 self.round += 1
                 bundle = self.work / f"measure-{self.round}"
@@ -130,13 +133,32 @@ class StageTimer:
                 caller = MasterClient(dep, self.url, timeout_s=120.0)
                 stack.callback(caller.close)
                 callers.append(caller)
+                deployed.append(dep)
+            before: dict[str, Any] = {}
             for i in range(self.warmup + self.samples):
+                if i == self.warmup:
+                    before = self.client.meter().get("functions", {})
                 inputs = random_inputs(self.lg.model, i % 4)
                 for k, caller in enumerate(callers):
                     _, t = caller.infer_timed(inputs)
                     if i >= self.warmup:
                         timings[k].append(t)
+            after = self.client.meter().get("functions", {})
+            self.billed = [billed_per_invocation(dep.names, before, after) for dep in deployed]
         return timings
+
+
+def billed_per_invocation(names: Mapping[str, str], before: Mapping[str, Any], after: Mapping[str, Any]
+                          ) -> dict[str, float]:
+    """A deployment's functions (``names``: plan name -> platform name) that were invoked between two meter
+    snapshots (the meter's ``functions``), by plan name: their mean billed ms per invocation."""
+    out: dict[str, float] = {}
+    for fn, name in names.items():
+        a, b = after.get(name) or {}, before.get(name) or {}
+        n = int(a.get("invocations", 0)) - int(b.get("invocations", 0))
+        if n > 0:
+            out[fn] = (float(a.get("billed_ms", 0.0)) - float(b.get("billed_ms", 0.0))) / n
+    return out
 
 
 def stage_records(pm: Any, result: Any, timings: Sequence[Mapping[str, float]]) -> list[StageRecord | None]:
@@ -347,7 +369,9 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SA
     before wrote it. A part in a function of its own starts on caches the other functions' runs took over
     since its last request, and reads its input from the transport: a few tenths of a millisecond a part
     that grow with what it touches (none of it in a unit's profiled time), and that a plan of many small
-    parts pays many times over."""
+    parts pays many times over. What the chain's workers are billed beyond that and the model's figures for
+    their transfers and handling (:func:`billed_excess`) is part of it too: a worker pays it on each request,
+    and the master waits for it."""
     import json
 
     from partitioner.solvers.common import SolverResult
@@ -364,24 +388,57 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SA
         return None
     path = stage_times_path(lg, pm, request.transport, _expected_cpu_limit()).with_suffix(".parts.json")
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        return float(json.loads(path.read_text())["overhead_ms"])
+        doc = json.loads(path.read_text())
+        return float(doc["overhead_ms"]) + float(doc["billed_excess_ms"])
     chain = chain_choices(lg, ref)
     plans = [SolverResult(whole, ref, pm.estimate(list(whole), ref), "unsplit"),
              SolverResult(chain, ref, pm.estimate(list(chain), ref), "chain")]
     with _modelled_timer(lg, request, pm, samples=samples, warmup=warmup) as timer:
         whole_t, chain_t = timer.timings_together(plans)
+        billed = timer.billed[1]
     whole_ms = [float(x["stage0_ms"]) for x in whole_t if "stage0_ms" in x]
     chain_ms = [sum(float(x.get(f"stage{i}_workers_run_ms", 0.0)) for i in range(len(chain))) for x in chain_t]
     overhead = overhead_from(whole_ms, chain_ms, len(chain))
+    # at least none of the run's overhead taken back: a chain's workers billed below the model's figures
+    # around their compute say the handling was priced high, not that a part computes less than its units
+    excess = max(-overhead, billed_excess(pm, chain, ref, chain_t, billed))
     # both non-empty (overhead_from says so); a lower quartile of 0 is no agreement
     spread = max(quartile_ratio(whole_ms) or float("inf"), quartile_ratio(chain_ms) or float("inf"))
     if spread <= _SPREAD_LIMIT:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"overhead_ms": round(overhead, 4), "parts": len(chain), "samples": samples}))
+        path.write_text(json.dumps({"overhead_ms": round(overhead, 4), "billed_excess_ms": round(excess, 4),
+                                    "parts": len(chain), "samples": samples}))
     else:
         log.warning("the whole model's and its parts' timings disagree (quartiles %.2fx apart): the machine looks "
                     "busy; using them for this plan only", spread)
-    return overhead
+    return overhead + excess
+
+
+def billed_excess(pm: Any, chain: Sequence[Any], memory_mb: int, timings: Sequence[Mapping[str, float]],
+                  billed: Mapping[str, float]) -> float:
+    """What each worker of a chain (:func:`chain_choices`, every worker at ``memory_mb``) is billed per
+    invocation beyond its own compute (its mean ``run_ms`` over the master's ``timings``) and the model's
+    figures around it (:meth:`PerfModel.worker_fixed_ms`: reading its inputs, writing its outputs, its
+    handling; rounded as the platform bills): the mean over the workers the meter saw (``billed``, mean billed
+    ms per invocation by function, :meth:`StageTimer.timings_together`), 0 where it saw none.
+
+    The platform bills a worker from the hand-over of its request until it writes its reply. Calibrate's
+    handling is a no-op's, whose caches nothing else took over between requests; a part's request comes after
+    its own compute and the other functions' evicted them, and its handler then takes longer, by as much as
+    twice calibrate's figure on some machines."""
+    from partitioner.export import worker_name
+
+    p = pm.platform
+    extra = pm.billed_extra_ms()
+    gaps = []
+    for i, choice in enumerate(chain):
+        runs = [float(t[f"stage{i}_workers_run_ms"]) for t in timings if f"stage{i}_workers_run_ms" in t]
+        fixed = pm.worker_fixed_ms(choice, memory_mb)
+        b = billed.get(worker_name(i, 0))
+        if b is None or not runs or len(fixed) != 1:
+            continue
+        gaps.append(b - p.billed_ms(fixed[0] + float(np.mean(runs)) + extra))
+    return float(np.mean(gaps)) if gaps else 0.0
 
 
 def cached_whole(path: Path, min_samples: int = 0) -> tuple[dict[int, float], int]:

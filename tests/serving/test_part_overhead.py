@@ -54,6 +54,38 @@ def test_the_overhead_is_the_chains_extra_compute_over_the_runs_it_adds() -> Non
         overhead_from([], [11.0], 4)
 
 
+def test_the_billed_excess_is_what_a_chains_workers_are_billed_beyond_their_run_and_the_models_figures() -> None:
+    """Each worker's mean billed time per invocation less its own mean run and the model's figures around it
+    (transfers, handling, rounded as billed), averaged over the workers the meter saw."""
+    from serving.calibrate.stages import billed_excess, chain_choices
+
+    lg = _lg(4)
+    pm = _pm(lg)
+    chain = chain_choices(lg, 1769)
+    runs = [3.0, 4.5, 2.25, 6.0]
+    timings = [{f"stage{i}_workers_run_ms": r + d for i, r in enumerate(runs)} for d in (-0.5, 0.0, 0.5)]
+
+    def billed(gap: float) -> dict[str, float]:
+        return {f"s{i:02d}-p00": pm.platform.billed_ms(pm.worker_fixed_ms(c, 1769)[0] + r + pm.billed_extra_ms())
+                + gap for i, (c, r) in enumerate(zip(chain, runs, strict=True))}
+
+    assert billed_excess(pm, chain, 1769, timings, billed(0.8)) == pytest.approx(0.8)
+    assert billed_excess(pm, chain, 1769, timings, billed(-0.3)) == pytest.approx(-0.3)
+    some = {k: v for k, v in billed(0.8).items() if k != "s01-p00"}  # a worker the meter did not see
+    assert billed_excess(pm, chain, 1769, timings, some) == pytest.approx(0.8)
+    assert billed_excess(pm, chain, 1769, timings, {}) == 0.0
+
+
+def test_a_worker_is_billed_per_invocation_between_two_meter_snapshots_by_its_name_in_the_plan() -> None:
+    from serving.calibrate.stages import billed_per_invocation
+
+    names = {"master": "d1-master", "s00-p00": "d1-s00-p00", "s01-p00": "d1-s01-p00"}
+    before = {"d1-master": {"invocations": 3, "billed_ms": 30.0}, "d1-s00-p00": {"invocations": 3, "billed_ms": 9.0}}
+    after = {"d1-master": {"invocations": 13, "billed_ms": 130.0}, "d1-s00-p00": {"invocations": 13, "billed_ms": 49.0},
+             "d1-s01-p00": {"invocations": 0, "billed_ms": 0.0}, "other": {"invocations": 5, "billed_ms": 1.0}}
+    assert billed_per_invocation(names, before, after) == {"master": 10.0, "s00-p00": 4.0}
+
+
 def _cache(lg: LayerGraph, pm: PerfModel, suffix: str, doc: dict) -> None:
     from serving.calibrate.stages import _expected_cpu_limit, stage_times_path
 
@@ -74,8 +106,9 @@ def test_the_planner_prices_every_part_with_the_timed_overhead_where_it_is_above
     for timed, taken in ((0.6, True), (0.01, False)):
         pm = _pm(lg)
         _cache(lg, pm, ".whole.json", {"ms": {"1769": 40.0}, "samples": 10})
-        _cache(lg, pm, ".parts.json", {"overhead_ms": timed, "parts": 4, "samples": 10})
-        assert part_overhead_ms(lg, request, pm) == pytest.approx(timed)
+        _cache(lg, pm, ".parts.json", {"overhead_ms": timed - 0.2, "billed_excess_ms": 0.2, "parts": 4,
+                                       "samples": 10})
+        assert part_overhead_ms(lg, request, pm) == pytest.approx(timed)  # the run's and the billed excess
         chain = list(chain_choices(lg, 1769))
         default = pm.compute.overhead_ms
         note = scale_to_function(lg, request, pm, None)
@@ -122,7 +155,7 @@ def test_the_timings_cached_on_one_machine_are_not_taken_on_another_with_another
     lg = _lg(4)
     pm = _pm(lg)
     here = stage_times_path(lg, pm, "shm", _expected_cpu_limit())
-    _cache(lg, pm, ".parts.json", {"overhead_ms": 0.6, "parts": 4, "samples": 10})
+    _cache(lg, pm, ".parts.json", {"overhead_ms": 0.6, "billed_excess_ms": 0.0, "parts": 4, "samples": 10})
     assert part_overhead_ms(lg, PlanRequest(platform="local", transport="shm"), pm) == pytest.approx(0.6)
     other = {**profile_cache.machine_info(), "cpu": "Intel(R) Xeon(R)", "id": "0123456789abcdef"}
     monkeypatch.setattr(profile_cache, "machine_info", lambda: other)

@@ -73,6 +73,10 @@ class MoparRow:
     billed: dict[str, dict[str, float]] = field(default_factory=dict)
     # the same per function as the model predicts it (:func:`predicted_billed`)
     predicted_billed: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the reference (the whole model at one vCPU, deployed beside the plans) over the same rounds: its handler's
+    # median compute, which the prediction is scaled to, and its billed ms per request (0 where there is none)
+    reference_ms: float = 0.0
+    reference_billed_ms: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {k: round(v, 8) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -250,6 +254,17 @@ def _scaled(pm: Any, ref: Any, rounds: int, tail: float = 1.0) -> tuple[Any, Any
     return p50_pm, mc_pm, f"measured profile, {note}; for MC x{tail:.2f} more, the requests' mean over median"
 
 
+def _reference_figures(ref: Any, usage: Any, rounds: int) -> dict[str, float]:
+    """The reference's median handler compute over the measured rounds and its billed ms per request (the rows'
+    ``reference_ms`` and ``reference_billed_ms``; none where there is no reference)."""
+    times = [t["stage0_ms"] for t in (ref.timings if ref is not None else [])[-rounds:] if "stage0_ms" in t]
+    if not times or usage is None:
+        return {}
+    billed = sum(float(r.get("billed_ms", 0.0)) for r in usage.functions.values())
+    return {"reference_ms": round(float(statistics.median(times)), 3),
+            "reference_billed_ms": round(billed / max(1, rounds), 3)}
+
+
 def mc_model(p50_pm: Any, mc_pm: Any, master_mb: int) -> Any:
     """The model a plan's MC is predicted with (:func:`_scaled`'s two): the tail-scaled one where CPU is per
     function or the plan's master (billed for the whole request) computes with one vCPU or more; the median's
@@ -374,6 +389,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 samples_tail = samples
             pm, mc_pm, compute = _scaled(pm, targets.get(REFERENCE), n, request_tail(samples_tail))
             compute += share
+            reference = _reference_figures(targets.get(REFERENCE), usage.get(REFERENCE), n)
             for k, twin in same.items():
                 samples[k], usage[k], bundles[k] = samples[twin], usage[twin], bundles[twin]
             for k in PLANS:
@@ -388,7 +404,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                     function_errors=usage[k].function_errors, cold_starts=usage[k].cold_starts,
                     function_error_types=error_types(usage[k].functions),
                     billed=billed_per_function(usage[k].functions, n, fns), rounds=n,
-                    predicted_billed=predicted_billed(mc_model(pm, mc_pm, mb), ch, mb)))
+                    predicted_billed=predicted_billed(mc_model(pm, mc_pm, mb), ch, mb), **reference))
             say(f"{name}: MC mopar {out[-3].mc_gb_s:.5f} vs unsplit {out[-2].mc_gb_s:.5f} GB-s")
     return out, cpu
 

@@ -62,6 +62,19 @@ def test_a_row_bills_each_function_per_request_by_its_name_in_the_plan() -> None
     assert row.to_json()["billed"]["s00-p01"]["billed_ms"] == 4.5
 
 
+def test_a_row_says_what_the_reference_computed_and_was_billed_over_the_measured_rounds() -> None:
+    """The reference's median handler time over the last ``rounds`` (the warm-up's before them left out) and its
+    billed ms per request, so that a row whose plan is the reference's twin can be read against it."""
+    from types import SimpleNamespace
+
+    from bench.suite.mopar_live import _reference_figures
+
+    ref = SimpleNamespace(timings=[{"stage0_ms": 500.0}] * 3 + [{"stage0_ms": x} for x in (60.0, 62.0, 70.0, 61.0)])
+    usage = SimpleNamespace(functions={"d-reference-master": {"billed_ms": 260.0, "invocations": 4}})
+    assert _reference_figures(ref, usage, 4) == {"reference_ms": 61.5, "reference_billed_ms": 65.0}
+    assert _reference_figures(None, None, 4) == {}
+
+
 def test_the_emulated_facts_take_the_profiles_cpu_memory_and_prices_and_this_hosts_figures() -> None:
     from bench.suite.planning import emulated_facts
 

@@ -280,7 +280,7 @@ def _whole_vcpu(pm: Any, memory_mb: int) -> bool:
 def _model_share(lg: Any, pm: Any, platform: str, say: Callable[[str], None]) -> str:
     """Where CPU follows memory and the model fits a function well below one vCPU: the model timed in a
     function at one vCPU and at the smallest size that holds it, and its own CPU-share slow-down planned with
-    where it is well above calibrate's probe's, as ``flatpack deploy --memory auto`` plans it
+    where it is well off calibrate's probe's (either way), as ``flatpack deploy --memory auto`` plans it
     (:func:`serving.calibrate.stages.scale_to_function`). ``pm`` changed in place; a note ("" if not timed)."""
     from partitioner.planner import PlanRequest
     from serving.calibrate.stages import scale_to_function, share_probe_mb

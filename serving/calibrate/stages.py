@@ -490,9 +490,9 @@ def _one_vcpu_mb(platform: Any) -> int:
     return int(min(platform.memory_max_mb, max(platform.memory_min_mb, round(platform.mb_per_vcpu))))
 
 
-#: how far above calibrate's probe a model's own CPU-share slow-down must be measured (as a fraction of the
-#: probe's) before plans below one vCPU use it: wider than the spread of a ratio timed over SHARE_SAMPLES
-#: interleaved rounds. Below it the probe's figure is as good, and plans do not change with timing noise
+#: how far from calibrate's probe, either way, a model's own CPU-share slow-down must be measured (as a fraction
+#: of the probe's) before plans below one vCPU use it: wider than the spread of a ratio timed over SHARE_SAMPLES
+#: interleaved rounds. Within it the probe's figure is as good, and plans do not change with timing noise
 SHARE_MARGIN = 0.05
 #: a model is timed for its own share slow-down only where the smallest size that holds it is below this
 #: share of a core (above it the quota pauses little, and the timing would cost more than it could correct)
@@ -542,10 +542,11 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     plan, empty where nothing could be timed.
 
     With ``--memory auto`` the model is also timed at the smallest size that holds it (:func:`share_probe_mb`),
-    and its own slow-down there replaces calibrate's where it is more than :data:`SHARE_MARGIN` above it
-    (:meth:`PlatformFacts.with_model_share` carries it to the other sizes). A model that keeps rereading a few
-    MB (an LSTM, a graph convolution) loses more of a small share than calibrate's compute-bound probe, and
-    every plan of it below one vCPU would be priced low by the difference; within the margin (the timing's own
+    and its own slow-down there replaces calibrate's where it is more than :data:`SHARE_MARGIN` from it, either
+    way (:meth:`PlatformFacts.with_model_share` carries it to the other sizes). A model that keeps rereading a
+    few MB (an LSTM, a graph convolution) can lose more of a small share than calibrate's MatMul probe; on
+    another CPU the probe loses more than every model does. Either way every plan of it below one vCPU would
+    be priced off by the difference; within the margin (the timing's own
     spread over its rounds) the probe's figure is kept, so that a plan does not follow timing noise: the
     cost of a function below one vCPU is so flat in its memory that such noise would decide which size the
     cheapest plan takes."""
@@ -588,11 +589,12 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
                 over = factor / p.share_factor(v)
                 note += (f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that, {over:.2f}x the slow-down calibrate's "
                          "probe has there: planned below one vCPU with ")
-                if over > 1.0 + SHARE_MARGIN:
+                if abs(over - 1.0) > SHARE_MARGIN:
                     pm.use_platform(p.with_model_share(v, factor))
                     note += "the model's own"
                 else:
-                    note += f"the probe's (a model's figure replaces it from {1.0 + SHARE_MARGIN:.2f}x)"
+                    note += (f"the probe's (a model's figure replaces it below {1.0 - SHARE_MARGIN:.2f}x or above "
+                             f"{1.0 + SHARE_MARGIN:.2f}x)")
     overhead = _timed_overhead(lg, request, pm, budget_s)
     taken = compute.with_part_overhead(overhead)
     if taken is not compute:

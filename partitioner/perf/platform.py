@@ -104,14 +104,19 @@ class PlatformFacts:
 
     def with_model_share(self, nominal_vcpu: float, factor: float) -> PlatformFacts:
         """These facts for a model whose own slow-down at ``nominal_vcpu`` was measured as ``factor`` (over the
-        nominal), in place of the calibrating probe's there. The model's excess over the probe is taken to
-        shrink linearly to none at one vCPU, where no quota pauses it, and to hold below ``nominal_vcpu``."""
+        nominal), in place of the calibrating probe's there. The model's excess over the probe (either way)
+        holds below ``nominal_vcpu``; above it, it shrinks as the quota's pauses per unit of work do, with one
+        over the share, and to none at one vCPU, where no quota pauses it."""
         v0 = min(max(nominal_vcpu, 1e-3), 1.0 - 1e-3)
         excess = factor / self.share_factor(v0) - 1.0
-        points = sorted({v for v, _ in self.share_factors} | {v0, 1.0 - 1e-3})  # the last: where the excess ends
-        return replace(self, share_factors=tuple(
-            (v, self.share_factor(v) * (1.0 + excess * min(1.0, max(0.0, (1.0 - v) / (1.0 - v0)))))
-            for v in points))
+
+        def kept(v: float) -> float:
+            return 1.0 if v <= v0 else max(0.0, v0 / v * (1.0 - v) / (1.0 - v0))
+
+        # the curve at doublings of v0 (the probe's points alone are too far apart for it), to where it ends
+        doublings = {v0 * 2.0**k for k in range(1, 12) if v0 * 2.0**k < 1.0}
+        points = sorted({v for v, _ in self.share_factors} | {v0, 1.0 - 1e-3} | doublings)
+        return replace(self, share_factors=tuple((v, self.share_factor(v) * (1.0 + excess * kept(v))) for v in points))
 
     def round_memory(self, need_mb: float) -> int:
         """The smallest memory option at least ``need_mb`` (ValueError if none is)."""

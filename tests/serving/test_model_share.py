@@ -31,6 +31,13 @@ def test_a_models_own_slow_down_replaces_the_probes_and_fades_to_none_at_one_vcp
     assert own.share_factor(128 / 1769) == pytest.approx(1.09 * excess)
     lower = [own.share_factor(m / 1769) / facts.share_factor(m / 1769) for m in (256, 512, 1024, 1700)]
     assert all(a > b for a, b in zip(lower, lower[1:], strict=False)) and lower[0] < excess
+    # as the quota's pauses per unit of work: with one over the share (and to none at one vCPU)
+    assert own.share_factor(2 * v0) / facts.share_factor(2 * v0) == pytest.approx(
+        1.0 + (excess - 1.0) * 0.5 * (1.0 - 2 * v0) / (1.0 - v0))
+    # a model less slowed than the probe: below it at every share under one vCPU, the probe's at one
+    less = facts.with_model_share(v0, 0.8 * facts.share_factor(v0))
+    assert all(less.share_factor(v) < facts.share_factor(v) for v in (0.05, v0, 0.3, 0.58, 0.9))
+    assert less.share_factor(v0) == pytest.approx(0.8 * facts.share_factor(v0))
     assert own.share_factor(1.0) == facts.share_factor(1.0) == 1.0
     assert own.vcpu(1769) == facts.vcpu(1769) == 1.0
     # the probe's own figures are kept where the model's matches it (no excess: nothing changes)

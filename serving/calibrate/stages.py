@@ -546,10 +546,9 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     way (:meth:`PlatformFacts.with_model_share` carries it to the other sizes). A model that keeps rereading a
     few MB (an LSTM, a graph convolution) can lose more of a small share than calibrate's MatMul probe; on
     another CPU the probe loses more than every model does. Either way every plan of it below one vCPU would
-    be priced off by the difference; within the margin (the timing's own
-    spread over its rounds) the probe's figure is kept, so that a plan does not follow timing noise: the
-    cost of a function below one vCPU is so flat in its memory that such noise would decide which size the
-    cheapest plan takes."""
+    be priced off by the difference. Within the margin (the timing's own spread over its rounds) the probe's
+    figure is kept, so that a plan does not follow timing noise: the cost of a function below one vCPU is so
+    flat in its memory that such noise would decide which size the cheapest plan takes."""
     from partitioner.planner import scale_to_whole
 
     p = pm.platform

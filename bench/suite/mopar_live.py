@@ -238,12 +238,9 @@ def _scaled(pm: Any, ref: Any, rounds: int, tail: float = 1.0) -> tuple[Any, Any
     from partitioner.perfmodel import PerfModel
     from partitioner.planner import scale_to_whole
 
-    # the measured rounds' timings only: the warm-up's first requests are slower
-    timings = (ref.timings if ref is not None else [])[-rounds:]
-    times = [t["stage0_ms"] for t in timings if "stage0_ms" in t]
-    if not times:
+    median = _reference_median(ref, rounds)
+    if median is None:
         return pm, pm, "measured profile, unscaled (the model does not fit one vCPU: no reference)"
-    median = float(statistics.median(times))
 
     def at(whole_ms: float) -> tuple[Any, str]:
         cm, note = scale_to_whole(pm.compute, {1: whole_ms})
@@ -254,15 +251,21 @@ def _scaled(pm: Any, ref: Any, rounds: int, tail: float = 1.0) -> tuple[Any, Any
     return p50_pm, mc_pm, f"measured profile, {note}; for MC x{tail:.2f} more, the requests' mean over median"
 
 
+def _reference_median(ref: Any, rounds: int) -> float | None:
+    """The reference's median handler compute (``stage0_ms``) over the measured rounds only (the warm-up's first
+    requests are slower); None where there is no reference or it timed nothing."""
+    times = [t["stage0_ms"] for t in (ref.timings if ref is not None else [])[-rounds:] if "stage0_ms" in t]
+    return float(statistics.median(times)) if times else None
+
+
 def _reference_figures(ref: Any, usage: Any, rounds: int) -> dict[str, float]:
     """The reference's median handler compute over the measured rounds and its billed ms per request (the rows'
     ``reference_ms`` and ``reference_billed_ms``; none where there is no reference)."""
-    times = [t["stage0_ms"] for t in (ref.timings if ref is not None else [])[-rounds:] if "stage0_ms" in t]
-    if not times or usage is None:
+    median = _reference_median(ref, rounds)
+    if median is None or usage is None:
         return {}
     billed = sum(float(r.get("billed_ms", 0.0)) for r in usage.functions.values())
-    return {"reference_ms": round(float(statistics.median(times)), 3),
-            "reference_billed_ms": round(billed / max(1, rounds), 3)}
+    return {"reference_ms": round(median, 3), "reference_billed_ms": round(billed / max(1, rounds), 3)}
 
 
 def mc_model(p50_pm: Any, mc_pm: Any, master_mb: int) -> Any:

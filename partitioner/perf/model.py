@@ -332,7 +332,7 @@ class PerfModel:
         return replace(parts, put=put)
 
     def _option(self, choice: StageChoice, master_mb: int, relay: Relay = NO_RELAY) -> OptionCost | None:
-        key = (choice.first, choice.last, choice.split, choice.master_part, choice.decode, choice.encode)
+        key = _choice_key(choice)
         parts = self._stage_parts(choice, key)
         if parts is None:
             return None
@@ -589,7 +589,7 @@ class PerfModel:
     def worker_fixed_ms(self, choice: StageChoice, master_mb: int) -> tuple[float, ...]:
         """Each of ``choice``'s workers' time beside its compute as modelled: reading its inputs, writing its
         outputs and its handling, at its share (none where the choice is not admissible)."""
-        key = (choice.first, choice.last, choice.split, choice.master_part, choice.decode, choice.encode)
+        key = _choice_key(choice)
         parts = self._stage_parts(choice, key)
         if parts is None:
             return ()
@@ -811,3 +811,8 @@ def _on_platform(compute: ComputeModel, platform: PlatformFacts) -> ComputeModel
     if (compute.quota_factors, compute.quota_threads_cpu) == (platform.quota_factors, platform.quota_threads_cpu):
         return compute
     return replace(compute, quota_factors=platform.quota_factors, quota_threads_cpu=platform.quota_threads_cpu)
+
+
+def _choice_key(choice: StageChoice) -> tuple:
+    """A stage choice less its worker memory: what its parts' figures (``PerfModel._stage_parts``) are kept by."""
+    return (choice.first, choice.last, choice.split, choice.master_part, choice.decode, choice.encode)

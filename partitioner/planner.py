@@ -268,18 +268,19 @@ def _whole_model_scaled(cm: ComputeModel, lg: LayerGraph, *, fresh: bool) -> tup
     for t in sorted({k for u in cm.unit_ms for k in u}):
         try:
             wholes[t] = _time_whole_model(lg, t, reps=15 if fresh else 5, fresh=fresh,
-                                          units_ms=sum(u.get(t, 0.0) for u in cm.unit_ms))
+                                          units_ms=cm.model_ms(t))
         except Exception as e:  # noqa: BLE001 - e.g. a model too big for this machine: keep the unit sums
             log.warning("whole-model timing at %d thread(s) failed (%s); unit times left as profiled", t, e)
     return scale_to_whole(cm, wholes)
 
 
 def scale_to_whole(cm: ComputeModel, whole_ms: dict[int, float]) -> tuple[ComputeModel, str]:
-    """``cm`` with its unit times at each thread count in ``whole_ms`` scaled to add up to that whole-model
-    time (the scale clipped to [0.5, 3]); and a note saying by how much."""
+    """``cm`` with its unit times at each thread count in ``whole_ms`` scaled so that the whole model's time
+    as the profile has it (:meth:`ComputeModel.model_ms`: the units less the boundaries' savings) is that
+    whole-model time (the scale clipped to [0.5, 3]); and a note saying by how much."""
     scales: dict[int, float] = {}
     for t, whole in whole_ms.items():
-        total = sum(u.get(t, 0.0) for u in cm.unit_ms)
+        total = cm.model_ms(t)
         if total > 0 and whole > 0:
             scales[t] = float(np.clip(whole / total, 0.5, 3.0))
     if not scales:

@@ -150,7 +150,7 @@ def live_rows(specs: Sequence[ModelSpec], memories: Sequence[int], *, rounds: in
             lg = LayerGraph.load(model_path(spec))
             # the compute model once per model; each memory size has its own measured invoke latency
             base, source = perfmodel(lg, None)
-            t1 = sum(u.get(1, 0.0) for u in base.compute.unit_ms)
+            t1 = base.compute.model_ms(1)
             if t1 > 0:
                 gflops.append(sum(base.compute.unit_flops) / t1 / 1e6)
             for mb in memories:

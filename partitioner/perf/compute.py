@@ -19,7 +19,7 @@ from partitioner.tail import (
 )
 from platforms import MB
 
-__all__ = ["ComputeModel", "FUNCTION_RUNTIME_MB"]
+__all__ = ["ComputeModel", "FUNCTION_RUNTIME_MB", "MAX_JOIN", "join_fractions"]
 
 # A function's process beyond the profiler's bare one (numpy + onnxruntime + a session): flatpack's runtime
 # modules, transport clients and the invoke loop: a no-op function's peak RSS on the local platform less the
@@ -33,7 +33,9 @@ class ComputeModel:
 
     A part's time is its stage's time at the same vCPU scaled by the part's share of the stage's FLOPs
     (halo recomputation included). vCPU below 1 stretches time (a CPU share); above it see
-    :meth:`unit_time`.
+    :meth:`unit_time`. A stage's time is its units' less what each boundary inside it saves (``unit_join``):
+    a unit profiled alone converts its input and output between the layout a tensor travels in and the one its
+    kernels run in, which units run together in one part do not (``GraphProfile.pair_ms``).
     """
 
     unit_ms: tuple[Mapping[int, float], ...]
@@ -66,6 +68,10 @@ class ComputeModel:
     quota_factors: tuple[tuple[float, float], ...] = ()
     # the calibrating probe's own threads' CPU unthrottled (``PlatformFacts.quota_threads_cpu``); 0: unknown
     quota_threads_cpu: float = 0.0
+    # per boundary i (between units i and i + 1), the fraction of the two units' time they save run as one stage
+    # (:meth:`join_fractions`); empty or 0: none measured. A fraction, so that it scales with the units' times
+    # (to the whole model, by a CPU share, across thread counts)
+    unit_join: tuple[float, ...] = ()
     # stage sums by (kind, first, last[, vcpu]): a planner prices each stage with every split, placement and
     # memory, and a stage of any length would otherwise be summed again for each part of each
     _sums: dict[tuple, float] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -105,6 +111,7 @@ class ComputeModel:
             activation_factor=act,
             unit_transient_mb=transient,
             unit_sigma=tuple(_unit_sigma(u) for u in units),
+            unit_join=join_fractions(units, getattr(profile, "pair_ms", {}) or {}),
         )
 
     def unit_time(self, unit: int, vcpu: float) -> float:
@@ -167,11 +174,25 @@ class ComputeModel:
         return hit
 
     def stage_time(self, first: int, last: int, vcpu: float) -> float:
+        """Units ``first..last`` run as one stage at ``vcpu``: their times less the boundaries inside it."""
         key = ("t", first, last, vcpu)
         hit = self._sums.get(key)
         if hit is None:
-            hit = self._sums[key] = sum(self.unit_time(u, vcpu) for u in range(first, last + 1))
+            hit = self._sums[key] = (sum(self.unit_time(u, vcpu) for u in range(first, last + 1))
+                                     - sum(self.join_time(i, vcpu) for i in range(first, last)))
         return hit
+
+    def join_time(self, boundary: int, vcpu: float) -> float:
+        """What units ``boundary`` and ``boundary + 1`` save at ``vcpu`` run in one stage (0 where not measured)."""
+        f = self.unit_join[boundary] if boundary < len(self.unit_join) else 0.0
+        return f * (self.unit_time(boundary, vcpu) + self.unit_time(boundary + 1, vcpu)) if f > 0 else 0.0
+
+    def model_ms(self, threads: int) -> float:
+        """The whole model's time at ``threads`` as the profile has it: every unit's time there, less every
+        boundary's saving (the figure a whole-model timing scales, :func:`partitioner.planner.scale_to_whole`)."""
+        t = [u.get(threads, 0.0) for u in self.unit_ms]
+        joins = sum(f * (t[i] + t[i + 1]) for i, f in enumerate(self.unit_join[:max(0, len(t) - 1)]))
+        return sum(t) - joins
 
     def part_time(self, first: int, last: int, part_flops: int, vcpu: float) -> float:
         stage_flops = self._stage_flops(first, last)
@@ -224,6 +245,28 @@ class ComputeModel:
             transient = self.transient_mb(first, last, share)
         return self.base_mb + transient + (self.weight_factor * cost.weight_bytes
                                            + self.activation_factor * (cost.activation_bytes + cost.input_bytes)) / MB
+
+
+#: a boundary saves at most this fraction of its two units' time: a pair timed in a busy moment must not leave a
+#: unit with no time of its own (two boundaries at most take half of a unit's)
+MAX_JOIN = 0.25
+
+
+def join_fractions(units: Sequence[Any], pair_ms: Mapping[int, float]) -> tuple[float, ...]:
+    """Per boundary of ``units`` (profiled units, ``UnitProfile``), the fraction of the two units' time they
+    save run as one stage: ``1 - pair / (a + b)`` at the pair's thread count (the fewest measured), clipped to
+    [0, :data:`MAX_JOIN`]; 0 where the pair was not measured or a unit was predicted, not measured. A pair
+    measured slower than its units is noise (a boundary adds no work), not a cost."""
+    out = []
+    for i in range(len(units) - 1):
+        a, b, pair = units[i], units[i + 1], pair_ms.get(i)
+        threads = min(a.time_ms) if a.time_ms else None
+        if pair is None or threads is None or not (a.measured and b.measured) or threads not in b.time_ms:
+            out.append(0.0)
+            continue
+        both = a.time_ms[threads] + b.time_ms[threads]
+        out.append(min(MAX_JOIN, max(0.0, 1.0 - pair / both)) if both > 0 else 0.0)
+    return tuple(out) if any(out) else ()
 
 
 def _unit_sigma(u: Any) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -118,7 +118,9 @@ class GraphProfile:
     """Profiles of every unit of one model on this machine.
 
     ``base_mb``: :func:`runtime_base_mb`. ``threads``: the thread counts measured; ``skipped_threads``:
-    those asked for but above this machine's cores (not measured; extrapolate).
+    those asked for but above this machine's cores (not measured; extrapolate). ``pair_ms``: by boundary
+    ``i``, units ``i`` and ``i + 1`` measured as one stage at the fewest threads measured (median ms; only the
+    pairs measured): what a part saves at each boundary it runs through, which the units alone cannot say.
     """
 
     model: str
@@ -132,6 +134,7 @@ class GraphProfile:
     warmup: int = 3
     reps: int = 10
     measure_s: float = 0.0  # wall time spent measuring for this call (0 when everything was cached)
+    pair_ms: dict[int, float] = field(default_factory=dict)
 
     @property
     def measured_units(self) -> int:
@@ -151,6 +154,7 @@ class GraphProfile:
             "machine": dict(self.machine),
             "created": self.created,
             "units": [u.to_json() for u in self.units],
+            "pair_ms": {str(k): v for k, v in sorted(self.pair_ms.items())},
         }
 
     @classmethod
@@ -170,6 +174,7 @@ class GraphProfile:
             warmup=int(d.get("warmup", 3)),
             reps=int(d.get("reps", 10)),
             measure_s=float(d.get("measure_s", 0.0)),
+            pair_ms={int(k): float(v) for k, v in (d.get("pair_ms") or {}).items()},
         )
 
     def save(self, path: str | Path) -> None:

@@ -59,9 +59,10 @@ def stage_key(lg: LayerGraph, sha: str, first: int, last: int) -> str:
     return f"{sha}:stage:{first}-{last}:{hashlib.sha256(nodes.encode()).hexdigest()[:16]}"
 
 
-def _unit_model_factory(lg: LayerGraph, index: int) -> Callable[[], onnx.ModelProto]:
+def _unit_model_factory(lg: LayerGraph, index: int, last: int | None = None) -> Callable[[], onnx.ModelProto]:
+    """Units ``index..last`` (``index`` alone by default) as one unsplit stage model, built when measured."""
     def build() -> onnx.ModelProto:
-        whole = CutStage(lg, index, index).cut(Split()).whole
+        whole = CutStage(lg, index, index if last is None else last).cut(Split()).whole
         assert whole is not None
         return whole
 
@@ -92,7 +93,15 @@ def profile_graph(
     timeout_s: float = 300,
     cached_only: bool = False,
 ) -> GraphProfile | None:
-    """Measure every unit's stage model (``CutStage(lg, u, u)``, unsplit) at each thread count.
+    """Measure every unit's stage model (``CutStage(lg, u, u)``, unsplit) at each thread count, and then each
+    pair of adjacent units as one stage at the fewest threads (``GraphProfile.pair_ms``).
+
+    A unit measured alone converts its input from the layout a tensor travels in to the one its kernels run
+    in, and its output back (onnxruntime's blocked NCHWc layout for convolutions); units run together in one
+    part hand their activations on in the kernels' layout, and each boundary inside a part saves those two
+    conversions. What a pair saves over its two units says how much, boundary by boundary: the compute model
+    prices a part without the boundaries it runs through (:class:`partitioner.perf.compute.ComputeModel`).
+    Pairs are measured after every unit: a budget that runs out leaves the rest unmeasured, priced as none.
 
     Cached on disk (``cache_dir``, default :func:`default_cache_dir`): a second call measures nothing.
     With ``budget_s`` the units that matter most (share of FLOPs plus share of weights) are measured first;
@@ -103,8 +112,8 @@ def profile_graph(
     Thread counts above this machine's cores are not measured but listed in ``skipped_threads``; if every
     count asked is above them, the profile is measured at the core count instead.
 
-    ``cached_only``: measure nothing; return the profile if every unit is in the cache, else None (the
-    only case that returns None).
+    ``cached_only``: measure nothing; return the profile if every unit is in the cache (with the pairs that
+    are), else None (the only case that returns None).
     """
     ok, skipped = measurable_threads(threads)
     cache = ProfileCache(cache_dir)
@@ -120,10 +129,14 @@ def profile_graph(
         factory = _unit_model_factory(lg, i)
         # most threads first: that run has the process to itself, so its peak memory is the clean one
         items.extend((f"{keys[i]}:t{t}", factory, t) for t in sorted(ok, reverse=True))
+    n_units = len(items)
+    t_pair = min(ok)
+    pair_keys = {i: f"{stage_key(lg, sha, i, i + 1)}:t{t_pair}" for i in range(len(lg.units) - 1)}
+    items.extend((pair_keys[i], _unit_model_factory(lg, i, i + 1), t_pair) for i in sorted(pair_keys))
     t_measure = time.perf_counter()
     got = measure_many(items, progress=progress, budget_s=0.0 if cached_only else budget_s, cache=cache,
                        warmup=warmup, reps=reps, timeout_s=timeout_s, stats=stats)
-    if cached_only and len(got) < len(items):
+    if cached_only and any(key not in got for key, _, _ in items[:n_units]):
         return None
     measure_s = time.perf_counter() - t_measure if stats["measured"] else 0.0
     measured: dict[int, dict[int, Measurement]] = {}
@@ -154,6 +167,7 @@ def profile_graph(
         warmup=warmup,
         reps=reps,
         measure_s=measure_s,
+        pair_ms={i: got[k].median_ms for i, k in pair_keys.items() if k in got},
     )
 
 

@@ -330,6 +330,9 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
 
 #: the most parts :func:`part_overhead_ms` cuts a model into (consecutive units together where it has more)
 OVERHEAD_PARTS = 16
+#: a cached part overhead stands while the compute model prices its chain's cuts within this fraction of what
+#: they were priced at when it was timed (the profile's pairs decide how much of the chain's time is the cuts')
+_JOINS_TOLERANCE = 0.25
 
 
 def chain_choices(lg: Any, memory_mb: int, parts: int = OVERHEAD_PARTS) -> tuple[Any, ...]:
@@ -344,15 +347,37 @@ def chain_choices(lg: Any, memory_mb: int, parts: int = OVERHEAD_PARTS) -> tuple
                  for a, b in itertools.pairwise(bounds))
 
 
-def overhead_from(whole_ms: Sequence[float], chain_run_ms: Sequence[float], parts: int) -> float:
+def overhead_from(whole_ms: Sequence[float], chain_run_ms: Sequence[float], parts: int, joins_ms: float = 0.0
+                  ) -> float:
     """A part's compute beyond its units' share of the whole model, from the whole model's compute in one
     function (``whole_ms``, per request) and the sum of the chain's ``parts`` workers' compute (per request,
-    the same requests' rounds): the difference of their medians over the ``parts - 1`` runs the chain makes
+    the same requests' rounds): the difference of their medians, less what the compute model already prices
+    at the chain's cuts (``joins_ms``: the boundaries the parts do not run through,
+    :meth:`~partitioner.perf.compute.ComputeModel.join_time`), over the ``parts - 1`` runs the chain makes
     more than the whole does (at least 0)."""
     if parts < 2 or not whole_ms or not chain_run_ms:
         raise ValueError(f"a per-part overhead needs a chain of at least 2 parts and timings of both, got {parts} "
                          f"parts, {len(whole_ms)} and {len(chain_run_ms)} timings")
-    return max(0.0, (float(np.median(chain_run_ms)) - float(np.median(whole_ms))) / (parts - 1))
+    return max(0.0, (float(np.median(chain_run_ms)) - float(np.median(whole_ms)) - joins_ms) / (parts - 1))
+
+
+def cached_overhead(doc: Any, joins_ms: float) -> float | None:
+    """A saved part overhead (``.parts.json``): its figure, or None where it must be timed again: saved by an
+    older flatpack (without what the workers were billed beyond their run, or the cuts' price), or against
+    another price of the chain's cuts than ``joins_ms`` (a profile with or without its pairs: the overhead is
+    what the chain took beyond that price)."""
+    try:
+        if abs(float(doc["joins_ms"]) - joins_ms) > _JOINS_TOLERANCE * max(1.0, joins_ms):
+            return None
+        return float(doc["overhead_ms"]) + float(doc["billed_excess_ms"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def cut_joins_ms(pm: Any, chain: Sequence[Any], vcpu: float = 1.0) -> float:
+    """What the compute model says a chain's cuts cost at ``vcpu``: each boundary between two of its stages no
+    longer saved (:meth:`~partitioner.perf.compute.ComputeModel.join_time`)."""
+    return sum(pm.compute.join_time(c.last, vcpu) for c in chain[:-1])
 
 
 def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SAMPLES,
@@ -387,10 +412,11 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SA
     except ValueError:
         return None
     path = stage_times_path(lg, pm, request.transport, _expected_cpu_limit()).with_suffix(".parts.json")
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        doc = json.loads(path.read_text())
-        return float(doc["overhead_ms"]) + float(doc["billed_excess_ms"])
     chain = chain_choices(lg, ref)
+    joins = cut_joins_ms(pm, chain)
+    with contextlib.suppress(OSError, ValueError):
+        if (cached := cached_overhead(json.loads(path.read_text()), joins)) is not None:
+            return cached
     plans = [SolverResult(whole, ref, pm.estimate(list(whole), ref), "unsplit"),
              SolverResult(chain, ref, pm.estimate(list(chain), ref), "chain")]
     with _modelled_timer(lg, request, pm, samples=samples, warmup=warmup) as timer:
@@ -398,7 +424,7 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SA
         billed = timer.billed[1]
     whole_ms = [float(x["stage0_ms"]) for x in whole_t if "stage0_ms" in x]
     chain_ms = [sum(float(x.get(f"stage{i}_workers_run_ms", 0.0)) for i in range(len(chain))) for x in chain_t]
-    overhead = overhead_from(whole_ms, chain_ms, len(chain))
+    overhead = overhead_from(whole_ms, chain_ms, len(chain), joins)
     # at least none of the run's overhead taken back: a chain's workers billed below the model's figures
     # around their compute say the handling was priced high, not that a part computes less than its units
     excess = max(-overhead, billed_excess(pm, chain, ref, chain_t, billed))
@@ -407,7 +433,7 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SA
     if spread <= _SPREAD_LIMIT:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"overhead_ms": round(overhead, 4), "billed_excess_ms": round(excess, 4),
-                                    "parts": len(chain), "samples": samples}))
+                                    "joins_ms": round(joins, 4), "parts": len(chain), "samples": samples}))
     else:
         log.warning("the whole model's and its parts' timings disagree (quartiles %.2fx apart): the machine looks "
                     "busy; using them for this plan only", spread)
@@ -563,7 +589,7 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
            [probe] if probe is not None else [])
     if progress is not None:
         progress("timing the whole model in a function on the local platform (cached)")
-    one = sum(u.get(1, 0.0) for u in pm.compute.unit_ms)
+    one = pm.compute.model_ms(1)
     try:
         ms = whole_model_ms(lg, request, pm, memories=low, units_ms=one, samples=n,
                             min_samples=n if probe is not None else 0)
@@ -574,8 +600,7 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
         return ""
     ratio = ms[ref] / one
     threads = sorted({t for u in pm.compute.unit_ms for t in u})
-    compute, how = scale_to_whole(pm.compute, {t: ratio * sum(u.get(t, 0.0) for u in pm.compute.unit_ms)
-                                               for t in threads})
+    compute, how = scale_to_whole(pm.compute, {t: ratio * pm.compute.model_ms(t) for t in threads})
     note = f"unit times {how.removeprefix('scaled to ')} in a one-vCPU function here ({ms[ref]:.1f} ms)"
     for m in low:
         if ms.get(m):

@@ -216,6 +216,7 @@ def test_each_parts_overhead_is_the_chain_of_parts_timed_against_the_whole_model
     from serving.calibrate.stages import (
         _expected_cpu_limit,
         chain_choices,
+        cut_joins_ms,
         part_overhead_ms,
         scale_to_function,
         stage_times_path,
@@ -241,6 +242,7 @@ def test_each_parts_overhead_is_the_chain_of_parts_timed_against_the_whole_model
     assert overhead == pytest.approx(doc["overhead_ms"] + doc["billed_excess_ms"], abs=1e-3)
     assert part_overhead_ms(lg, request, pm) == pytest.approx(overhead, abs=1e-3)  # the cache's
     chain = list(chain_choices(lg, 1769))
+    assert doc["joins_ms"] == pytest.approx(cut_joins_ms(pm, chain), abs=1e-3)  # the cuts' price it was timed beyond
     modelled = pm.estimate(chain, 1769).latency_ms
     note = scale_to_function(lg, request, pm, None)
     if overhead > 0.05:  # above the compute model's own default: taken, and every part of a plan pays it

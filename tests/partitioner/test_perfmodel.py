@@ -57,12 +57,13 @@ def _whole_model_timed_at(monkeypatch: pytest.MonkeyPatch, step_ms: float) -> No
 
 def test_profiled_units_add_up_to_the_whole_model(convs: LayerGraph, cache: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each thread count's unit times are scaled to add up to the whole model's timing (here: cached
-    figures 1.5x and 0.8x the profile's sums, and one 10x it, which is timed again, reads 10x again and is
-    clipped at 3x), keeping the proportions the profile measured between units."""
+    """Each thread count's unit times are scaled so that the model's time as the profile has it (its units
+    less what their boundaries save) is the whole model's timing (here: cached figures 1.5x and 0.8x the
+    profile's, and one 10x it, which is timed again, reads 10x again and is clipped at 3x), keeping the
+    proportions the profile measured between units."""
     monkeypatch.setenv("FLATPACK_CACHE_DIR", str(cache))
     raw = ComputeModel.from_profile(profile_graph(convs), convs)
-    raw_sum = {t: sum(u[t] for u in raw.unit_ms) for t in (1, 2)}
+    raw_sum = {t: raw.model_ms(t) for t in (1, 2)}
     for whole, want in (({1: 1.5, 2: 0.8}, {1: 1.5, 2: 0.8}), ({1: 10.0, 2: 0.8}, {1: 3.0, 2: 0.8})):
         for t, factor in whole.items():  # cache the whole-model figures, timed exactly
             with monkeypatch.context() as m:
@@ -74,9 +75,9 @@ def test_profiled_units_add_up_to_the_whole_model(convs: LayerGraph, cache: Path
         assert source.startswith("measured profile, scaled to the whole model's time"), source
         assert f"x{want[1]:.2f} at 1 thread, x{want[2]:.2f} at 2 threads" in source
         for t in (1, 2):
-            assert sum(u[t] for u in cm.unit_ms) == pytest.approx(want[t] * raw_sum[t], rel=1e-9)
+            assert cm.model_ms(t) == pytest.approx(want[t] * raw_sum[t], rel=1e-9)
             shares = [u[t] / sum(v[t] for v in cm.unit_ms) for u in cm.unit_ms]
-            raw_shares = [u[t] / raw_sum[t] for u in raw.unit_ms]
+            raw_shares = [u[t] / sum(v[t] for v in raw.unit_ms) for u in raw.unit_ms]
             assert shares == pytest.approx(raw_shares, rel=1e-9)
 
 
@@ -87,7 +88,7 @@ def test_a_cached_whole_model_time_far_from_its_units_is_timed_again(convs: Laye
     in the cache; one within the band is used as cached."""
     monkeypatch.setenv("FLATPACK_CACHE_DIR", str(cache))
     raw = ComputeModel.from_profile(profile_graph(convs), convs)
-    raw_sum = {t: sum(u[t] for u in raw.unit_ms) for t in (1, 2)}
+    raw_sum = {t: raw.model_ms(t) for t in (1, 2)}
     for t, factor in ((1, 2.4), (2, 1.3)):
         with monkeypatch.context() as m:
             _whole_model_timed_at(m, factor * raw_sum[t])
@@ -96,7 +97,7 @@ def test_a_cached_whole_model_time_far_from_its_units_is_timed_again(convs: Laye
         _whole_model_timed_at(m, 1.2 * raw_sum[1])  # the machine quiet again: 1.2x at either thread count
         cm, source = compute_model(convs, "auto")
         assert "x1.20 at 1 thread, x1.30 at 2 threads" in source, source  # 2 threads: within the band, kept
-    assert sum(u[1] for u in cm.unit_ms) == pytest.approx(1.2 * raw_sum[1], rel=1e-9)
+    assert cm.model_ms(1) == pytest.approx(1.2 * raw_sum[1], rel=1e-9)
     assert _time_whole_model(convs, 1) == pytest.approx(1.2 * raw_sum[1], rel=1e-9)  # the cache replaced
 
 

@@ -123,13 +123,32 @@ def test_profile_graph_measures_every_unit_and_the_cache_makes_it_instant(cache_
         assert set(u.time_ms) == {1, 2} and u.flops == unit.flops and u.weight_bytes == unit.weight_bytes
         assert all(0 < u.time_ms[t] <= u.p95_ms[t] for t in (1, 2))
         assert u.peak_rss_mb > base_mb * 0.9 and u.cold_start_ms > 0
+    # each adjacent pair measured as one stage, at the fewest threads
+    assert set(first.pair_ms) == {0, 1} and all(v > 0 for v in first.pair_ms.values())
     second = profile_graph(lg, threads=(1, 2), warmup=1, reps=3, cache_dir=cache_dir)
     assert second.units == first.units and second.measure_s == 0.0  # nothing measured again
+    assert second.pair_ms == first.pair_ms
     cached = profile_graph(lg, threads=(1, 2), warmup=1, reps=3, cache_dir=cache_dir, cached_only=True)
-    assert cached is not None and cached.units == second.units
+    assert cached is not None and cached.units == second.units and cached.pair_ms == first.pair_ms
     assert profile_graph(lg, threads=(1, 2), warmup=2, reps=3, cache_dir=cache_dir, cached_only=True) is None
     # a profile survives JSON
-    assert GraphProfile.from_json(json.loads(json.dumps(second.to_json()))).units == second.units
+    again = GraphProfile.from_json(json.loads(json.dumps(second.to_json())))
+    assert again.units == second.units and again.pair_ms == second.pair_ms
+
+
+def test_a_cached_profile_without_its_pairs_is_still_a_profile(tmp_path: Path) -> None:
+    """Units measured before pairs were (an older cache), or a budget that ended before the pairs: the
+    profile stands on its units, with the pairs there are."""
+    from partitioner.profile.units import stage_key
+
+    lg = three_convs()
+    full = profile_graph(lg, threads=(1,), warmup=0, reps=2, cache_dir=tmp_path)
+    pair = f"{stage_key(lg, model_sha256(lg.model), 1, 2)}:t1"
+    entries = [p for p in tmp_path.rglob("*.json") if json.loads(p.read_text()).get("item") == pair]
+    assert len(entries) == 1, "the pair's measurement is cached under its item key"
+    entries[0].unlink()
+    cached = profile_graph(lg, threads=(1,), warmup=0, reps=2, cache_dir=tmp_path, cached_only=True)
+    assert cached is not None and cached.units == full.units and set(cached.pair_ms) == {0}
 
 
 def test_budget_measures_what_matters_first_and_predicts_the_rest(tmp_path: Path) -> None:
@@ -183,7 +202,8 @@ def test_model_hash_and_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
 
 def test_graph_profile_save_load(tmp_path: Path) -> None:
     u = UnitProfile(0, {1: 1.0, 2: 0.6}, {1: 1.2, 2: 0.7}, 80.0, 300.0, 10, 20, 30, 40, True, "Conv", 50)
-    gp = GraphProfile("m", "abc", 55.0, (1, 2), (u,), {"cpu": "x"}, "2026-01-01T00:00:00+00:00")
+    gp = GraphProfile("m", "abc", 55.0, (1, 2), (u, u), {"cpu": "x"}, "2026-01-01T00:00:00+00:00",
+                      pair_ms={0: 1.7})
     gp.save(tmp_path / "p.json")
     assert GraphProfile.load(tmp_path / "p.json") == gp
 

@@ -48,6 +48,8 @@ def test_the_overhead_is_the_chains_extra_compute_over_the_runs_it_adds() -> Non
     # 4 parts run 3 more times than the whole: 1.5 ms more in all is 0.5 ms a part
     assert overhead_from([10.0, 10.2, 9.8], [11.5, 11.4, 11.6], 4) == pytest.approx(0.5)
     assert overhead_from([10.0], [9.0], 4) == 0.0  # a chain timed faster than the whole: no overhead, not less
+    # what the compute model already prices at the cuts (boundaries the parts no longer save) is not overhead
+    assert overhead_from([10.0, 10.2, 9.8], [11.5, 11.4, 11.6], 4, joins_ms=0.9) == pytest.approx(0.2)
     with pytest.raises(ValueError, match="at least 2 parts"):
         overhead_from([10.0], [11.0], 1)
     with pytest.raises(ValueError, match="timings of both"):
@@ -106,7 +108,7 @@ def test_the_planner_prices_every_part_with_the_timed_overhead_where_it_is_above
     for timed, taken in ((0.6, True), (0.01, False)):
         pm = _pm(lg)
         _cache(lg, pm, ".whole.json", {"ms": {"1769": 40.0}, "samples": 10})
-        _cache(lg, pm, ".parts.json", {"overhead_ms": timed - 0.2, "billed_excess_ms": 0.2, "parts": 4,
+        _cache(lg, pm, ".parts.json", {"overhead_ms": timed - 0.2, "billed_excess_ms": 0.2, "joins_ms": 0.0, "parts": 4,
                                        "samples": 10})
         assert part_overhead_ms(lg, request, pm) == pytest.approx(timed)  # the run's and the billed excess
         chain = list(chain_choices(lg, 1769))
@@ -155,10 +157,40 @@ def test_the_timings_cached_on_one_machine_are_not_taken_on_another_with_another
     lg = _lg(4)
     pm = _pm(lg)
     here = stage_times_path(lg, pm, "shm", _expected_cpu_limit())
-    _cache(lg, pm, ".parts.json", {"overhead_ms": 0.6, "billed_excess_ms": 0.0, "parts": 4, "samples": 10})
+    _cache(lg, pm, ".parts.json", {"overhead_ms": 0.6, "billed_excess_ms": 0.0, "joins_ms": 0.0, "parts": 4,
+                                   "samples": 10})
     assert part_overhead_ms(lg, PlanRequest(platform="local", transport="shm"), pm) == pytest.approx(0.6)
     other = {**profile_cache.machine_info(), "cpu": "Intel(R) Xeon(R)", "id": "0123456789abcdef"}
     monkeypatch.setattr(profile_cache, "machine_info", lambda: other)
     there = stage_times_path(lg, pm, "shm", _expected_cpu_limit())
     assert there != here and there.parent == here.parent
     assert not there.with_suffix(".parts.json").exists()  # the other machine's cache is not this one's
+
+
+def test_the_cuts_price_is_what_the_boundaries_between_the_chains_stages_would_have_saved() -> None:
+    from serving.calibrate.stages import chain_choices, cut_joins_ms
+
+    lg = _lg(4)
+    pm = _pm(lg)
+    chain = chain_choices(lg, 1769)  # four stages of one unit: three cuts
+    assert cut_joins_ms(pm, chain) == 0.0  # no pairs measured: the cuts cost nothing the model knows of
+    pm.use_compute(dataclasses.replace(pm.compute, unit_join=(0.1, 0.0, 0.05)))
+    # each boundary's fraction of its two units' time at one vCPU (10 ms each)
+    assert cut_joins_ms(pm, chain) == pytest.approx(0.1 * 20 + 0.05 * 20)
+    assert cut_joins_ms(pm, chain[:2]) == pytest.approx(0.1 * 20)  # the last stage's end is no cut
+
+
+@pytest.mark.parametrize(("doc", "joins", "expected"), [
+    ({"overhead_ms": 0.4, "billed_excess_ms": 0.1, "joins_ms": 2.0}, 2.1, 0.5),  # the cuts priced alike
+    ({"overhead_ms": 0.4, "billed_excess_ms": 0.1, "joins_ms": 0.0}, 0.2, 0.5),  # within 0.25 ms of none
+    ({"overhead_ms": 0.4, "billed_excess_ms": 0.1, "joins_ms": 0.0}, 3.0, None),  # timed against no pairs
+    ({"overhead_ms": 0.4, "billed_excess_ms": 0.1}, 0.0, None),  # saved before the cuts were priced
+    ({"overhead_ms": 0.4, "joins_ms": 0.0}, 0.0, None),  # before the workers' billed time was timed
+    ({"overhead_ms": "x", "billed_excess_ms": 0.1, "joins_ms": 0.0}, 0.0, None),  # unreadable
+])
+def test_a_saved_overhead_stands_only_against_the_price_of_the_cuts_it_was_timed_beyond(
+        doc: dict, joins: float, expected: float | None) -> None:
+    from serving.calibrate.stages import cached_overhead
+
+    got = cached_overhead(doc, joins)
+    assert got == (pytest.approx(expected) if expected is not None else None)

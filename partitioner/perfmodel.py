@@ -9,7 +9,7 @@ the surface the planner, the solvers and the benchmarks import.
 
 from __future__ import annotations
 
-from partitioner.perf.compute import FUNCTION_RUNTIME_MB, ComputeModel
+from partitioner.perf.compute import FUNCTION_RUNTIME_MB, ComputeModel, PartOverhead
 from partitioner.perf.model import PerfModel, PlanEstimate
 from partitioner.perf.options import NO_RELAY, CutCodec, CutCodecs, OptionCost, OptionFloors, Relay, StageChoice
 from partitioner.perf.platform import HOST_RESERVE_CORES, PlatformFacts, cpu_stretch
@@ -20,6 +20,7 @@ __all__ = [
     "HOST_RESERVE_CORES",
     "NO_RELAY",
     "ComputeModel",
+    "PartOverhead",
     "CutCodec",
     "CutCodecs",
     "ExGauss",

@@ -296,14 +296,17 @@ def _model_share(lg: Any, pm: Any, platform: str, say: Callable[[str], None]) ->
     return f"; planned with {note}" if note else ""
 
 
-def _with_overhead(pm: Any, overhead: float | None) -> str:
-    """``pm`` with each part's compute ``overhead`` (timed at one vCPU) where it is above the compute model's
-    own session run (and not taken already with the model's share); a note ("" where not)."""
+def _with_overhead(pm: Any, overhead: Any) -> str:
+    """``pm`` with what the chain of parts timed against the whole said (``overhead``, a ``PartOverhead`` timed
+    at one vCPU, or None), where it changes the compute model (taking it again with the model's share changes
+    nothing); a note ("" where not)."""
+    from serving.calibrate.stages import overhead_note
+
     taken = pm.compute.with_part_overhead(overhead)
-    if taken is pm.compute or pm.compute.part_overhead_ms > 0:
+    if taken is pm.compute or overhead is None:
         return ""
     pm.use_compute(taken)
-    return f"; each part {overhead:.2f} ms beyond its units' share (a chain of parts timed against the whole)"
+    return f"; {overhead_note(overhead, taken)}"
 
 
 def _export(lg: Any, choices: Sequence[Any], master_mb: int, out: Path, platform: str) -> Path:

@@ -86,11 +86,12 @@ def perfmodel(lg: Any, invoke: Any, *, platform: str = "local", transport: str =
     return pm, source
 
 
-def part_overhead(lg: Any, platform: str) -> float | None:
+def part_overhead(lg: Any, platform: str) -> Any:
     """Each part's compute beyond its units' share of the whole model, timed as ``flatpack deploy`` times it
     (:func:`serving.calibrate.stages.part_overhead_ms`: the model cut into a chain of parts against the whole,
     each function of one vCPU; cached) on a local platform of ``platform``'s profile started for it: called
-    before the benchmark's own platform starts, which may emulate another CPU model."""
+    before the benchmark's own platform starts, which may emulate another CPU model. A
+    ``partitioner.perfmodel.PartOverhead``, or None where it could not be timed."""
     from partitioner.planner import PlanRequest
     from serving.calibrate.stages import part_overhead_ms
 

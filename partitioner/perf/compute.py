@@ -19,12 +19,25 @@ from partitioner.tail import (
 )
 from platforms import MB
 
-__all__ = ["ComputeModel", "FUNCTION_RUNTIME_MB", "MAX_JOIN", "join_fractions"]
+__all__ = ["ComputeModel", "FUNCTION_RUNTIME_MB", "MAX_JOIN", "PartOverhead", "join_fractions"]
 
 # A function's process beyond the profiler's bare one (numpy + onnxruntime + a session): flatpack's runtime
 # modules, transport clients and the invoke loop: a no-op function's peak RSS on the local platform less the
 # profiler's base process.
 FUNCTION_RUNTIME_MB = 6.5
+
+
+@dataclass(frozen=True)
+class PartOverhead:
+    """What the model cut into a chain of parts and timed against the whole says of every part
+    (:func:`serving.calibrate.stages.part_overhead_ms`): each part's compute beyond its units' share and its
+    cuts' price (``ms``, at one vCPU), and the share of the cuts' price by the profile's pairs that the chain
+    took (``join_scale``, at most 1). Pairs are timed in the profiler on generated inputs, and a model's units
+    alone there can run slower than they do on the activations a function hands on (gcn/w4: its pairs said
+    8.8 ms for the chain's cuts, which took 0.1 ms live); the chain says how much, the pairs where."""
+
+    ms: float
+    join_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,8 @@ class ComputeModel:
     # (:meth:`join_fractions`); empty or 0: none measured. A fraction, so that it scales with the units' times
     # (to the whole model, by a CPU share, across thread counts)
     unit_join: tuple[float, ...] = ()
+    # how much of what the pairs say the live chain of parts took (:class:`PartOverhead`), 1: all of it
+    join_scale: float = 1.0
     # stage sums by (kind, first, last[, vcpu]): a planner prices each stage with every split, placement and
     # memory, and a stage of any length would otherwise be summed again for each part of each
     _sums: dict[tuple, float] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -184,7 +199,7 @@ class ComputeModel:
 
     def join_time(self, boundary: int, vcpu: float) -> float:
         """What units ``boundary`` and ``boundary + 1`` save at ``vcpu`` run in one stage (0 where not measured)."""
-        f = self.unit_join[boundary] if boundary < len(self.unit_join) else 0.0
+        f = self.join_scale * (self.unit_join[boundary] if boundary < len(self.unit_join) else 0.0)
         return f * (self.unit_time(boundary, vcpu) + self.unit_time(boundary + 1, vcpu)) if f > 0 else 0.0
 
     def model_ms(self, threads: int) -> float:
@@ -192,20 +207,31 @@ class ComputeModel:
         boundary's saving (the figure a whole-model timing scales, :func:`partitioner.planner.scale_to_whole`)."""
         t = [u.get(threads, 0.0) for u in self.unit_ms]
         joins = sum(f * (t[i] + t[i + 1]) for i, f in enumerate(self.unit_join[:max(0, len(t) - 1)]))
-        return sum(t) - joins
+        return sum(t) - self.join_scale * joins
 
     def part_time(self, first: int, last: int, part_flops: int, vcpu: float) -> float:
         stage_flops = self._stage_flops(first, last)
         share = part_flops / stage_flops if stage_flops else 1.0
         return self.stage_time(first, last, vcpu) * share + self._overhead(vcpu)
 
-    def with_part_overhead(self, timed_ms: float | None) -> ComputeModel:
-        """This model with each part's own overhead from ``timed_ms`` (what a part computed beyond its units'
-        share, timed at one vCPU: :func:`serving.calibrate.stages.part_overhead_ms`) less the session run's
-        ``overhead_ms`` it holds; itself where nothing was timed or the timing is not above that."""
-        if timed_ms is None or timed_ms <= self.overhead_ms:
+    def with_part_overhead(self, timed: PartOverhead | None) -> ComputeModel:
+        """This model with what a chain of parts timed against the whole model said (``timed``,
+        :func:`serving.calibrate.stages.part_overhead_ms`): each part's own overhead (less the session run's
+        ``overhead_ms`` it holds, where above it), and the boundaries' savings at the share of them the chain
+        took, the units rescaled so that the whole model's time stays what it was; itself where nothing was
+        timed or nothing changes. Taking the same timing twice changes nothing the second time."""
+        if timed is None:
             return self
-        return replace(self, part_overhead_ms=timed_ms - self.overhead_ms)
+        out = self
+        if timed.ms > self.overhead_ms and abs(timed.ms - self.overhead_ms - self.part_overhead_ms) > 1e-12:
+            out = replace(out, part_overhead_ms=timed.ms - self.overhead_ms)
+        if self.unit_join and abs(timed.join_scale - self.join_scale) > 1e-9:
+            moved = replace(out, join_scale=timed.join_scale)
+            scales = {t: self.model_ms(t) / moved.model_ms(t) for t in {k for u in self.unit_ms for k in u}
+                      if moved.model_ms(t) > 0}
+            out = replace(moved, unit_ms=tuple({k: v * scales.get(k, 1.0) for k, v in u.items()}
+                                               for u in self.unit_ms))
+        return out
 
     def _overhead(self, vcpu: float) -> float:
         """A part's fixed compute at ``vcpu``: the session run's, stretched by a share, and the part's own."""

@@ -34,6 +34,7 @@ import numpy as np
 from functions import settings
 from functions.plan import Split
 from partitioner.live import LiveCorrection
+from partitioner.perf.compute import PartOverhead
 from partitioner.stage_times import StageRecord, StageTimes, records_from
 from partitioner.tail import quartile_ratio
 
@@ -259,6 +260,10 @@ def _expected_cpu_limit() -> str:
 _SUSPECT_MIN_MS = 20.0
 #: the warm requests :func:`whole_model_ms` times a size by, after its warm-up
 _WHOLE_SAMPLES, _WHOLE_WARMUP = 10, 3
+#: the rounds a chain of parts is timed for beside the whole model (:func:`part_overhead_ms`): what its workers
+#: are billed beyond their runs is a mean from the meter's totals, and one invocation in ten that waits out a
+#: busy moment after its hand-over moved it by a millisecond (resnet50's chain: -0.5 to 1.7 ms in three runs)
+_OVERHEAD_SAMPLES = 30
 #: the rounds a model's own CPU-share slow-down is timed over, where the budget allows (at least
 #: :data:`_WHOLE_SAMPLES`): the slow-down is the ratio of two medians, and on a shared host each moves from one
 #: block of requests to the next (an LSTM's, in blocks of 8 rounds: 5 % a block, either way), so 10 rounds
@@ -348,40 +353,43 @@ def chain_choices(lg: Any, memory_mb: int, parts: int = OVERHEAD_PARTS) -> tuple
 
 
 def overhead_from(whole_ms: Sequence[float], chain_run_ms: Sequence[float], parts: int, joins_ms: float = 0.0
-                  ) -> float:
-    """A part's compute beyond its units' share of the whole model, from the whole model's compute in one
-    function (``whole_ms``, per request) and the sum of the chain's ``parts`` workers' compute (per request,
-    the same requests' rounds): the difference of their medians, less what the compute model already prices
-    at the chain's cuts (``joins_ms``: the boundaries the parts do not run through,
-    :meth:`~partitioner.perf.compute.ComputeModel.join_time`), over the ``parts - 1`` runs the chain makes
-    more than the whole does (at least 0)."""
+                  ) -> tuple[float, float]:
+    """What a chain of ``parts`` parts computes beyond the whole model, from the whole model's compute in one
+    function (``whole_ms``, per request) and the sum of the chain's workers' compute (per request, the same
+    requests' rounds): the difference of their medians. Of it, the cuts' price by the profile's pairs
+    (``joins_ms``, :func:`cut_joins_ms`) is taken first, as much of it as the chain took; the rest is each
+    part's overhead, over the ``parts - 1`` runs the chain makes more than the whole does. Returns (each part's
+    overhead, at least 0; the share of the pairs' price the chain took, in [0, 1], 1 where they price none)."""
     if parts < 2 or not whole_ms or not chain_run_ms:
         raise ValueError(f"a per-part overhead needs a chain of at least 2 parts and timings of both, got {parts} "
                          f"parts, {len(whole_ms)} and {len(chain_run_ms)} timings")
-    return max(0.0, (float(np.median(chain_run_ms)) - float(np.median(whole_ms)) - joins_ms) / (parts - 1))
+    extra = float(np.median(chain_run_ms)) - float(np.median(whole_ms))
+    scale = min(1.0, max(0.0, extra / joins_ms)) if joins_ms > 0 else 1.0
+    return max(0.0, (extra - scale * joins_ms) / (parts - 1)), scale
 
 
-def cached_overhead(doc: Any, joins_ms: float) -> float | None:
-    """A saved part overhead (``.parts.json``): its figure, or None where it must be timed again: saved by an
-    older flatpack (without what the workers were billed beyond their run, or the cuts' price), or against
-    another price of the chain's cuts than ``joins_ms`` (a profile with or without its pairs: the overhead is
-    what the chain took beyond that price)."""
+def cached_overhead(doc: Any, joins_ms: float) -> PartOverhead | None:
+    """A saved part overhead (``.parts.json``), or None where it must be timed again: saved by an older
+    flatpack (without what the workers were billed beyond their run, or the cuts' price), or against another
+    price of the chain's cuts than ``joins_ms`` (a profile with or without its pairs: the overhead is what the
+    chain took beyond that price)."""
     try:
         if abs(float(doc["joins_ms"]) - joins_ms) > _JOINS_TOLERANCE * max(1.0, joins_ms):
             return None
-        return float(doc["overhead_ms"]) + float(doc["billed_excess_ms"])
+        return PartOverhead(float(doc["overhead_ms"]) + float(doc["billed_excess_ms"]), float(doc["join_scale"]))
     except (KeyError, TypeError, ValueError):
         return None
 
 
 def cut_joins_ms(pm: Any, chain: Sequence[Any], vcpu: float = 1.0) -> float:
-    """What the compute model says a chain's cuts cost at ``vcpu``: each boundary between two of its stages no
-    longer saved (:meth:`~partitioner.perf.compute.ComputeModel.join_time`)."""
-    return sum(pm.compute.join_time(c.last, vcpu) for c in chain[:-1])
+    """What the profile's pairs say a chain's cuts cost at ``vcpu``: each boundary between two of its stages no
+    longer saved (:meth:`~partitioner.perf.compute.ComputeModel.join_time`, all of what the pairs say)."""
+    compute = pm.compute if pm.compute.join_scale == 1.0 else replace(pm.compute, join_scale=1.0)
+    return sum(compute.join_time(c.last, vcpu) for c in chain[:-1])
 
 
-def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SAMPLES,
-                     warmup: int = _WHOLE_WARMUP) -> float | None:
+def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _OVERHEAD_SAMPLES,
+                     warmup: int = _WHOLE_WARMUP) -> PartOverhead | None:
     """What each part of a split plan computes beyond its units' share of the whole model, on the local
     platform: the whole model in one function of one vCPU against the model cut into a chain of up to
     :data:`OVERHEAD_PARTS` stages (:func:`chain_choices`), each part on a worker of its own of one vCPU, their
@@ -424,7 +432,7 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SA
         billed = timer.billed[1]
     whole_ms = [float(x["stage0_ms"]) for x in whole_t if "stage0_ms" in x]
     chain_ms = [sum(float(x.get(f"stage{i}_workers_run_ms", 0.0)) for i in range(len(chain))) for x in chain_t]
-    overhead = overhead_from(whole_ms, chain_ms, len(chain), joins)
+    overhead, scale = overhead_from(whole_ms, chain_ms, len(chain), joins)
     # at least none of the run's overhead taken back: a chain's workers billed below the model's figures
     # around their compute say the handling was priced high, not that a part computes less than its units
     excess = max(-overhead, billed_excess(pm, chain, ref, chain_t, billed))
@@ -433,11 +441,12 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _WHOLE_SA
     if spread <= _SPREAD_LIMIT:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"overhead_ms": round(overhead, 4), "billed_excess_ms": round(excess, 4),
-                                    "joins_ms": round(joins, 4), "parts": len(chain), "samples": samples}))
+                                    "joins_ms": round(joins, 4), "join_scale": round(scale, 4),
+                                    "parts": len(chain), "samples": samples}))
     else:
         log.warning("the whole model's and its parts' timings disagree (quartiles %.2fx apart): the machine looks "
                     "busy; using them for this plan only", spread)
-    return overhead + excess
+    return PartOverhead(overhead + excess, scale)
 
 
 def billed_excess(pm: Any, chain: Sequence[Any], memory_mb: int, timings: Sequence[Mapping[str, float]],
@@ -445,8 +454,10 @@ def billed_excess(pm: Any, chain: Sequence[Any], memory_mb: int, timings: Sequen
     """What each worker of a chain (:func:`chain_choices`, every worker at ``memory_mb``) is billed per
     invocation beyond its own compute (its mean ``run_ms`` over the master's ``timings``) and the model's
     figures around it (:meth:`PerfModel.worker_fixed_ms`: reading its inputs, writing its outputs, its
-    handling; rounded as the platform bills): the mean over the workers the meter saw (``billed``, mean billed
-    ms per invocation by function, :meth:`StageTimer.timings_together`), 0 where it saw none.
+    handling; rounded as the platform bills): the median over the workers the meter saw (``billed``, mean billed
+    ms per invocation by function, :meth:`StageTimer.timings_together`), 0 where it saw none. The median: the
+    meter gives a function's total, and one invocation that waited out a busy moment after its hand-over moves
+    its worker's mean by a millisecond and more, where the other workers say what a part pays every time.
 
     The platform bills a worker from the hand-over of its request until it writes its reply. Calibrate's
     handling is a no-op's, whose caches nothing else took over between requests; a part's request comes after
@@ -464,7 +475,7 @@ def billed_excess(pm: Any, chain: Sequence[Any], memory_mb: int, timings: Sequen
         if b is None or not runs or len(fixed) != 1:
             continue
         gaps.append(b - p.billed_ms(fixed[0] + float(np.mean(runs)) + extra))
-    return float(np.mean(gaps)) if gaps else 0.0
+    return float(np.median(gaps)) if gaps else 0.0
 
 
 def cached_whole(path: Path, min_samples: int = 0) -> tuple[dict[int, float], int]:
@@ -621,15 +632,24 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
                              f"{1.0 + SHARE_MARGIN:.2f}x)")
     overhead = _timed_overhead(lg, request, pm, budget_s)
     taken = compute.with_part_overhead(overhead)
-    if taken is not compute:
+    if taken is not compute and overhead is not None:
         compute = taken
-        note += (f"; each part computes {overhead:.2f} ms beyond its units' share of the whole (the model cut into "
-                 "a chain of parts, timed against it)")
+        note += f"; {overhead_note(overhead, compute)}"
     pm.use_compute(compute)
     return note
 
 
-def _timed_overhead(lg: Any, request: Any, pm: Any, budget_s: float) -> float | None:
+def overhead_note(overhead: PartOverhead, compute: Any) -> str:
+    """A plan's note on what the chain of parts timed against the whole model said (``overhead``), as taken
+    into ``compute``."""
+    out = (f"each part computes {overhead.ms:.2f} ms beyond its units' share of the whole (the model cut into a "
+           "chain of parts, timed against it)")
+    if compute.unit_join:
+        out += f", its cuts {overhead.join_scale:.0%} of what the profile's pairs of units say they cost"
+    return out
+
+
+def _timed_overhead(lg: Any, request: Any, pm: Any, budget_s: float) -> PartOverhead | None:
     """:func:`part_overhead_ms` where its timing fits ``budget_s`` as the model predicts it (else None, as
     where it cannot be timed)."""
     ref = _one_vcpu_mb(pm.platform)
@@ -638,7 +658,7 @@ def _timed_overhead(lg: Any, request: Any, pm: Any, budget_s: float) -> float | 
         round_ms = pm.estimate(list(_whole_stage(lg)), ref).latency_ms + pm.estimate(chain, ref).latency_ms
     except ValueError:  # the model does not fit a function of one vCPU
         return None
-    if round_ms * (_WHOLE_SAMPLES + _WHOLE_WARMUP) / 1e3 > budget_s:
+    if round_ms * (_OVERHEAD_SAMPLES + _WHOLE_WARMUP) / 1e3 > budget_s:
         return None
     try:
         return part_overhead_ms(lg, request, pm)

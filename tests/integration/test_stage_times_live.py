@@ -232,15 +232,19 @@ def test_each_parts_overhead_is_the_chain_of_parts_timed_against_the_whole_model
     stale.parent.mkdir(parents=True)
     stale.write_text(json.dumps({"overhead_ms": 123.0, "parts": 8, "samples": 10}))
     before = {f["name"] for f in platform_functions(shared_platform)}
-    overhead = part_overhead_ms(lg, request, pm, samples=3, warmup=1)
-    assert overhead is not None and overhead >= 0.0 and overhead != 123.0
+    timed = part_overhead_ms(lg, request, pm, samples=3, warmup=1)
+    assert timed is not None and 0.0 <= timed.join_scale <= 1.0
+    overhead = timed.ms
+    assert overhead >= 0.0 and overhead != 123.0
     assert {f["name"] for f in platform_functions(shared_platform)} == before  # nothing left deployed
     doc = json.loads(stale.read_text())
     if doc["overhead_ms"] == 123.0:
         return  # saved only where its repeats agreed, which a loaded CI machine may not give
     # the run's overhead and what the workers were billed beyond it and the model's figures around it
     assert overhead == pytest.approx(doc["overhead_ms"] + doc["billed_excess_ms"], abs=1e-3)
-    assert part_overhead_ms(lg, request, pm) == pytest.approx(overhead, abs=1e-3)  # the cache's
+    cached = part_overhead_ms(lg, request, pm)  # the cache's
+    assert cached is not None and cached.ms == pytest.approx(overhead, abs=1e-3)
+    assert cached.join_scale == pytest.approx(doc["join_scale"])
     chain = list(chain_choices(lg, 1769))
     assert doc["joins_ms"] == pytest.approx(cut_joins_ms(pm, chain), abs=1e-3)  # the cuts' price it was timed beyond
     modelled = pm.estimate(chain, 1769).latency_ms

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from partitioner.graph import LayerGraph
-from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts
+from partitioner.perfmodel import ComputeModel, PartOverhead, PerfModel, PlatformFacts
 from partitioner.planner import PlanRequest
 from platforms import load_profile
 from tests.onnx_builders import conv_stack
@@ -46,10 +46,14 @@ def test_the_overhead_is_the_chains_extra_compute_over_the_runs_it_adds() -> Non
     from serving.calibrate.stages import overhead_from
 
     # 4 parts run 3 more times than the whole: 1.5 ms more in all is 0.5 ms a part
-    assert overhead_from([10.0, 10.2, 9.8], [11.5, 11.4, 11.6], 4) == pytest.approx(0.5)
-    assert overhead_from([10.0], [9.0], 4) == 0.0  # a chain timed faster than the whole: no overhead, not less
-    # what the compute model already prices at the cuts (boundaries the parts no longer save) is not overhead
-    assert overhead_from([10.0, 10.2, 9.8], [11.5, 11.4, 11.6], 4, joins_ms=0.9) == pytest.approx(0.2)
+    assert overhead_from([10.0, 10.2, 9.8], [11.5, 11.4, 11.6], 4) == pytest.approx((0.5, 1.0))
+    # a chain timed faster than the whole: no overhead, not less
+    assert overhead_from([10.0], [9.0], 4) == pytest.approx((0.0, 1.0))
+    # what the pairs price at the cuts (boundaries the parts no longer save) is taken first, the rest is overhead
+    assert overhead_from([10.0, 10.2, 9.8], [11.5, 11.4, 11.6], 4, joins_ms=0.9) == pytest.approx((0.2, 1.0))
+    # pairs that price the cuts above what the chain took: the chain's share of it, and no overhead
+    assert overhead_from([10.0, 10.2, 9.8], [11.5, 11.4, 11.6], 4, joins_ms=6.0) == pytest.approx((0.0, 0.25))
+    assert overhead_from([10.0], [9.0], 4, joins_ms=6.0) == pytest.approx((0.0, 0.0))
     with pytest.raises(ValueError, match="at least 2 parts"):
         overhead_from([10.0], [11.0], 1)
     with pytest.raises(ValueError, match="timings of both"):
@@ -58,7 +62,7 @@ def test_the_overhead_is_the_chains_extra_compute_over_the_runs_it_adds() -> Non
 
 def test_the_billed_excess_is_what_a_chains_workers_are_billed_beyond_their_run_and_the_models_figures() -> None:
     """Each worker's mean billed time per invocation less its own mean run and the model's figures around it
-    (transfers, handling, rounded as billed), averaged over the workers the meter saw."""
+    (transfers, handling, rounded as billed), the median over the workers the meter saw."""
     from serving.calibrate.stages import billed_excess, chain_choices
 
     lg = _lg(4)
@@ -76,6 +80,9 @@ def test_the_billed_excess_is_what_a_chains_workers_are_billed_beyond_their_run_
     some = {k: v for k, v in billed(0.8).items() if k != "s01-p00"}  # a worker the meter did not see
     assert billed_excess(pm, chain, 1769, timings, some) == pytest.approx(0.8)
     assert billed_excess(pm, chain, 1769, timings, {}) == 0.0
+    # one worker's invocation that waited out a busy moment (its mean 3 ms up) says nothing of the others
+    stalled = {**billed(0.8), "s02-p00": billed(0.8)["s02-p00"] + 3.0}
+    assert billed_excess(pm, chain, 1769, timings, stalled) == pytest.approx(0.8)
 
 
 def test_a_worker_is_billed_per_invocation_between_two_meter_snapshots_by_its_name_in_the_plan() -> None:
@@ -108,9 +115,10 @@ def test_the_planner_prices_every_part_with_the_timed_overhead_where_it_is_above
     for timed, taken in ((0.6, True), (0.01, False)):
         pm = _pm(lg)
         _cache(lg, pm, ".whole.json", {"ms": {"1769": 40.0}, "samples": 10})
-        _cache(lg, pm, ".parts.json", {"overhead_ms": timed - 0.2, "billed_excess_ms": 0.2, "joins_ms": 0.0, "parts": 4,
-                                       "samples": 10})
-        assert part_overhead_ms(lg, request, pm) == pytest.approx(timed)  # the run's and the billed excess
+        _cache(lg, pm, ".parts.json", {"overhead_ms": timed - 0.2, "billed_excess_ms": 0.2, "joins_ms": 0.0,
+                                       "join_scale": 1.0, "parts": 4, "samples": 10})
+        got = part_overhead_ms(lg, request, pm)
+        assert got is not None and got.ms == pytest.approx(timed)  # the run's and the billed excess
         chain = list(chain_choices(lg, 1769))
         default = pm.compute.overhead_ms
         note = scale_to_function(lg, request, pm, None)
@@ -157,9 +165,10 @@ def test_the_timings_cached_on_one_machine_are_not_taken_on_another_with_another
     lg = _lg(4)
     pm = _pm(lg)
     here = stage_times_path(lg, pm, "shm", _expected_cpu_limit())
-    _cache(lg, pm, ".parts.json", {"overhead_ms": 0.6, "billed_excess_ms": 0.0, "joins_ms": 0.0, "parts": 4,
-                                   "samples": 10})
-    assert part_overhead_ms(lg, PlanRequest(platform="local", transport="shm"), pm) == pytest.approx(0.6)
+    _cache(lg, pm, ".parts.json", {"overhead_ms": 0.6, "billed_excess_ms": 0.0, "joins_ms": 0.0, "join_scale": 1.0,
+                                   "parts": 4, "samples": 10})
+    got = part_overhead_ms(lg, PlanRequest(platform="local", transport="shm"), pm)
+    assert got is not None and got.ms == pytest.approx(0.6)
     other = {**profile_cache.machine_info(), "cpu": "Intel(R) Xeon(R)", "id": "0123456789abcdef"}
     monkeypatch.setattr(profile_cache, "machine_info", lambda: other)
     there = stage_times_path(lg, pm, "shm", _expected_cpu_limit())
@@ -180,17 +189,40 @@ def test_the_cuts_price_is_what_the_boundaries_between_the_chains_stages_would_h
     assert cut_joins_ms(pm, chain[:2]) == pytest.approx(0.1 * 20)  # the last stage's end is no cut
 
 
+_SAVED = {"overhead_ms": 0.4, "billed_excess_ms": 0.1, "joins_ms": 2.0, "join_scale": 0.5}
+
+
 @pytest.mark.parametrize(("doc", "joins", "expected"), [
-    ({"overhead_ms": 0.4, "billed_excess_ms": 0.1, "joins_ms": 2.0}, 2.1, 0.5),  # the cuts priced alike
-    ({"overhead_ms": 0.4, "billed_excess_ms": 0.1, "joins_ms": 0.0}, 0.2, 0.5),  # within 0.25 ms of none
-    ({"overhead_ms": 0.4, "billed_excess_ms": 0.1, "joins_ms": 0.0}, 3.0, None),  # timed against no pairs
-    ({"overhead_ms": 0.4, "billed_excess_ms": 0.1}, 0.0, None),  # saved before the cuts were priced
-    ({"overhead_ms": 0.4, "joins_ms": 0.0}, 0.0, None),  # before the workers' billed time was timed
-    ({"overhead_ms": "x", "billed_excess_ms": 0.1, "joins_ms": 0.0}, 0.0, None),  # unreadable
+    (_SAVED, 2.1, (0.5, 0.5)),  # the cuts priced alike
+    ({**_SAVED, "joins_ms": 0.0, "join_scale": 1.0}, 0.2, (0.5, 1.0)),  # within 0.25 ms of none
+    ({**_SAVED, "joins_ms": 0.0}, 3.0, None),  # timed against no pairs
+    ({k: v for k, v in _SAVED.items() if k not in ("joins_ms", "join_scale")}, 0.0, None),  # before cuts were priced
+    ({k: v for k, v in _SAVED.items() if k != "billed_excess_ms"}, 2.0, None),  # before the workers' billing
+    ({**_SAVED, "overhead_ms": "x"}, 2.0, None),  # unreadable
 ])
 def test_a_saved_overhead_stands_only_against_the_price_of_the_cuts_it_was_timed_beyond(
-        doc: dict, joins: float, expected: float | None) -> None:
+        doc: dict, joins: float, expected: tuple[float, float] | None) -> None:
     from serving.calibrate.stages import cached_overhead
 
     got = cached_overhead(doc, joins)
-    assert got == (pytest.approx(expected) if expected is not None else None)
+    assert (None if got is None else (got.ms, got.join_scale)) == (
+        pytest.approx(expected) if expected is not None else None)
+
+
+def test_the_chain_decides_how_much_of_the_pairs_price_a_cut_pays_and_the_whole_model_keeps_its_time() -> None:
+    """Pairs timed in the profiler can price the cuts above what a chain of parts took live: the model keeps
+    where the pairs say the cuts cost, at the chain's share of it, and the whole model at its time."""
+    lg = _lg(4)
+    pm = _pm(lg)
+    joined = dataclasses.replace(pm.compute, unit_join=(0.1, 0.2, 0.1))
+    whole = joined.model_ms(1)
+    half = joined.with_part_overhead(PartOverhead(0.01, join_scale=0.5))
+    assert half.join_scale == 0.5 and half.part_overhead_ms == 0.0  # below the session run's own: not taken
+    assert half.model_ms(1) == pytest.approx(whole) and half.model_ms(2) == pytest.approx(joined.model_ms(2))
+    assert half.join_time(1, 1.0) == pytest.approx(0.5 * joined.join_time(1, 1.0) * half.unit_ms[1][1] / 10.0)
+    # the same timing again changes nothing
+    assert half.with_part_overhead(PartOverhead(0.01, join_scale=0.5)) is half
+    assert joined.with_part_overhead(None) is joined
+    # no pairs: only the overhead
+    plain = pm.compute.with_part_overhead(PartOverhead(0.6, join_scale=0.2))
+    assert plain.join_scale == 1.0 and plain.part_overhead_ms == pytest.approx(0.6 - pm.compute.overhead_ms)

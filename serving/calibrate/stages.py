@@ -642,8 +642,9 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
 def overhead_note(overhead: PartOverhead, compute: Any) -> str:
     """A plan's note on what the chain of parts timed against the whole model said (``overhead``), as taken
     into ``compute``."""
-    out = (f"each part computes {overhead.ms:.2f} ms beyond its units' share of the whole (the model cut into a "
-           "chain of parts, timed against it)")
+    out = (f"each part computes {overhead.ms:.2f} ms beyond its units' share of the whole" if compute.part_overhead_ms
+           else "no part computes more than its units' share of the whole")
+    out += " (the model cut into a chain of parts, timed against it)"
     if compute.unit_join:
         out += f", its cuts {overhead.join_scale:.0%} of what the profile's pairs of units say they cost"
     return out

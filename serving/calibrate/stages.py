@@ -41,7 +41,7 @@ from partitioner.tail import quartile_ratio
 __all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocation", "cached_whole", "chain_choices",
            "live_correction_path", "load_live_correction", "load_stage_times", "overhead_from", "part_overhead_ms",
            "refine_on_target", "save_live_correction", "save_stage_times", "scale_to_function", "share_samples",
-           "solve_on_target", "stage_records", "stage_times_path", "whole_model_ms"]
+           "solve_on_target", "stage_records", "stage_times_path", "whole_model_ms", "whole_model_timing"]
 
 log = logging.getLogger(__name__)
 
@@ -281,6 +281,14 @@ def _whole_stage(lg: Any) -> tuple[Any, ...]:
 
 def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = (), samples: int = _WHOLE_SAMPLES,
                    warmup: int = _WHOLE_WARMUP, units_ms: float = 0.0, min_samples: int = 0) -> dict[int, float]:
+    """:func:`whole_model_timing`'s figures."""
+    return whole_model_timing(lg, request, pm, memories=memories, samples=samples, warmup=warmup,
+                              units_ms=units_ms, min_samples=min_samples)[0]
+
+
+def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = (),
+                       samples: int = _WHOLE_SAMPLES, warmup: int = _WHOLE_WARMUP, units_ms: float = 0.0,
+                       min_samples: int = 0) -> tuple[dict[int, float], bool]:
     """The whole model's compute in one function on the local platform (the running one, else one started
     for it), at one vCPU and at each of ``memories``: the median of its handler's stage time over ``samples``
     warm requests, requests to the sizes interleaved. Cached per model and platform beside the stage times,
@@ -295,7 +303,10 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     is calibrate's MatMul probe's. The same compute in a function runs a little slower than in the planning
     process, and below one vCPU a model slows down by its own factor rather than the probe's (its weights
     leave the caches in the quota's pauses): timing the model itself in a function at the sizes planned
-    takes both into the model."""
+    takes both into the model.
+
+    Returns the figures by memory, and whether they are steady: cached, or timed now with repeats that agree
+    (figures timed on a busy machine are returned for the plan at hand, not saved)."""
     import json
 
     from partitioner.planner import far_from_units
@@ -311,7 +322,7 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
                  "again", lg.name, cached[ref], cached[ref] / units_ms)
         cached = {}
     if all(m in cached for m in sizes):
-        return {m: cached[m] for m in sizes}
+        return {m: cached[m] for m in sizes}, True
     whole = _whole_stage(lg)
     plans = [SolverResult(whole, m, pm.estimate(list(whole), m), "unsplit") for m in sizes]
     with _modelled_timer(lg, request, pm, samples=samples, warmup=warmup) as timer:
@@ -330,7 +341,7 @@ def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = 
     elif out:
         log.warning("the whole model's timings in a function disagree (quartiles %.2fx apart): the machine looks "
                     "busy; using them for this plan only", spread)
-    return out
+    return out, spread <= _SPREAD_LIMIT
 
 
 #: the most parts :func:`part_overhead_ms` cuts a model into (consecutive units together where it has more)
@@ -602,8 +613,8 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
         progress("timing the whole model in a function on the local platform (cached)")
     one = pm.compute.model_ms(1)
     try:
-        ms = whole_model_ms(lg, request, pm, memories=low, units_ms=one, samples=n,
-                            min_samples=n if probe is not None else 0)
+        ms, steady = whole_model_timing(lg, request, pm, memories=low, units_ms=one, samples=n,
+                                        min_samples=n if probe is not None else 0)
     except (OSError, ValueError, RuntimeError) as e:
         log.warning("could not time the whole model in a function (%s): unit times as profiled", e)
         return ""
@@ -624,9 +635,12 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
                 over = factor / p.share_factor(v)
                 note += (f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that, {over:.2f}x the slow-down calibrate's "
                          "probe has there: planned below one vCPU with ")
-                if abs(over - 1.0) > SHARE_MARGIN:
+                if abs(over - 1.0) > SHARE_MARGIN and steady:
                     pm.use_platform(p.with_model_share(v, factor))
                     note += "the model's own"
+                elif not steady:
+                    note += ("the probe's (the model's timings disagreed: the machine looked busy, and a share's "
+                             "slow-down timed then would price every size below one vCPU off)")
                 else:
                     note += (f"the probe's (a model's figure replaces it below {1.0 - SHARE_MARGIN:.2f}x or above "
                              f"{1.0 + SHARE_MARGIN:.2f}x)")

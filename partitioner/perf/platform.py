@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -104,19 +105,33 @@ class PlatformFacts:
 
     def with_model_share(self, nominal_vcpu: float, factor: float) -> PlatformFacts:
         """These facts for a model whose own slow-down at ``nominal_vcpu`` was measured as ``factor`` (over the
-        nominal), in place of the calibrating probe's there. The model's excess over the probe (either way)
-        holds below ``nominal_vcpu``; above it, it shrinks as the quota's pauses per unit of work do, with one
-        over the share, and to none at one vCPU, where no quota pauses it."""
-        v0 = min(max(nominal_vcpu, 1e-3), 1.0 - 1e-3)
-        excess = factor / self.share_factor(v0) - 1.0
+        nominal): :meth:`with_model_shares` of that one point."""
+        return self.with_model_shares([(nominal_vcpu, factor)])
 
-        def kept(v: float) -> float:
-            return 1.0 if v <= v0 else max(0.0, v0 / v * (1.0 - v) / (1.0 - v0))
+    def with_model_shares(self, measured: Sequence[tuple[float, float]]) -> PlatformFacts:
+        """These facts for a model whose own slow-down (over the nominal share) was measured at a few shares
+        (``measured``: (nominal vCPU, factor) pairs), in place of the calibrating probe's there. The model's
+        ratio to the probe (either way) holds below the smallest share measured, runs straight between the
+        shares measured, and above the largest one shrinks as the quota's pauses per unit of work do, with one
+        over the share, to none at one vCPU, where no quota pauses it. A second share measured nearer one vCPU
+        says how fast the model's difference fades for itself: an LSTM's held above half a core on an AMD
+        EPYC, where the one-over-the-share fade priced its plans there 12 % low."""
+        pts = sorted((min(max(v, 1e-3), 1.0 - 1e-3), f) for v, f in measured)
+        if not pts:
+            return self
+        vs = [v for v, _ in pts]
+        ratios = [f / self.share_factor(v) for v, f in pts]
+        top = vs[-1]
 
-        # the curve at doublings of v0 (the probe's points alone are too far apart for it), to where it ends
-        doublings = {v0 * 2.0**k for k in range(1, 12) if v0 * 2.0**k < 1.0}
-        points = sorted({v for v, _ in self.share_factors} | {v0, 1.0 - 1e-3} | doublings)
-        return replace(self, share_factors=tuple((v, self.share_factor(v) * (1.0 + excess * kept(v))) for v in points))
+        def ratio(v: float) -> float:
+            if v <= top:
+                return float(np.interp(v, vs, ratios))
+            return 1.0 + (ratios[-1] - 1.0) * max(0.0, top / v * (1.0 - v) / (1.0 - top))
+
+        # the curve at doublings of the smallest share (the probe's points alone are too far apart for it)
+        doublings = {vs[0] * 2.0**k for k in range(1, 12) if vs[0] * 2.0**k < 1.0}
+        points = sorted({v for v, _ in self.share_factors} | set(vs) | {1.0 - 1e-3} | doublings)
+        return replace(self, share_factors=tuple((v, self.share_factor(v) * ratio(v)) for v in points))
 
     def round_memory(self, need_mb: float) -> int:
         """The smallest memory option at least ``need_mb`` (ValueError if none is)."""

@@ -41,6 +41,7 @@ from partitioner.tail import quartile_ratio
 __all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocation", "cached_whole", "chain_choices",
            "live_correction_path", "load_live_correction", "load_stage_times", "overhead_from", "part_overhead_ms",
            "refine_on_target", "save_live_correction", "save_stage_times", "scale_to_function", "share_samples",
+           "share_sizes",
            "solve_on_target", "stage_records", "stage_times_path", "whole_model_ms", "whole_model_timing"]
 
 log = logging.getLogger(__name__)
@@ -567,6 +568,30 @@ def share_probe_mb(pm: Any, budget_s: float | None = None) -> int | None:
     return mb
 
 
+#: the second size a model's own share slow-down is timed at, as a share of a core: where a plan that follows
+#: memory most often lands (the planning grid's 1,024 MB of Lambda's 1,769), above which the quota pauses little
+SHARE_MID_VCPU = 0.58
+
+
+def share_sizes(pm: Any, probe_mb: int, budget_s: float | None = None) -> list[int]:
+    """The sizes a model's own share slow-down is timed at: ``probe_mb`` (:func:`share_probe_mb`), and the size
+    of :data:`SHARE_MID_VCPU` where it is at least half as large again and, given ``budget_s``, the timing of
+    both fits it as the model predicts. How fast a model's difference from the probe fades towards one vCPU is
+    its own: one point and a curve for the rest priced an LSTM's plans at 0.58 vCPU 12 % low."""
+    p = pm.platform
+    try:
+        mid = p.round_memory(SHARE_MID_VCPU * p.mb_per_vcpu)
+    except ValueError:
+        return [probe_mb]
+    if mid < 1.5 * probe_mb or mid >= p.mb_per_vcpu:
+        return [probe_mb]
+    whole = list(_whole_stage(pm.lg))
+    if budget_s is not None and ((_round_ms(pm, probe_mb) + pm.estimate(whole, mid).latency_ms)
+                                 * (_WHOLE_SAMPLES + _WHOLE_WARMUP) / 1e3 > budget_s):
+        return [probe_mb]
+    return [probe_mb, mid]
+
+
 def _round_ms(pm: Any, mb: int) -> float:
     """One round of the share timing as the model predicts it: the whole model at ``mb`` and at one vCPU."""
     whole = list(_whole_stage(pm.lg))
@@ -589,9 +614,10 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     timed against the whole (:func:`part_overhead_ms`, where above the compute model's own); a note for the
     plan, empty where nothing could be timed.
 
-    With ``--memory auto`` the model is also timed at the smallest size that holds it (:func:`share_probe_mb`),
-    and its own slow-down there replaces calibrate's where it is more than :data:`SHARE_MARGIN` from it, either
-    way (:meth:`PlatformFacts.with_model_share` carries it to the other sizes). A model that keeps rereading a
+    With ``--memory auto`` the model is also timed at the smallest size that holds it (:func:`share_probe_mb`)
+    and at 0.58 vCPU (:func:`share_sizes`), and its own slow-down there replaces calibrate's where it is more
+    than :data:`SHARE_MARGIN` from it at either size, either way (:meth:`PlatformFacts.with_model_shares`
+    carries it to the other sizes). A model that keeps rereading a
     few MB (an LSTM, a graph convolution) can lose more of a small share than calibrate's MatMul probe; on
     another CPU the probe loses more than every model does. Either way every plan of it below one vCPU would
     be priced off by the difference. Within the margin (the timing's own spread over its rounds) the probe's
@@ -608,7 +634,7 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     # the share's slow-down is a ratio of two timings: timed over more rounds than the reference alone needs
     n = share_samples(pm, probe, budget_s) if probe is not None else _WHOLE_SAMPLES
     low = ([int(request.memory)] if not auto and int(request.memory) < p.mb_per_vcpu else
-           [probe] if probe is not None else [])
+           share_sizes(pm, probe, budget_s) if probe is not None else [])
     if progress is not None:
         progress("timing the whole model in a function on the local platform (cached)")
     one = pm.compute.model_ms(1)
@@ -624,6 +650,7 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     threads = sorted({t for u in pm.compute.unit_ms for t in u})
     compute, how = scale_to_whole(pm.compute, {t: ratio * pm.compute.model_ms(t) for t in threads})
     note = f"unit times {how.removeprefix('scaled to ')} in a one-vCPU function here ({ms[ref]:.1f} ms)"
+    measured: list[tuple[float, float]] = []  # (nominal vCPU, factor) where the model's own was timed
     for m in low:
         if ms.get(m):
             v = m / p.mb_per_vcpu
@@ -632,18 +659,20 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
                 pm.use_platform(replace(p, share_factors=((v, factor),)))
                 note += f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that (its CPU share's slow-down for this model)"
             elif auto and factor <= 4.0:
-                over = factor / p.share_factor(v)
-                note += (f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that, {over:.2f}x the slow-down calibrate's "
-                         "probe has there: planned below one vCPU with ")
-                if abs(over - 1.0) > SHARE_MARGIN and steady:
-                    pm.use_platform(p.with_model_share(v, factor))
-                    note += "the model's own"
-                elif not steady:
-                    note += ("the probe's (the model's timings disagreed: the machine looked busy, and a share's "
-                             "slow-down timed then would price every size below one vCPU off)")
-                else:
-                    note += (f"the probe's (a model's figure replaces it below {1.0 - SHARE_MARGIN:.2f}x or above "
-                             f"{1.0 + SHARE_MARGIN:.2f}x)")
+                measured.append((v, factor))
+                note += (f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that, {factor / p.share_factor(v):.2f}x the "
+                         "slow-down calibrate's probe has there")
+    if measured:
+        note += ": planned below one vCPU with "
+        if any(abs(f / p.share_factor(v) - 1.0) > SHARE_MARGIN for v, f in measured) and steady:
+            pm.use_platform(p.with_model_shares(measured))
+            note += "the model's own"
+        elif not steady:
+            note += ("the probe's (the model's timings disagreed: the machine looked busy, and a share's "
+                     "slow-down timed then would price every size below one vCPU off)")
+        else:
+            note += (f"the probe's (a model's figure replaces it below {1.0 - SHARE_MARGIN:.2f}x or above "
+                     f"{1.0 + SHARE_MARGIN:.2f}x)")
     overhead = _timed_overhead(lg, request, pm, budget_s)
     taken = compute.with_part_overhead(overhead)
     if taken is not compute and overhead is not None:

@@ -74,15 +74,17 @@ def test_memory_auto_plans_with_the_models_own_share_only_where_it_is_off_the_pr
     figure, as is one 0.8x as slow (a CPU whose quota costs the probe more than the model); one 1.03x or 0.97x
     (within the timing's spread) keeps calibrate's, as does one whose figure is beyond belief (5x: a timing
     another process took over)."""
-    from serving.calibrate.stages import SHARE_MARGIN, scale_to_function, share_probe_mb
+    from serving.calibrate.stages import SHARE_MARGIN, scale_to_function, share_probe_mb, share_sizes
 
     monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path))
     pm = _pm(lg)
     probe = share_probe_mb(pm)
     assert probe == 128  # the model holds in the smallest function
+    assert share_sizes(pm, probe) == [128, 1027]  # and 0.58 vCPU
     v = probe / 1769
     one = 3 * 10.0
-    _timed(lg, pm, {1769: one, probe: one / v * pm.platform.share_factor(v) * over_probe})
+    _timed(lg, pm, {1769: one, **{m: one / (m / 1769) * pm.platform.share_factor(m / 1769) * over_probe
+                                  for m in share_sizes(pm, probe)}})
     before = pm.platform
     note = scale_to_function(lg, PlanRequest(platform="local", transport="shm", profile_budget_s=600), pm, None)
     if taken:
@@ -110,7 +112,7 @@ def test_a_share_timed_while_the_machine_looked_busy_does_not_replace_the_probes
     assert probe is not None
     v = probe / 1769
     one = 3 * 10.0
-    busy = {1769: one, probe: one / v * pm.platform.share_factor(v) * 1.4}
+    busy = {1769: one, probe: one / v * pm.platform.share_factor(v) * 1.4}  # (and no second size: it needs none)
     # the timing as whole_model_timing returns it when its quartiles lie more than 1.25x apart (a busy machine
     # cannot be made to order in a test)
     monkeypatch.setattr(stages, "whole_model_timing", lambda *a, **k: (dict(busy), False))
@@ -119,6 +121,44 @@ def test_a_share_timed_while_the_machine_looked_busy_does_not_replace_the_probes
                                     None)
     assert pm.platform.share_factors == before.share_factors
     assert "the model's own" not in note and "the machine looked busy" in note
+
+
+def test_a_second_size_says_how_far_towards_one_vcpu_the_models_difference_holds(
+        lg: LayerGraph, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An LSTM 1.29x the probe's slow-down at its smallest size and still 1.15x it at 0.58 vCPU (a 2-core AMD
+    EPYC): planned with both, straight between them, and fading only above the second."""
+    from serving.calibrate.stages import scale_to_function, share_probe_mb, share_sizes
+
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path))
+    pm = _pm(lg)
+    probe = share_probe_mb(pm)
+    assert probe is not None
+    sizes = share_sizes(pm, probe)
+    assert len(sizes) == 2
+    over = dict(zip(sizes, (1.29, 1.15), strict=True))
+    one = 3 * 10.0
+    _timed(lg, pm, {1769: one, **{m: one / (m / 1769) * pm.platform.share_factor(m / 1769) * over[m] for m in sizes}})
+    before = pm.platform
+    note = scale_to_function(lg, PlanRequest(platform="local", transport="shm", profile_budget_s=600), pm, None)
+    assert "the model's own" in note and "1.29x the slow-down" in note and "1.15x the slow-down" in note
+    a, b = (m / 1769 for m in sizes)
+    for v, want in ((a / 2, 1.29), (a, 1.29), ((a + b) / 2, (1.29 + 1.15) / 2), (b, 1.15)):
+        assert pm.platform.share_factor(v) / before.share_factor(v) == pytest.approx(want, rel=0.02)
+    fading = [pm.platform.share_factor(v) / before.share_factor(v) for v in (0.7, 0.85, 0.99)]
+    assert 1.15 > fading[0] > fading[1] > fading[2] >= 1.0
+
+
+def test_a_second_size_is_timed_only_where_it_is_well_above_the_first_and_the_budget_holds_both(
+        lg: LayerGraph) -> None:
+    from serving.calibrate.stages import _WHOLE_SAMPLES, _WHOLE_WARMUP, _whole_stage, share_sizes
+
+    pm = _pm(lg)
+    assert share_sizes(pm, 128) == [128, 1027]
+    assert share_sizes(pm, 800) == [800]  # 1027 MB is not half as large again
+    whole = list(_whole_stage(lg))
+    both = sum(pm.estimate(whole, m).latency_ms for m in (128, 1769, 1027)) * (_WHOLE_SAMPLES + _WHOLE_WARMUP) / 1e3
+    assert share_sizes(pm, 128, budget_s=both * 1.1) == [128, 1027]
+    assert share_sizes(pm, 128, budget_s=both * 0.9) == [128]
 
 
 def test_no_share_timing_where_cpu_is_per_function_or_the_model_needs_half_a_core(lg: LayerGraph) -> None:

@@ -227,8 +227,8 @@ class ComputeModel:
             out = replace(out, part_overhead_ms=timed.ms - self.overhead_ms)
         if self.unit_join and abs(timed.join_scale - self.join_scale) > 1e-9:
             moved = replace(out, join_scale=timed.join_scale)
-            scales = {t: self.model_ms(t) / moved.model_ms(t) for t in {k for u in self.unit_ms for k in u}
-                      if moved.model_ms(t) > 0}
+            threads = {k for u in self.unit_ms for k in u}
+            scales = {t: self.model_ms(t) / after for t in threads if (after := moved.model_ms(t)) > 0}
             out = replace(moved, unit_ms=tuple({k: v * scales.get(k, 1.0) for k, v in u.items()}
                                                for u in self.unit_ms))
         return out

@@ -41,8 +41,8 @@ from partitioner.tail import quartile_ratio
 __all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocation", "cached_whole", "chain_choices",
            "live_correction_path", "load_live_correction", "load_stage_times", "overhead_from", "part_overhead_ms",
            "refine_on_target", "save_live_correction", "save_stage_times", "scale_to_function", "share_samples",
-           "share_sizes",
-           "solve_on_target", "stage_records", "stage_times_path", "whole_model_ms", "whole_model_timing"]
+           "share_sizes", "solve_on_target", "stage_records", "stage_times_path", "whole_model_ms",
+           "whole_model_timing"]
 
 log = logging.getLogger(__name__)
 
@@ -656,6 +656,7 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     compute, how = scale_to_whole(pm.compute, {t: ratio * pm.compute.model_ms(t) for t in threads})
     note = f"unit times {how.removeprefix('scaled to ')} in a one-vCPU function here ({ms[ref]:.1f} ms)"
     measured: list[tuple[float, float]] = []  # (nominal vCPU, factor) where the model's own was timed
+    overs: list[float] = []  # and each factor over the probe's there
     for m in low:
         if ms.get(m):
             v = m / p.mb_per_vcpu
@@ -665,11 +666,12 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
                 note += f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that (its CPU share's slow-down for this model)"
             elif auto and factor <= 4.0:
                 measured.append((v, factor))
-                note += (f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that, {factor / p.share_factor(v):.2f}x the "
-                         "slow-down calibrate's probe has there")
+                overs.append(factor / p.share_factor(v))
+                note += (f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that, {overs[-1]:.2f}x the slow-down "
+                         "calibrate's probe has there")
     if measured:
         note += ": planned below one vCPU with "
-        if any(abs(f / p.share_factor(v) - 1.0) > SHARE_MARGIN for v, f in measured) and steady:
+        if any(abs(over - 1.0) > SHARE_MARGIN for over in overs) and steady:
             pm.use_platform(p.with_model_shares(measured))
             note += "the model's own"
         elif not steady:

@@ -202,7 +202,7 @@ class Master:
                 f"send inference requests to the master"
             )
         rec = TraceRecorder()
-        t0 = rec.t0
+        t0, c0 = rec.t0, time.process_time()
         run = _RequestRun(self, event, rec)
         passed = self._passed_on(event.inputs)
         inputs: dict[str, Any] = reply_channel.receive([e for e in event.inputs if e.name not in passed], delete=True)
@@ -225,6 +225,8 @@ class Master:
         rec.add("outputs", None, None, t_out, t_end)
         timings = dict(run.timings)
         timings["total_ms"] = total_ms = 1e3 * (t_end - t0)
+        # the instance's CPU over the request, every thread: what its share stretches (the platform's top-up)
+        timings["cpu_ms"] = 1e3 * (time.process_time() - c0)
         timings["start_unix_ms"] = 1e3 * rec.t0_unix
         timings["fetched_bytes"] = float(run.fetched_bytes)
         timings["sent_bytes"] = float(run.sent_bytes)

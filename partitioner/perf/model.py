@@ -65,13 +65,12 @@ class _Missing(Enum):
 _MISSING = _Missing.MISSING
 
 
-def _option_key(choice: StageChoice, master_mb: int, relay: Relay, live: bool) -> tuple:
-    """The memo key of ``choice``'s figures with master ``master_mb`` (:meth:`PerfModel.option`): the master's
-    memory where they depend on it (its own part, its CPU, or a live correction), else 0; and the relay where
-    there is one."""
-    key = (choice, master_mb if choice.master_part or not choice.worker_mb or live else 0)
+def _option_key(choice: StageChoice, master_mb: int, relay: Relay) -> tuple:
+    """The memo key of ``choice``'s figures with master ``master_mb`` (:meth:`PerfModel.option`: ``master_mb``
+    already the master memory its figures depend on, :meth:`PerfModel.master_key`), and the relay where there
+    is one."""
+    key = (choice, master_mb)
     return key if relay == NO_RELAY else (*key, relay)
-
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,9 @@ class PerfModel:
         # keyed by (choice, master memory), and the relay where there is one (:meth:`relays`)
         self._options: dict[tuple, OptionCost | None] = {}
         # a master-free choice's figures (workers only, of their own memory) before any live correction
-        self._free: dict[StageChoice | tuple[StageChoice, Relay], OptionCost | None] = {}
+        self._free: dict[tuple, OptionCost | None] = {}
+        self._flat_mb: int | None = None  # :attr:`_flat_master_mb`, once asked
+        self._free_worst: dict[tuple, float] = {}  # a master-free choice's slowest worker at the percentile
         self._live_factors: dict[int, float] = {}
         # what _option shares between a choice's memories: its parts' figures (None: not admissible), its
         # workers' figures per worker memory, the CPU per function memory
@@ -172,6 +173,7 @@ class PerfModel:
         """Price every option on ``platform`` from now on (e.g. a CPU share's slow-down measured for this model
         on the target): the figures that depend on it are dropped."""
         self.platform = platform
+        self._flat_mb = None
         self._vcpu.clear()
         self._dispatch_at.clear()
         self._jitter_q = jitter_factor(platform.jitter_sigma, self.q)
@@ -186,6 +188,7 @@ class PerfModel:
             self.handling_ms = compute.invocation_overhead_ms
         self._options.clear()
         self._free.clear()
+        self._free_worst.clear()
         self._parts.clear()
         self._workers.clear()
         self._ratios.clear()
@@ -197,6 +200,7 @@ class PerfModel:
         self.stage_times = times
         self._options.clear()
         self._free.clear()
+        self._free_worst.clear()
         self._ratios.clear()
         self._measured_keys = None
         self._jitter_at.clear()
@@ -214,24 +218,54 @@ class PerfModel:
         return self._costs[key]
 
     def master_free(self, choice: StageChoice) -> bool:
-        """Whether :meth:`option` gives ``choice`` the same figures with every master memory: a stage only
-        workers of their own memory run is priced once, with the master it is first priced with (not under a
-        live correction, which depends on the master's memory)."""
-        return not choice.master_part and bool(choice.worker_mb) and not self.live
+        """Whether ``choice`` runs on workers of their own memory only (no part on the master). Its figures then
+        depend on the master's memory only through the master's CPU share, which sends the invocations and
+        reads the outputs (:meth:`master_key`)."""
+        return not choice.master_part and bool(choice.worker_mb)
+
+    def master_key(self, choice: StageChoice, master_mb: int) -> int:
+        """The master memory ``choice``'s figures with master ``master_mb`` depend on: ``master_mb`` where the
+        master runs a part, its workers take its memory or a live correction (by master memory) applies;
+        for a master-free choice, the master memory capped where more buys the master no more CPU (where
+        CPU is per function: 0, every master alike). A master-free stage was once priced with the first
+        master it met, whatever the plan's: the DLRM's two worker stages, first priced with a one-vCPU master,
+        left out a 128 MB master's handling at its share (live 34 ms billed, predicted 26)."""
+        if not self.master_free(choice) or self.live:
+            return master_mb
+        return min(master_mb, self._flat_master_mb)
+
+    @property
+    def _flat_master_mb(self) -> int:
+        """The master memory from which a master-free stage's figures are the same (see :meth:`master_key`).
+        They depend on it through the master's CPU per invocation (where calibrated: up to its last point's
+        vCPU) and, on a shared host, its handling at its share (up to one vCPU); 0: not at all (CPU per
+        function, or neither applies)."""
+        if self._flat_mb is None:
+            p = self.platform
+            vs = [v for v, _ in p.dispatch]
+            if self.cpu.per_function or not (p.shared_host or vs):
+                self._flat_mb = 0
+            else:
+                self._flat_mb = math.ceil(max([1.0 if p.shared_host else 0.0, *vs]) * p.mb_per_vcpu)
+        return self._flat_mb
 
     def option(self, choice: StageChoice, master_mb: int, *, memo: bool = True,
                relay: Relay = NO_RELAY) -> OptionCost | None:
-        """The model's figures for one stage choice (memoised per choice and master memory; once for every
-        master where :meth:`master_free`). ``memo``: False for figures not worth keeping (a solver's one look
-        at each of many choices): they are looked up, but not kept where not found; the figures are the same.
-        ``relay``: what its neighbours in a plan let it skip (:meth:`relays`); alone, a stage moves its edge
-        tensors through the master."""
-        key = _option_key(choice, master_mb, relay, bool(self.live))
-        fkey: StageChoice | tuple[StageChoice, Relay] = choice if relay == NO_RELAY else (choice, relay)
+        """The model's figures for one stage choice (memoised per choice and the master memory they depend on,
+        :meth:`master_key`). ``memo``: False for figures not worth keeping (a solver's one look at each of many
+        choices): they are looked up, but not kept where not found; the figures are the same. ``relay``: what
+        its neighbours in a plan let it skip (:meth:`relays`); alone, a stage moves its edge tensors through
+        the master."""
+        free = not choice.master_part and bool(choice.worker_mb)  # master_free, inlined: the solvers' hot path
+        flat_mb = min(master_mb, self._flat_master_mb) if free else master_mb
+        key = _option_key(choice, master_mb if self.live else flat_mb, relay)
         hit = self._options.get(key, _MISSING)
         if hit is _MISSING:
-            free = not choice.master_part and bool(choice.worker_mb)
+            # a master-free choice's figures before the live correction, which depends on the master's memory
+            fkey = _option_key(choice, flat_mb, relay) if free else key
             hit = self._free.get(fkey, _MISSING) if free else _MISSING
+            if hit is _MISSING and free and self.stage_times is None and master_mb < self._flat_master_mb:
+                hit = self._free[fkey] = self._free_at(choice, master_mb, relay)
             if hit is _MISSING:
                 hit = self._option(choice, master_mb, relay)
                 times = self.stage_times
@@ -243,13 +277,72 @@ class PerfModel:
                     hit = with_measured(hit, rec, self._ratio(choice.split.degree),
                                         model_ms=plain.stage_ms if plain is not None else None,
                                         model_cpu_ms=plain.master_cpu_ms if plain is not None else None)
-                if free:  # its figures before the live correction, which depends on the master's memory
+                if free:
                     self._free[fkey] = hit
             if hit is not None and self.live:
                 hit = _corrected(hit, self._live_at(master_mb))
-            if memo or self.master_free(choice):  # a master-free choice keeps the figures it was first priced with
+            if memo:  # a master-free choice's own figures are kept (in _free) either way
                 self._options[key] = hit
         return hit
+
+    def _free_at(self, choice: StageChoice, master_mb: int, relay: Relay) -> OptionCost | None:
+        """:meth:`_option` of a master-free ``choice`` with a master below :attr:`_flat_master_mb`, as
+        :meth:`free_figures` gives it."""
+        got = self.free_figures(choice, [master_mb], relay)
+        if got is None:
+            return self._option(choice, master_mb, relay)
+        latency, latency_q, base = got
+        sh = base.shape
+        assert sh is not None
+        n, d = sh.n, self.dispatch_at(master_mb)
+        moves = base.master_cpu_ms - n * sh.dispatch_ms
+        floor = (moves + n * d) * cpu_stretch(self._cpu(master_mb)) if self.platform.shared_host else 0.0
+        shape = StageShape(sh.put_ms, sh.master_ms, sh.worker_fixed, sh.worker_compute, d, sh.tail_ms, floor,
+                           sh.sigma, sh.shift_ms)
+        mean = float(latency[0])
+        return OptionCost(mean, float(latency_q[0]), base.worker_gb_ms, n, base.master_weights_mb,
+                          base.master_hold_mb, base.worker_need_mb, base.payload_bytes,
+                          mean - (base.latency_ms - base.stage_ms), base.measured, shape, moves + n * d)
+
+    def free_figures(self, choice: StageChoice, masters: Sequence[int], relay: Relay = NO_RELAY
+                     ) -> tuple[np.ndarray, np.ndarray, OptionCost] | None:
+        """A master-free ``choice``'s latency and percentile with each of ``masters`` at once (before any live
+        correction), and its figures with the flat master (:attr:`_flat_master_mb`), which hold the rest:
+        what the master's share changes is its sending, its reading and the floor its CPU puts under the
+        stage (the solvers price every such choice with every master size; this is their hot path). The
+        master's CPU per invocation is taken to fall as its share grows, so that the workers' wait (their
+        invoke latency and run) is what the flat master's figures leave beside its sending. None where the
+        choice is priced otherwise (not admissible, no worker, or stage timings measured on the target)."""
+        if not self.master_free(choice) or self.stage_times is not None:
+            return None
+        flat = self._flat_master_mb
+        fkey = _option_key(choice, flat, relay)
+        base = self._free.get(fkey, _MISSING)  # before any live correction
+        if base is _MISSING:
+            base = self._free[fkey] = self._option(choice, flat, relay)
+        if base is None or base.shape is None or not base.invocations:
+            return None
+        sh = base.shape
+        n, d_flat = sh.n, sh.dispatch_ms
+        ms = np.asarray(masters)
+        d = np.asarray([self.dispatch_at(int(m)) if m < flat else d_flat for m in masters])
+        moves = base.master_cpu_ms - n * d_flat  # put + get + join: the same with every master
+        wait = base.latency_ms - moves - (n - 1) * d_flat  # the slowest worker's invoke and run, at the least
+        if self.platform.shared_host:
+            stretch = np.asarray([cpu_stretch(self._cpu(int(m))) if m < flat else 1.0 for m in masters])
+            floor = (moves + n * d) * stretch
+        else:
+            floor = np.zeros(len(masters))
+        mean = np.maximum(moves + np.maximum(n * d, wait + (n - 1) * d), floor)
+        worst = self._free_worst.get((choice, relay))
+        if worst is None:
+            worst = self._free_worst[(choice, relay)] = workers_quantile(
+                sh.worker_fixed, sh.worker_compute, sh.sigma, self.platform.invoke, self.q, self.hedge)
+        # stage_quantile of the shape with this master's dispatch and floor (no part of its own to wait for)
+        q = (np.maximum(sh.put_ms + np.maximum(n * d, (n - 1) * d + worst) + sh.tail_ms, floor)
+             + sh.shift_ms) * self._jitter_q
+        at_flat = ms >= flat
+        return (np.where(at_flat, base.latency_ms, mean), np.where(at_flat, base.latency_q_ms, q), base)
 
     def _live_at(self, master_mb: int) -> float:
         """The live correction's factor at ``master_mb`` (memoised: the solvers ask it per option)."""
@@ -649,9 +742,8 @@ class PerfModel:
         inv = 0
         fits = True
         opts = self._options
-        live = bool(self.live)
         for ch, relay in zip(choices, self.relays(choices), strict=True):
-            oc = opts.get(_option_key(ch, master_mb, relay, live), _MISSING)
+            oc = opts.get(_option_key(ch, self.master_key(ch, master_mb), relay), _MISSING)
             if oc is _MISSING:
                 oc = self.option(ch, master_mb, relay=relay)
             if oc is None:

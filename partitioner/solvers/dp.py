@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -168,11 +168,44 @@ class _Alone:
 
 @dataclass(frozen=True)
 class _Free:
-    """Choices of one stage, split and placement that only workers of their own memory run: the same with
-    every master (:meth:`PerfModel.master_free`), priced once."""
+    """Choices of one stage, split and placement that only workers of their own memory run
+    (:meth:`PerfModel.master_free`): admitted once (their workers' memory holds their parts whatever the
+    master), their latencies priced with every master at once (:meth:`PerfModel.free_figures`: a row per
+    choice, a column per master), the rest of their figures the same with every master."""
 
     first: int
-    options: tuple[tuple[StageChoice, OptionCost], ...]
+    choices: tuple[StageChoice, ...]
+    latency: np.ndarray  # (choices, masters)
+    metric: np.ndarray  # what the search bounds: the latency or its percentile, (choices, masters)
+    gb_ms: np.ndarray  # (choices,): the workers' GB x billed ms
+    invocations: np.ndarray
+    weights: np.ndarray
+    hold: np.ndarray
+
+    @classmethod
+    def of(cls, space: SearchSpace, first: int, choices: Sequence[StageChoice], masters: Sequence[int]
+           ) -> _Free | None:
+        """The admissible ``choices`` priced with each of ``masters`` (None where none is admissible)."""
+        pm = space.pm
+        kept: list[StageChoice] = []
+        rows: list[tuple[np.ndarray, np.ndarray, OptionCost]] = []
+        for ch in choices:
+            got = pm.free_figures(ch, masters)
+            if got is None:  # priced one master at a time, as the model prices it
+                each = [pm.option(ch, m, memo=False) for m in masters]
+                if any(oc is None for oc in each):
+                    continue
+                ocs = [oc for oc in each if oc is not None]
+                got = (np.asarray([oc.latency_ms for oc in ocs]), np.asarray([oc.latency_q_ms for oc in ocs]), ocs[0])
+            if got[2].worker_need_mb <= ch.worker_mb:
+                kept.append(ch)
+                rows.append(got)
+        if not kept:
+            return None
+        latency = np.asarray([r[0] for r in rows])
+        return cls(first, tuple(kept), latency, np.asarray([r[1] for r in rows]) if pm.q_mode else latency,
+                   *(np.asarray([getattr(r[2], f) for r in rows], dtype=float)
+                     for f in ("worker_gb_ms", "invocations", "master_weights_mb", "master_hold_mb")))
 
 
 @dataclass(frozen=True)
@@ -219,9 +252,6 @@ class _Catalogue:
         mems = list(space.worker_memories or [])
         if 0 in mems:  # some workers of the master's memory: every choice priced with each master
             mems = []
-        # choices only workers run are priced once, with the first master they are priced with: the smallest
-        # where a larger master could slow its workers down (a shared host's cores), else the largest
-        first_mb = min(masters) if pm.platform.shared_host else max(masters)
         entries: list[tuple[_Entry, ...]] = [()]
         for j in range(1, space.n + 1):
             row: list[_Entry] = []
@@ -233,11 +263,8 @@ class _Catalogue:
                             continue
                         choices = [StageChoice(i, j - 1, split, master_part, int(w)) for w in mems]
                         if pm.master_free(choices[0]):
-                            priced = [(ch, pm.option(ch, first_mb)) for ch in choices]
-                            free = tuple((ch, oc) for ch, oc in priced
-                                         if oc is not None and oc.worker_need_mb <= ch.worker_mb)
-                            if free:
-                                row.append(_Free(i, free))
+                            if (free := _Free.of(space, i, choices, masters)) is not None:
+                                row.append(free)
                             continue
                         fl = pm.option_floors(i, j - 1, split, master_part, mems, masters)
                         if fl is None:
@@ -301,9 +328,8 @@ class _Catalogue:
                 if isinstance(e, _Alone):
                     floor = priced([pm.option(e.choice, m) for m in masters])
                 elif isinstance(e, _Free):
-                    figures = [(oc.latency_ms, _metric(space, oc), oc.worker_gb_ms, oc.invocations,
-                                oc.master_weights_mb, oc.master_hold_mb) for _, oc in e.options]
-                    floor = least(*(np.asarray(col, dtype=float)[:, None] for col in zip(*figures, strict=True)))
+                    floor = least(e.latency, e.metric, e.gb_ms[:, None], e.invocations[:, None], e.weights[:, None],
+                                  e.hold[:, None])
                 elif isinstance(e, _Bounded):
                     fl = e.floors
                     floor = least(fl.latency_ms(), fl.latency_q_ms() if pm.q_mode else fl.latency_ms(),
@@ -344,14 +370,22 @@ class _Catalogue:
 
         def admit(buckets: _Buckets, i: int, ch: StageChoice, oc: OptionCost | None, pos: int) -> bool:
             """Add ``oc`` to its bucket where the search takes it."""
-            if oc is None or oc.master_hold_mb > budget + 1e-9 or oc.master_weights_mb > budget + 1e-9:
+            if oc is None:
                 return False
-            dl = math.ceil(_metric(space, oc) / delta - 1e-9)
-            w = math.ceil(oc.master_weights_mb / step - 1e-9) if oc.master_weights_mb else 0
-            h = math.ceil(oc.master_hold_mb / step - 1e-9)
+            return take(buckets, i, ch, pos, _metric(space, oc), oc.latency_ms, oc.worker_gb_ms, oc.invocations,
+                        oc.master_weights_mb, oc.master_hold_mb)
+
+        def take(buckets: _Buckets, i: int, ch: StageChoice, pos: int, metric: float, latency: float,
+                 gb_ms: float, invocations: float, weights: float, hold: float) -> bool:
+            """:func:`admit` of a choice's figures."""
+            if hold > budget + 1e-9 or weights > budget + 1e-9:
+                return False
+            dl = math.ceil(metric / delta - 1e-9)
+            w = math.ceil(weights / step - 1e-9) if weights else 0
+            h = math.ceil(hold / step - 1e-9)
             if dl > nl or w + h > nb:
                 return False
-            c = (master_gb * oc.latency_ms + oc.worker_gb_ms) / 1e3 * price + oc.invocations * fee
+            c = (master_gb * latency + gb_ms) / 1e3 * price + invocations * fee
             buckets.setdefault((i, w, h), []).append((dl, c, pos, (i, ch, dl, w, h, c)))
             return True
 
@@ -363,8 +397,9 @@ class _Catalogue:
                     admit(buckets, e.first, e.choice, pm.option(e.choice, master_mb), pos)
                     pos += 1
                 elif isinstance(e, _Free):
-                    for ch, oc in e.options:
-                        admit(buckets, e.first, ch, oc, pos)
+                    for r, ch in enumerate(e.choices):
+                        take(buckets, e.first, ch, pos, float(e.metric[r, k]), float(e.latency[r, k]),
+                             float(e.gb_ms[r]), float(e.invocations[r]), float(e.weights[r]), float(e.hold[r]))
                         pos += 1
                 elif isinstance(e, _Each):
                     for ch, oc in space.split_options(e.first, j - 1, e.split, master_mb, placements=[e.master_part]):

@@ -113,6 +113,8 @@ def test_each_stage_forks_its_parts_to_their_functions_and_joins_them(bundles, r
     _check_outputs(d, got, x, reference)
     assert sorted((f, s, p) for f, s, p, _ in d.invoker.calls) == [("unit-worker-1", 0, 0), ("unit-worker-2", 0, 1)]
     assert reply.timings["invocations"] == 2 and "stage0_ms" in reply.timings
+    # the master's own CPU over the request (what its share stretches), within its stages' and beyond
+    assert reply.timings["cpu_ms"] >= reply.timings["stage0_cpu_ms"] > 0
     names = {(s.name, s.stage, s.part) for s in reply.trace}
     assert {("invoke", 0, 0), ("invoke", 0, 1), ("stage", 0, None), ("join", 0, None)} <= names
     assert d.shm.count(DEPLOYMENT) == 0  # inputs put for the parts and their outputs: all deleted

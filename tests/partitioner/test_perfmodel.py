@@ -402,23 +402,43 @@ def test_the_platform_kind_comes_from_the_profile() -> None:
 
 
 def test_a_live_correction_prices_a_workers_only_stage_at_each_masters_factor(convs: LayerGraph) -> None:
-    """A stage only workers run is priced once for every master, but a live correction depends on the master's
-    memory: the stage's figures under it are its own at each master's factor, whichever master came first."""
+    """A live correction depends on the master's memory: a stage only workers run is, under it, its own figures
+    with each master at that master's factor, whichever master came first."""
     from partitioner.live import LiveCorrection
 
     pm = PerfModel(convs, PlatformFacts.from_profile(load_profile("local")), ComputeModel.from_flops(convs),
                    transport="shm")
     fork = StageChoice(0, len(convs.units) - 1, Split("spatial", (2, 2)), False, 512)
-    plain = pm.option(fork, 1769)
-    assert plain is not None
+    plain = {mb: pm.option(fork, mb) for mb in (1769, 512)}
     pm.use_live(LiveCorrection().with_point(512, 2.0).with_point(1769, 1.0))
     for order in ((1769, 512), (512, 1769)):
         pm.use_live(pm.live)  # dropped the corrected figures: priced again in this order
         got = {mb: pm.option(fork, mb, memo=memo) for mb in order for memo in (False, True)}
-        assert got[1769] is not None and got[512] is not None
-        assert got[1769].latency_ms == pytest.approx(plain.latency_ms)
-        assert got[512].latency_ms == pytest.approx(2.0 * plain.latency_ms)
+        for mb, factor in ((1769, 1.0), (512, 2.0)):
+            was, now = plain[mb], got[mb]
+            assert was is not None and now is not None
+            assert now.latency_ms == pytest.approx(factor * was.latency_ms)
         assert pm.evaluate([fork], 512)[0] > pm.evaluate([fork], 1769)[0]
+
+
+def test_a_workers_only_stage_is_priced_with_the_masters_share_whichever_master_came_first(convs: LayerGraph
+                                                                                            ) -> None:
+    """A stage only workers run still needs the master to send its invocations and read its outputs, at the
+    master's CPU share: with a 128 MB master it costs more than with a one-vCPU one, in either order of pricing,
+    and alike for every master from one vCPU up (one memo entry)."""
+    facts = PlatformFacts.from_profile(load_profile("local"))
+    fork = StageChoice(0, len(convs.units) - 1, Split("spatial", (2, 2)), False, 512)
+    figures = []
+    for order in ((1769, 128, 3538), (128, 3538, 1769)):
+        pm = PerfModel(convs, facts, ComputeModel.from_flops(convs), transport="shm")
+        got = {mb: pm.option(fork, mb) for mb in order}
+        assert all(oc is not None for oc in got.values())
+        figures.append({mb: (oc.latency_ms, oc.master_cpu_ms) for mb, oc in got.items() if oc is not None})
+        assert got[128] is not None and got[1769] is not None
+        assert got[128].latency_ms > got[1769].latency_ms
+        assert got[3538] is got[1769]
+        assert pm.master_key(fork, 3538) == pm.master_key(fork, 1769) != pm.master_key(fork, 128)
+    assert figures[0] == figures[1]
 
 
 def test_a_live_factor_corrects_its_whole_regime_and_replaces_the_one_measured_there(convs: LayerGraph) -> None:

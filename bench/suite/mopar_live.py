@@ -281,18 +281,20 @@ def _whole_vcpu(pm: Any, memory_mb: int) -> bool:
 
 
 def _model_share(lg: Any, pm: Any, platform: str, say: Callable[[str], None]) -> str:
-    """Where CPU follows memory and the model fits a function well below one vCPU: the model timed in a
-    function at one vCPU and at the smallest size that holds it, and its own CPU-share slow-down planned with
-    where it is well off calibrate's probe's (either way), as ``flatpack deploy --memory auto`` plans it
+    """Where CPU follows memory and the model fits a function well below one vCPU: the model timed (now, not
+    from the cache) in a function at one vCPU and at the smallest size that holds it, and its own CPU-share
+    slow-down planned with where it is well off calibrate's probe's (either way), as ``flatpack deploy --memory
+    auto`` plans it
     (:func:`serving.calibrate.stages.scale_to_function`). ``pm`` changed in place; a note ("" if not timed)."""
     from partitioner.planner import PlanRequest
     from serving.calibrate.stages import scale_to_function, share_probe_mb
 
     if share_probe_mb(pm) is None:
         return ""
-    # the budget only lets the timing happen (a quarter of it bounds the timing): a benchmark times what it must
+    # the budget only lets the timing happen (a quarter of it bounds the timing): a benchmark times what it must,
+    # in its own run (max_age_s=0): the machine's speed below one vCPU drifts between runs, as its plans' does
     request = PlanRequest(platform=platform, transport="shm", profile_budget_s=3600)
-    note = scale_to_function(lg, request, pm, say)
+    note = scale_to_function(lg, request, pm, say, max_age_s=0.0)
     return f"; planned with {note}" if note else ""
 
 

@@ -24,6 +24,7 @@ import contextlib
 import itertools
 import logging
 import shutil
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,7 +43,7 @@ __all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocati
            "live_correction_path", "load_live_correction", "load_stage_times", "overhead_from", "part_overhead_ms",
            "refine_on_target", "save_live_correction", "save_stage_times", "scale_to_function", "share_samples",
            "share_sizes", "solve_on_target", "stage_records", "stage_times_path", "whole_model_ms",
-           "whole_model_timing"]
+           "whole_model_timing", "WHOLE_MAX_AGE_S"]
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +271,10 @@ _OVERHEAD_SAMPLES = 30
 #: block of requests to the next (an LSTM's, in blocks of 8 rounds: 5 % a block, either way), so 10 rounds
 #: left a plan's prediction below one vCPU as far off as the timing happened to fall
 SHARE_SAMPLES = 30
+#: a whole-model timing in a function is taken from the cache for this long (seconds), then timed again: the
+#: machine under a VM drifts, and a CPU share's slow-down with it (lstm-2/w2 at 204 MB read 1.18x its nominal
+#: share at 01:52 and 1.02x at 02:28 on one 2-core AMD EPYC, its unsplit plan then predicted 11 % high)
+WHOLE_MAX_AGE_S = 3600.0
 
 
 def _whole_stage(lg: Any) -> tuple[Any, ...]:
@@ -281,15 +286,16 @@ def _whole_stage(lg: Any) -> tuple[Any, ...]:
 
 
 def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = (), samples: int = _WHOLE_SAMPLES,
-                   warmup: int = _WHOLE_WARMUP, units_ms: float = 0.0, min_samples: int = 0) -> dict[int, float]:
+                   warmup: int = _WHOLE_WARMUP, units_ms: float = 0.0, min_samples: int = 0,
+                   max_age_s: float = WHOLE_MAX_AGE_S) -> dict[int, float]:
     """:func:`whole_model_timing`'s figures."""
     return whole_model_timing(lg, request, pm, memories=memories, samples=samples, warmup=warmup,
-                              units_ms=units_ms, min_samples=min_samples)[0]
+                              units_ms=units_ms, min_samples=min_samples, max_age_s=max_age_s)[0]
 
 
 def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = (),
                        samples: int = _WHOLE_SAMPLES, warmup: int = _WHOLE_WARMUP, units_ms: float = 0.0,
-                       min_samples: int = 0) -> tuple[dict[int, float], bool]:
+                       min_samples: int = 0, max_age_s: float = WHOLE_MAX_AGE_S) -> tuple[dict[int, float], bool]:
     """The whole model's compute in one function on the local platform (the running one, else one started
     for it), at one vCPU and at each of ``memories``: the median of its handler's stage time over ``samples``
     warm requests, requests to the sizes interleaved. Cached per model and platform beside the stage times,
@@ -297,7 +303,8 @@ def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int
     Repeats that agree do not show a machine that was busy for the whole timing: given ``units_ms`` (the
     units' one-thread profiled sum, at least :data:`_SUSPECT_MIN_MS`), a cached one-vCPU figure more than
     ``WHOLE_SUSPECT`` from it is timed again with every size, as the planning process's own timing is.
-    ``min_samples``: a cache timed over fewer requests than that is timed again (with ``samples``). ValueError
+    ``min_samples``: a cache timed over fewer requests than that is timed again (with ``samples``), as is one
+    older than ``max_age_s`` (0: every call times the model, as a benchmark comparing it with plans does). ValueError
     where the platform gives one vCPU for another memory than ``pm``'s facts do (:func:`_sells_cpu_as_modelled`).
 
     The unit profile is scaled to the whole model timed in the planning process, and the CPU share's slow-down
@@ -317,7 +324,7 @@ def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int
     ref = _one_vcpu_mb(p)
     sizes = [ref, *sorted({int(m) for m in memories if p.memory_min_mb <= int(m) <= p.memory_max_mb} - {ref})]
     path = stage_times_path(lg, pm, request.transport, _expected_cpu_limit()).with_suffix(".whole.json")
-    cached, cached_samples = cached_whole(path, min_samples)
+    cached, cached_samples = cached_whole(path, min_samples, max_age_s=max_age_s)
     if cached.get(ref) and units_ms >= _SUSPECT_MIN_MS and far_from_units(cached[ref], units_ms):
         log.info("%s: the whole model's cached time in a function, %.1f ms, is x%.2f its units' sum; timing it "
                  "again", lg.name, cached[ref], cached[ref] / units_ms)
@@ -495,12 +502,16 @@ def billed_excess(pm: Any, chain: Sequence[Any], memory_mb: int, timings: Sequen
     return float(np.median(gaps)) if gaps else 0.0
 
 
-def cached_whole(path: Path, min_samples: int = 0) -> tuple[dict[int, float], int]:
+def cached_whole(path: Path, min_samples: int = 0, *, max_age_s: float | None = None
+                 ) -> tuple[dict[int, float], int]:
     """The whole-model timings cached at ``path`` (ms by memory) and the requests each was timed over; none
-    where there are none, they cannot be read, or they were timed over fewer than ``min_samples``."""
+    where there are none, they cannot be read, they were timed over fewer than ``min_samples``, or (given
+    ``max_age_s``) written longer ago than that."""
     import json
 
     try:
+        if max_age_s is not None and time.time() - path.stat().st_mtime >= max_age_s:
+            return {}, 0
         doc = json.loads(path.read_text())
         samples = int(doc.get("samples", 0))
         if samples < min_samples:
@@ -612,7 +623,7 @@ def share_samples(pm: Any, mb: int, budget_s: float | None = None) -> int:
     return max(_WHOLE_SAMPLES, min(SHARE_SAMPLES, fit))
 
 
-def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
+def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any, *, max_age_s: float = WHOLE_MAX_AGE_S) -> str:
     """Rescale ``pm``'s unit times to the whole model timed in a one-vCPU function on the target, and its CPU
     share's slow-down at the memory the request fixes below one vCPU to the model's own there
     (:func:`whole_model_ms`); and take each part's compute overhead from the model cut into a chain of parts
@@ -627,7 +638,8 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     another CPU the probe loses more than every model does. Either way every plan of it below one vCPU would
     be priced off by the difference. Within the margin (the timing's own spread over its rounds) the probe's
     figure is kept, so that a plan does not follow timing noise: the cost of a function below one vCPU is so
-    flat in its memory that such noise would decide which size the cheapest plan takes."""
+    flat in its memory that such noise would decide which size the cheapest plan takes. ``max_age_s``: how
+    old a cached timing may be (:data:`WHOLE_MAX_AGE_S`; 0: timed now)."""
     from partitioner.planner import scale_to_whole
 
     p = pm.platform
@@ -645,7 +657,7 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any) -> str:
     one = pm.compute.model_ms(1)
     try:
         ms, steady = whole_model_timing(lg, request, pm, memories=low, units_ms=one, samples=n,
-                                        min_samples=n if probe is not None else 0)
+                                        min_samples=n if probe is not None else 0, max_age_s=max_age_s)
     except (OSError, ValueError, RuntimeError) as e:
         log.warning("could not time the whole model in a function (%s): unit times as profiled", e)
         return ""

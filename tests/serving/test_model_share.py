@@ -208,3 +208,22 @@ def test_a_cached_whole_model_timing_over_fewer_requests_than_the_share_needs_is
     assert cached_whole(path, min_samples=SHARE_SAMPLES) == ({1769: 30.0, 204: 400.0}, SHARE_SAMPLES)
     path.write_text("{not json")
     assert cached_whole(path) == ({}, 0)
+
+
+def test_a_cached_whole_model_timing_older_than_its_age_limit_is_timed_again(tmp_path: Path) -> None:
+    """A share's slow-down drifts with the machine: a timing written longer ago than the age limit (an hour by
+    default) is not taken, and a benchmark (age 0) never takes one."""
+    import os
+    import time
+
+    from serving.calibrate.stages import WHOLE_MAX_AGE_S, cached_whole
+
+    path = tmp_path / "m.whole.json"
+    path.write_text(json.dumps({"ms": {"1769": 30.0, "204": 400.0}, "samples": SHARE_SAMPLES}))
+    fresh = ({1769: 30.0, 204: 400.0}, SHARE_SAMPLES)
+    assert cached_whole(path, max_age_s=WHOLE_MAX_AGE_S) == fresh
+    assert cached_whole(path, max_age_s=0.0) == ({}, 0)
+    old = time.time() - WHOLE_MAX_AGE_S - 60
+    os.utime(path, (old, old))
+    assert cached_whole(path, max_age_s=WHOLE_MAX_AGE_S) == ({}, 0)
+    assert cached_whole(path) == fresh  # no limit asked

@@ -529,3 +529,37 @@ def test_a_tensor_one_worker_leaves_for_the_next_stages_workers_never_passes_thr
     tiles = [slices[0], StageChoice(1, last, Split("spatial", (2, 1)), False, 1769)]
     assert pm.relays(tiles)[1].arrives == cut[0]
     assert PerfModel(convs, facts, cm, transport="redis").relays(tiles) == (NO_RELAY,) * 2
+
+
+@pytest.mark.parametrize(("percentile", "hedge"), [(None, None), (0.99, None), (0.99, 0.95)])
+def test_a_workers_only_stage_priced_with_every_master_at_once_is_priced_as_one_at_a_time(
+        convs: LayerGraph, percentile: float | None, hedge: float | None) -> None:
+    """The SLO search prices a stage only workers run with every master at once (PerfModel.free_figures, from
+    its figures with a one-vCPU master); each master's figures are what the model gives that master alone,
+    its master's dispatch interpolated between calibrated points and its floor at its share."""
+    from dataclasses import replace
+
+    from partitioner.perf.options import NO_RELAY
+
+    facts = replace(PlatformFacts.from_profile(load_profile("local")), dispatch=((0.29, 0.074), (1.0, 0.018)))
+    pm = PerfModel(convs, facts, ComputeModel.from_flops(convs), transport="shm", percentile=percentile,
+                   hedge=hedge)
+    masters = [128, 300, 512, 1024, 1769, 3538]
+    checked = 0
+    for split in (Split("none", (1,)), Split("spatial", (2, 2)), Split("channel", (2,))):
+        for w in (128, 512, 1769):
+            choice = StageChoice(0, len(convs.units) - 1, split, False, w)
+            got = pm.free_figures(choice, masters)
+            if got is None:
+                continue
+            latency, latency_q, _ = got
+            for k, m in enumerate(masters):
+                alone = pm._option(choice, m, NO_RELAY)
+                assert alone is not None
+                assert latency[k] == pytest.approx(alone.latency_ms, rel=1e-12)
+                assert latency_q[k] == pytest.approx(alone.latency_q_ms, rel=1e-12)
+                oc = pm.option(choice, m)
+                assert oc is not None and oc.master_cpu_ms == pytest.approx(alone.master_cpu_ms, rel=1e-12)
+                checked += 1
+    assert checked >= len(masters) * 3
+    assert pm.free_figures(StageChoice(0, 1, Split("none", (1,)), True, 0), masters) is None  # the master's part

@@ -221,12 +221,14 @@ class PlatformProfile:
     vCPU, where the share's throttling makes each thread hand-off dearer; a single number is one vCPU's);
     ``handling_ms``: a function's
     own CPU (at one vCPU) per invocation it serves (the HTTP request, the event, the reply), which its
-    share stretches where it is below one vCPU; ``jitter_sigma``: the lognormal sigma of a fixed
+    share stretches where it is below one vCPU; ``stage_overhead_ms``: the master's CPU (at one vCPU) per
+    stage it forks beyond what each worker adds (its bookkeeping and joining: the fork probes' CPU at no
+    workers, by their line through the worker counts); ``jitter_sigma``: the lognormal sigma of a fixed
     computation's repeats in a function (the machine's speed as one request sees it; the tail model's
     request-wide factor).
     The performance model reads ``cpu_share`` (it corrects the nominal share below one vCPU), the plan's
-    transport from ``transports`` (its puts and gets), ``dispatch_ms`` and ``handling_ms`` (else its own
-    defaults), but not
+    transport from ``transports`` (its puts and gets), ``dispatch_ms``, ``handling_ms`` and
+    ``stage_overhead_ms`` (else its own defaults), but not
     ``cold_start_ms`` (the tail model takes the cold start it is given).
     """
 
@@ -251,6 +253,7 @@ class PlatformProfile:
     cpu_share: Mapping[int, float] = field(default_factory=dict)
     dispatch_ms: Mapping[int, float] = field(default_factory=dict)
     handling_ms: float | None = None
+    stage_overhead_ms: float | None = None
     jitter_sigma: float = 0.0
     cpu: CpuModel = field(default_factory=CpuModel)
 
@@ -346,6 +349,7 @@ class PlatformProfile:
                 cpu_share={int(k): float(v) for k, v in (d.get("cpu_share") or {}).items()},
                 dispatch_ms=_per_memory(d.get("dispatch_ms"), float(d["mb_per_vcpu"])),
                 handling_ms=None if d.get("handling_ms") is None else float(d["handling_ms"]),
+                stage_overhead_ms=None if d.get("stage_overhead_ms") is None else float(d["stage_overhead_ms"]),
                 jitter_sigma=float(d.get("jitter_sigma") or 0.0),
                 cpu=_cpu_model(d.get("cpu")),
             )

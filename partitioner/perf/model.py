@@ -899,10 +899,14 @@ class PerfModel:
 
 
 def _on_platform(compute: ComputeModel, platform: PlatformFacts) -> ComputeModel:
-    """``compute`` with ``platform``'s calibrated quotas above one vCPU (:meth:`ComputeModel.unit_time`)."""
-    if (compute.quota_factors, compute.quota_threads_cpu) == (platform.quota_factors, platform.quota_threads_cpu):
+    """``compute`` with ``platform``'s calibrated quotas above one vCPU (:meth:`ComputeModel.unit_time`) and, where
+    calibrated, its master's CPU per forked stage (``stage_overhead_ms``)."""
+    stage = compute.stage_overhead_ms if platform.stage_overhead_ms is None else platform.stage_overhead_ms
+    if ((compute.quota_factors, compute.quota_threads_cpu, compute.stage_overhead_ms)
+            == (platform.quota_factors, platform.quota_threads_cpu, stage)):
         return compute
-    return replace(compute, quota_factors=platform.quota_factors, quota_threads_cpu=platform.quota_threads_cpu)
+    return replace(compute, quota_factors=platform.quota_factors, quota_threads_cpu=platform.quota_threads_cpu,
+                   stage_overhead_ms=stage)
 
 
 def _choice_key(choice: StageChoice) -> tuple:

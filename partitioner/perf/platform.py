@@ -66,6 +66,8 @@ class PlatformFacts:
     dispatch: tuple[tuple[float, float], ...] = ()
     # calibrated: a function's CPU per invocation it serves (ms at one vCPU); None: the compute model's default
     handling_ms: float | None = None
+    # the master's CPU per forked stage beyond its workers' (calibrated at one vCPU); None: the compute model's
+    stage_overhead_ms: float | None = None
     # calibrated: the lognormal sigma of a fixed computation's repeats in a function, the machine's speed as
     # one request sees it (partitioner.tail.jitter_factor); 0: only the units' own spreads
     jitter_sigma: float = 0.0
@@ -204,6 +206,7 @@ class PlatformFacts:
                             for name, t in sorted(profile.transports.items())),
             dispatch=tuple(sorted((mb / profile.mb_per_vcpu, ms) for mb, ms in profile.dispatch_ms.items())),
             handling_ms=profile.handling_ms,
+            stage_overhead_ms=profile.stage_overhead_ms,
             jitter_sigma=profile.jitter_sigma,
         )
 

@@ -258,8 +258,16 @@ class Dispatch:
     samples: int
     transport: str
 
+    @property
+    def stage_ms(self) -> float:
+        """The master's CPU per stage beyond what each worker adds: its line through the worker counts at none
+        (at least 0)."""
+        (n1, c1), (n2, c2) = sorted(self.master_cpu_ms.items())[:2]
+        return max(0.0, c1 - n1 * (c2 - c1) / (n2 - n1))
+
     def to_json(self) -> dict[str, Any]:
-        return {"dispatch_ms": self.dispatch_ms, "master_cpu_ms": {str(k): v for k, v in self.master_cpu_ms.items()},
+        return {"dispatch_ms": self.dispatch_ms, "stage_ms": self.stage_ms,
+                "master_cpu_ms": {str(k): v for k, v in self.master_cpu_ms.items()},
                 "transfer_latency_ms": self.transfer_latency_ms, "memory_mb": self.memory_mb,
                 "samples": self.samples, "transport": self.transport}
 

@@ -163,6 +163,12 @@ def calibrated_profile_data(base: str | Path, cal: Calibration, where: Provenanc
             f"{by}; per master memory, fork probes (a small convolution split into tiles that workers run, "
             f"{d.transport}), {d.samples} requests each, interleaved: the master's median CPU per request "
             f"({cpus}) per added worker, less one put and one get ({d.transfer_latency_ms:.3f} ms each)")
+        # a stage's own CPU beyond its workers', at the first size measured: the probe's, one vCPU
+        data["stage_overhead_ms"] = _r(d.stage_ms)
+        sources["stage_overhead_ms"] = (
+            f"{by}; the same fork probes at {d.memory_mb} MB: the master's median CPU per request at no workers, "
+            f"on the line through {' and '.join(str(n) for n in sorted(d.master_cpu_ms))} workers (its "
+            f"bookkeeping and joining per stage, the whole input's one put of a spatial split included)")
     if cal.handling is not None:
         h = cal.handling
         data["handling_ms"] = _r(h.handling_ms)

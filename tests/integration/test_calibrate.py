@@ -76,6 +76,10 @@ def test_the_profile_loads_and_says_what_was_measured(calibrated: CalibrationRes
         assert set(d.master_cpu_ms) == {2, 4} and min(d.master_cpu_ms.values()) > 0
         assert prof.dispatch_ms[d.memory_mb] == pytest.approx(d.dispatch_ms, abs=1e-4)
         assert 0 <= prof.dispatch_ms[d.memory_mb] < d.master_cpu_ms[4]
+        # the line through both worker counts at none: the stage's own CPU beyond its workers'
+        slope = (d.master_cpu_ms[4] - d.master_cpu_ms[2]) / 2
+        assert d.stage_ms == pytest.approx(max(0.0, d.master_cpu_ms[2] - 2 * slope))
+    assert prof.stage_overhead_ms == pytest.approx(dispatch[0].stage_ms, abs=1e-4)  # one vCPU's (1769 MB)
     # the no-op at 512 MB against one vCPU: a function's own CPU per invocation (about 0 here, where the test
     # platform gives whole cores; bench perfmodel measures it with the share emulated)
     h = calibrated.calibration.handling
@@ -86,7 +90,7 @@ def test_the_profile_loads_and_says_what_was_measured(calibrated: CalibrationRes
     (share,) = calibrated.calibration.cpu_share
     assert share.jitter_sigma > 0 and prof.jitter_sigma == pytest.approx(share.jitter_sigma, abs=1e-4)
     for field in ("invoke_latency_ms", "billed_overhead_ms", "transports", "bandwidth_mb_s", "cold_start_ms",
-                  "cpu_share", "dispatch_ms", "handling_ms", "jitter_sigma"):
+                  "cpu_share", "dispatch_ms", "handling_ms", "stage_overhead_ms", "jitter_sigma"):
         assert prof.sources[field].startswith("measured by flatpack calibrate on "), field
     where = prof.sources["calibration"]
     assert socket.gethostname() in where and calibrated.provenance.date in where and "flatpack " in where
@@ -162,6 +166,7 @@ def test_plan_takes_the_calibrated_file(calibrated: CalibrationResult, tmp_path:
     # the master's CPU per worker and a function's per invocation: measured, not the defaults
     assert (pm.dispatch_at(1769), pm.dispatch_at(512)) == pytest.approx((prof.dispatch_ms[1769], prof.dispatch_ms[512]))
     assert pm.handling_ms == prof.handling_ms
+    assert pm.compute.stage_overhead_ms == prof.stage_overhead_ms
     assert pm.platform.jitter_sigma == prof.jitter_sigma > 0
 
 

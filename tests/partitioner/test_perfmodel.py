@@ -563,3 +563,22 @@ def test_a_workers_only_stage_priced_with_every_master_at_once_is_priced_as_one_
                 checked += 1
     assert checked >= len(masters) * 3
     assert pm.free_figures(StageChoice(0, 1, Split("none", (1,)), True, 0), masters) is None  # the master's part
+
+
+def test_a_calibrated_stage_overhead_is_the_masters_cpu_per_forked_stage(convs: LayerGraph) -> None:
+    """Where calibrate measured the master's CPU per stage beyond its workers' (the fork probes at no workers),
+    every split stage's join carries it in place of the compute model's default; elsewhere the default holds."""
+    from dataclasses import replace
+
+    facts = PlatformFacts.from_profile(load_profile("local"))
+    fork = StageChoice(0, len(convs.units) - 1, Split("spatial", (2, 2)), False, 1769)
+    plain = PerfModel(convs, facts, ComputeModel.from_flops(convs), transport="shm")
+    calibrated = PerfModel(convs, replace(facts, stage_overhead_ms=0.5), ComputeModel.from_flops(convs),
+                           transport="shm")
+    assert plain.compute.stage_overhead_ms == ComputeModel.from_flops(convs).stage_overhead_ms
+    assert calibrated.compute.stage_overhead_ms == 0.5
+    a, b = plain.option(fork, 1769), calibrated.option(fork, 1769)
+    assert a is not None and b is not None
+    extra = 0.5 - plain.compute.stage_overhead_ms
+    assert b.master_cpu_ms == pytest.approx(a.master_cpu_ms + extra)
+    assert b.latency_ms == pytest.approx(a.latency_ms + extra)

@@ -58,7 +58,8 @@ def test_a_profile_written_inline_loads_with_its_defaults(tmp_path: Path) -> Non
     assert p.memory == MemoryRange(128, 1024, 64)
     assert p.async_payload_limit_bytes == 1000  # defaults to the synchronous limit
     assert p.invoke_latency.mean == 15.0
-    assert (p.transports, p.cold_start_ms, p.cpu_share, p.dispatch_ms, p.handling_ms) == ({}, None, {}, {}, None)
+    assert (p.transports, p.cold_start_ms, p.cpu_share, p.dispatch_ms, p.handling_ms, p.stage_overhead_ms) == (
+        {}, None, {}, {}, None, None)
     assert p.vcpus(512) == 0.5 and p.vcpus(4096) == 2.0  # capped at max_vcpu
     assert p.billed_ms(130) == 200 and p.billed_ms(0) == 100
     assert p.cost(1024, 100, requests=1) == pytest.approx(0.1 * 1e-5 + 2e-7)
@@ -67,10 +68,11 @@ def test_a_profile_written_inline_loads_with_its_defaults(tmp_path: Path) -> Non
 def test_optional_calibrated_fields_are_read(tmp_path: Path) -> None:
     doc = {**MINIMAL, "transports": {"shm": {"latency_ms": 0.1, "bandwidth_mb_s": 2000}},
            "cold_start_ms": 250, "cpu_share": {512: 2.1}, "dispatch_ms": 0.4, "handling_ms": 0.2,
-           "jitter_sigma": 0.05}
+           "stage_overhead_ms": 0.35, "jitter_sigma": 0.05}
     p = load_profile(_write(tmp_path, doc))
     assert p.transports["shm"].bandwidth_mb_s == 2000 and p.cold_start_ms == 250
     assert p.cpu_share == {512: 2.1} and p.handling_ms == 0.2 and p.jitter_sigma == 0.05
+    assert p.stage_overhead_ms == 0.35
     assert p.dispatch_ms == {1024: 0.4}  # one number is one vCPU's figure
     per_size = load_profile(_write(tmp_path, {**doc, "dispatch_ms": {256: 1.5, 1024: 0.4}}, "sized.yaml"))
     assert per_size.dispatch_ms == {256: 1.5, 1024: 0.4}

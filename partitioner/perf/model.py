@@ -151,6 +151,7 @@ class PerfModel:
         self._free: dict[tuple, OptionCost | None] = {}
         self._flat_mb: int | None = None  # :attr:`_flat_master_mb`, once asked
         self._free_worst: dict[tuple, float] = {}  # a master-free choice's slowest worker at the percentile
+        self._free_raw: dict[tuple, OptionCost | None] = {}  # its own figures with the flat master (free_figures)
         self._live_factors: dict[int, float] = {}
         # what _option shares between a choice's memories: its parts' figures (None: not admissible), its
         # workers' figures per worker memory, the CPU per function memory
@@ -189,6 +190,7 @@ class PerfModel:
         self._options.clear()
         self._free.clear()
         self._free_worst.clear()
+        self._free_raw.clear()
         self._parts.clear()
         self._workers.clear()
         self._ratios.clear()
@@ -201,6 +203,7 @@ class PerfModel:
         self._options.clear()
         self._free.clear()
         self._free_worst.clear()
+        self._free_raw.clear()
         self._ratios.clear()
         self._measured_keys = None
         self._jitter_at.clear()
@@ -311,15 +314,23 @@ class PerfModel:
         what the master's share changes is its sending, its reading and the floor its CPU puts under the
         stage (the solvers price every such choice with every master size; this is their hot path). The
         master's CPU per invocation is taken to fall as its share grows, so that the workers' wait (their
-        invoke latency and run) is what the flat master's figures leave beside its sending. None where the
-        choice is priced otherwise (not admissible, no worker, or stage timings measured on the target)."""
-        if not self.master_free(choice) or self.stage_times is not None:
+        invoke latency and run) is what the flat master's figures leave beside its sending. With stage timings
+        measured on the target, an unmeasured split stage moves by its degree's measured ratio, as
+        :func:`partitioner.stage_times.with_measured` moves it. None where the choice is priced otherwise (not
+        admissible, no worker, coded, or timed on the target)."""
+        times = self.stage_times
+        if not self.master_free(choice) or (times is not None and choice.plain is not choice):
             return None
         flat = self._flat_master_mb
-        fkey = _option_key(choice, flat, relay)
-        base = self._free.get(fkey, _MISSING)  # before any live correction
+        # a stage only workers run is timed once for every master (stage_key): its measured time replaces the
+        # model's, the master's share included
+        if times is not None and times.get(stage_key(choice.first, choice.last, choice.split, choice.master_part,
+                                                     choice.worker_mb, flat)) is not None:
+            return None
+        rkey = (choice, relay)
+        base = self._free_raw.get(rkey, _MISSING)  # the model's own figures with the flat master
         if base is _MISSING:
-            base = self._free[fkey] = self._option(choice, flat, relay)
+            base = self._free_raw[rkey] = self._option(choice, flat, relay)
         if base is None or base.shape is None or not base.invocations:
             return None
         sh = base.shape
@@ -342,7 +353,12 @@ class PerfModel:
         q = (np.maximum(sh.put_ms + np.maximum(n * d, (n - 1) * d + worst) + sh.tail_ms, floor)
              + sh.shift_ms) * self._jitter_q
         at_flat = ms >= flat
-        return (np.where(at_flat, base.latency_ms, mean), np.where(at_flat, base.latency_q_ms, q), base)
+        mean, q = np.where(at_flat, base.latency_ms, mean), np.where(at_flat, base.latency_q_ms, q)
+        ratio = self._ratio(choice.split.degree) if times is not None else None
+        if ratio is not None:  # with_measured's shift of the stage time, the join untimed
+            shift = (ratio - 1.0) * (mean - (base.latency_ms - base.stage_ms))
+            mean, q = mean + shift, q + shift
+        return mean, q, base
 
     def _live_at(self, master_mb: int) -> float:
         """The live correction's factor at ``master_mb`` (memoised: the solvers ask it per option)."""

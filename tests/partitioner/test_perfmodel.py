@@ -582,3 +582,35 @@ def test_a_calibrated_stage_overhead_is_the_masters_cpu_per_forked_stage(convs: 
     extra = 0.5 - plain.compute.stage_overhead_ms
     assert b.master_cpu_ms == pytest.approx(a.master_cpu_ms + extra)
     assert b.latency_ms == pytest.approx(a.latency_ms + extra)
+
+
+def test_with_stage_timings_a_workers_only_stage_priced_with_every_master_moves_as_each_master_prices_it(
+        convs: LayerGraph) -> None:
+    """With stages timed on the target, an unmeasured split stage only workers run moves by its degree's
+    measured ratio with every master at once as with each alone; one timed itself is priced master by master
+    (free_figures says None)."""
+    from dataclasses import replace
+
+    from partitioner.stage_times import StageRecord, StageTimes
+
+    facts = replace(PlatformFacts.from_profile(load_profile("local")), dispatch=((0.29, 0.074), (1.0, 0.018)))
+    pm = PerfModel(convs, facts, ComputeModel.from_flops(convs), transport="shm")
+    last = len(convs.units) - 1
+    timed = StageRecord(0, last, Split("channel", (2,)), True, 0, 1769, 30.0, 20.0, 10, 1.1, None, None, None)
+    pm.use_stage_times(StageTimes({}))
+    pm.stage_times.add(timed)  # type: ignore[union-attr]
+    masters = [128, 512, 1024, 1769, 3538]
+    fork = StageChoice(0, last, Split("spatial", (2, 1)), False, 512)
+    got = pm.free_figures(fork, masters)
+    assert got is not None
+    for k, m in enumerate(masters):
+        oc = pm.option(fork, m)
+        assert oc is not None and not oc.measured
+        assert got[0][k] == pytest.approx(oc.latency_ms, rel=1e-12)
+        assert got[1][k] == pytest.approx(oc.latency_q_ms, rel=1e-12)
+    pm.stage_times.add(StageRecord(0, last, Split("spatial", (2, 1)), False, 512, 1769, 9.0, 8.0, 10, 1.1,  # type: ignore[union-attr]
+                                   None, None, None))
+    pm.use_stage_times(pm.stage_times)
+    assert pm.free_figures(fork, masters) is None
+    measured = pm.option(fork, 128)
+    assert measured is not None and measured.measured

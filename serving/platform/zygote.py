@@ -210,34 +210,52 @@ class Zygote:
         log.info("zygote %d (%s) ready", self._proc.pid, self.python)
 
     def _spawn(self, env: Mapping[str, str], cgroups: Sequence[Path], fds: Sequence[int]) -> int:
+        msg = json.dumps({"env": dict(env), "cgroups": [str(p) for p in cgroups]}).encode()
         with self._lock:
-            if self.failed is not None:
-                raise ZygoteUnavailable(self.failed)
-            if self._proc is None or self._proc.poll() is not None:
-                if self._proc is not None:
-                    log.warning("zygote %d exited (code %s); starting another", self._proc.pid, self._proc.returncode)
-                    self._stop()
+            # twice at most: a zygote killed a moment ago can still look alive to poll() and then drop the
+            # request (the socket closes under it); a new one is started for the second try
+            for attempt in (1, 2):
+                self._ensure_started()
+                assert self._sock is not None
                 try:
-                    self._start()
-                except (OSError, ZygoteUnavailable) as e:
-                    self.failed = str(e)
-                    log.warning("%s; the platform starts instances as new processes from now on", e)
-                    raise ZygoteUnavailable(self.failed) from e
-            assert self._sock is not None
-            msg = json.dumps({"env": dict(env), "cgroups": [str(p) for p in cgroups]}).encode()
-            try:
-                socket.send_fds(self._sock, [msg], list(fds))
-                reply = json.loads(self._sock.recv(_MAX_REPLY) or b"{}")
-            except (OSError, ValueError) as e:
-                self._stop()
-                log.warning("the zygote did not answer (%s): starting this instance as a new process", e)
-                raise ZygoteUnavailable(f"the zygote did not answer: {e}") from e
+                    socket.send_fds(self._sock, [msg], list(fds))
+                    reply = json.loads(self._sock.recv(_MAX_REPLY) or b"{}")
+                except (OSError, ValueError) as e:
+                    self._stop()
+                    if attempt == 1:
+                        log.warning("the zygote did not answer (%s): starting another", e)
+                        continue
+                    log.warning("the zygote did not answer (%s): starting this instance as a new process", e)
+                    raise ZygoteUnavailable(f"the zygote did not answer: {e}") from e
+                if "pid" not in reply and attempt == 1 and self._proc is not None and self._proc.poll() is not None:
+                    log.warning("zygote %d exited with the request (code %s); starting another", self._proc.pid,
+                                self._proc.returncode)
+                    self._stop()
+                    continue
+                break
         if "pid" not in reply:
             why = reply.get("error", "it exited")
             log.warning("the zygote refused an instance (%s): starting it as a new process", why)
             raise ZygoteUnavailable(f"the zygote refused: {why}")
         self.spawned += 1
         return int(reply["pid"])
+
+    def _ensure_started(self) -> None:
+        """A running zygote (the lock held): started again where it exited; ZygoteUnavailable, for good, where
+        it cannot start."""
+        if self.failed is not None:
+            raise ZygoteUnavailable(self.failed)
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        if self._proc is not None:
+            log.warning("zygote %d exited (code %s); starting another", self._proc.pid, self._proc.returncode)
+            self._stop()
+        try:
+            self._start()
+        except (OSError, ZygoteUnavailable) as e:
+            self.failed = str(e)
+            log.warning("%s; the platform starts instances as new processes from now on", e)
+            raise ZygoteUnavailable(self.failed) from e
 
     async def spawn(self, env: Mapping[str, str], cgroups: Sequence[Path] = ()) -> ForkedProcess:
         """An instance with ``env`` in ``cgroups`` (their ``cgroup.procs`` files) and three new pipes."""

@@ -148,6 +148,27 @@ def test_a_dead_zygote_is_started_again_and_one_that_cannot_start_leaves_instanc
             d.remove()
 
 
+def test_a_zygote_that_drops_a_request_is_replaced_and_the_instance_still_forked(shm_root: Path, bundles) -> None:
+    """A zygote killed a moment before a request can still look alive and then drop it: the platform starts
+    another and forks the instance from that one, rather than falling back to a new process (a CI run on a
+    loaded machine saw the killed zygote's successor missing). Here the zygote is stopped (alive, answering
+    nothing) and the platform's end of its socket shut, which drops the request the same way, every time."""
+    with _tiny_on(shm_root, bundles) as (p, d):
+        _invoke(p, d, "worker-1")
+        zygote = p.service.zygote
+        assert zygote is not None and zygote._sock is not None
+        first = zygote.pid
+        pid = _instance(p, d.names["worker-1"])["pid"]
+        assert first is not None
+        os.kill(first, signal.SIGSTOP)
+        zygote._sock.shutdown(socket.SHUT_RDWR)
+        os.kill(pid, signal.SIGKILL)
+        _wait(lambda: not pid_alive(pid), "the killed instance ended")
+        np.testing.assert_array_equal(_invoke(p, d, "worker-1"), Y)
+        assert zygote.pid not in (None, first) and zygote.failed is None
+        assert _instance(p, d.names["worker-1"])["forked"]
+
+
 def test_the_platform_can_be_told_to_start_every_instance_as_a_new_process(shm_root: Path, bundles) -> None:
     config = PlatformConfig.from_env({"FLATPACK_PLATFORM_ZYGOTE": "0"}, port=0, shm_dir=shm_root, cpu_limit="off")
     with _tiny_on(shm_root, bundles, config) as (p, d):

@@ -151,7 +151,8 @@ class PerfModel:
         self._free: dict[tuple, OptionCost | None] = {}
         self._flat_mb: int | None = None  # :attr:`_flat_master_mb`, once asked
         self._free_worst: dict[tuple, float] = {}  # a master-free choice's slowest worker at the percentile
-        self._free_raw: dict[tuple, OptionCost | None] = {}  # its own figures with the flat master (free_figures)
+        # with stage timings from the target, its own figures with the flat master before them (free_figures)
+        self._free_raw: dict[tuple, OptionCost | None] = {}
         self._live_factors: dict[int, float] = {}
         # what _option shares between a choice's memories: its parts' figures (None: not admissible), its
         # workers' figures per worker memory, the CPU per function memory
@@ -230,9 +231,8 @@ class PerfModel:
         """The master memory ``choice``'s figures with master ``master_mb`` depend on: ``master_mb`` where the
         master runs a part, its workers take its memory or a live correction (by master memory) applies;
         for a master-free choice, the master memory capped where more buys the master no more CPU (where
-        CPU is per function: 0, every master alike). A master-free stage was once priced with the first
-        master it met, whatever the plan's: the DLRM's two worker stages, first priced with a one-vCPU master,
-        left out a 128 MB master's handling at its share (live 34 ms billed, predicted 26)."""
+        CPU is per function: 0, every master alike): the master sends its invocations and reads its outputs at
+        its own share."""
         if not self.master_free(choice) or self.live:
             return master_mb
         return min(master_mb, self._flat_master_mb)
@@ -291,21 +291,20 @@ class PerfModel:
     def _free_at(self, choice: StageChoice, master_mb: int, relay: Relay) -> OptionCost | None:
         """:meth:`_option` of a master-free ``choice`` with a master below :attr:`_flat_master_mb`, as
         :meth:`free_figures` gives it."""
-        got = self.free_figures(choice, [master_mb], relay)
-        if got is None:
+        terms = self._free_terms(choice, [master_mb], relay)
+        if terms is None:
             return self._option(choice, master_mb, relay)
-        latency, latency_q, base = got
+        base, d, floor, latency, latency_q = terms
         sh = base.shape
         assert sh is not None
-        n, d = sh.n, self.dispatch_at(master_mb)
-        moves = base.master_cpu_ms - n * sh.dispatch_ms
-        floor = (moves + n * d) * cpu_stretch(self._cpu(master_mb)) if self.platform.shared_host else 0.0
-        shape = StageShape(sh.put_ms, sh.master_ms, sh.worker_fixed, sh.worker_compute, d, sh.tail_ms, floor,
-                           sh.sigma, sh.shift_ms)
+        n = sh.n
+        shape = StageShape(sh.put_ms, sh.master_ms, sh.worker_fixed, sh.worker_compute, float(d[0]), sh.tail_ms,
+                           float(floor[0]), sh.sigma, sh.shift_ms)
         mean = float(latency[0])
+        moves = base.master_cpu_ms - n * sh.dispatch_ms
         return OptionCost(mean, float(latency_q[0]), base.worker_gb_ms, n, base.master_weights_mb,
                           base.master_hold_mb, base.worker_need_mb, base.payload_bytes,
-                          mean - (base.latency_ms - base.stage_ms), base.measured, shape, moves + n * d)
+                          mean - (base.latency_ms - base.stage_ms), base.measured, shape, moves + n * float(d[0]))
 
     def free_figures(self, choice: StageChoice, masters: Sequence[int], relay: Relay = NO_RELAY
                      ) -> tuple[np.ndarray, np.ndarray, OptionCost] | None:
@@ -318,6 +317,16 @@ class PerfModel:
         measured on the target, an unmeasured split stage moves by its degree's measured ratio, as
         :func:`partitioner.stage_times.with_measured` moves it. None where the choice is priced otherwise (not
         admissible, no worker, coded, or timed on the target)."""
+        terms = self._free_terms(choice, masters, relay)
+        if terms is None:
+            return None
+        base, _, _, mean, q = terms
+        return mean, q, base
+
+    def _free_terms(self, choice: StageChoice, masters: Sequence[int], relay: Relay
+                    ) -> tuple[OptionCost, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`free_figures` with the master's dispatch and floor at each of ``masters``: (the flat master's
+        figures, dispatch, floor, latency, percentile)."""
         times = self.stage_times
         if not self.master_free(choice) or (times is not None and choice.plain is not choice):
             return None
@@ -327,10 +336,12 @@ class PerfModel:
         if times is not None and times.get(stage_key(choice.first, choice.last, choice.split, choice.master_part,
                                                      choice.worker_mb, flat)) is not None:
             return None
-        rkey = (choice, relay)
-        base = self._free_raw.get(rkey, _MISSING)  # the model's own figures with the flat master
+        # the model's own figures with the flat master: option()'s where nothing was timed on the target
+        raw = self._free if times is None else self._free_raw
+        rkey = _option_key(choice, flat, relay)
+        base = raw.get(rkey, _MISSING)
         if base is _MISSING:
-            base = self._free_raw[rkey] = self._option(choice, flat, relay)
+            base = raw[rkey] = self._option(choice, flat, relay)
         if base is None or base.shape is None or not base.invocations:
             return None
         sh = base.shape
@@ -358,7 +369,7 @@ class PerfModel:
         if ratio is not None:  # with_measured's shift of the stage time, the join untimed
             shift = (ratio - 1.0) * (mean - (base.latency_ms - base.stage_ms))
             mean, q = mean + shift, q + shift
-        return mean, q, base
+        return base, d, floor, mean, q
 
     def _live_at(self, master_mb: int) -> float:
         """The live correction's factor at ``master_mb`` (memoised: the solvers ask it per option)."""

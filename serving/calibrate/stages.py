@@ -272,8 +272,7 @@ _OVERHEAD_SAMPLES = 30
 #: left a plan's prediction below one vCPU as far off as the timing happened to fall
 SHARE_SAMPLES = 30
 #: a whole-model timing in a function is taken from the cache for this long (seconds), then timed again: the
-#: machine under a VM drifts, and a CPU share's slow-down with it (lstm-2/w2 at 204 MB read 1.18x its nominal
-#: share at 01:52 and 1.02x at 02:28 on one 2-core AMD EPYC, its unsplit plan then predicted 11 % high)
+#: machine under a VM drifts, and a CPU share's slow-down with it
 WHOLE_MAX_AGE_S = 3600.0
 
 

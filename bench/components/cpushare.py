@@ -4,9 +4,9 @@ An embedded local platform is measured by ``flatpack calibrate``'s own CPU-share
 (:func:`serving.calibrate.measure.measure_cpu_share`). A fixed one-thread computation (512 x 512 MatMuls,
 about 25 ms on one core) is deployed at each memory size and at the reference size, which buys one whole
 vCPU (1769 MB on the Lambda-like profile). Warm requests go to each in turn, round after round, so that the
-machine's drift hits every size alike. A size's slow-down is its median metered duration (the instance's
-own run, as billed) over the reference's. The profile expects ``mb_per_vcpu / memory_mb``: the share is a
-fraction of one core, and one thread can use no more.
+machine's drift hits every size alike. A size's slow-down is its trimmed mean metered duration (the
+instance's own run, as billed; the slowest and fastest tenth left out) over the reference's. The profile
+expects ``mb_per_vcpu / memory_mb``: the share is a fraction of one core, and one thread can use no more.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def measure(memories: Sequence[int] = (256, 512, 1024), *, reference_mb: int | N
             layers: int = 8, cpu_limit: str = "auto", profile: str = "local",
             together_counts: Sequence[int] = (), together_mb: int = 512,
             say: Callable[[str], None] = lambda _: None) -> CpuShareResult:
-    """Median duration per memory size against the reference size's, on an embedded local platform; and,
+    """Trimmed mean duration per memory size against the reference size's, on an embedded local platform; and,
     for each of ``together_counts``, that many instances at ``together_mb`` computing at once
     (:class:`TogetherRow`): where their shares stop fitting this machine's cores."""
     from serving.calibrate.measure import CalibrationSettings, measure_cpu_share

@@ -57,6 +57,7 @@ import numpy as np
 
 from functions.errors import TransportError
 from functions.plan import TensorSpec
+from partitioner.tail import ratio_of_means, trimmed_mean
 from platforms import MB, ExGauss, PlatformProfile, TransferCost
 from platforms.profile import vcpus_for
 from serving.calibrate.fit import fit_transfer
@@ -159,14 +160,15 @@ class CalibrationSettings:
     @classmethod
     def from_samples(cls, samples: int, **overrides: Any) -> CalibrationSettings:
         """Settings scaled from one figure, ``samples`` warm no-op round trips: a tenth of it per transfer
-        size, a sixth per CPU-share size (3 to 10), one cold start per 40 (2 to 10)."""
+        size, a fifth per CPU-share size (3 to 40), one cold start per 40 (2 to 10)."""
         base: dict[str, Any] = {
             "invoke_samples": samples,
             "transfer_samples": max(3, samples // 10),
             "cold_starts": max(2, min(10, samples // 40)),
-            # the CPU share's slow-down prices every plan below one vCPU, and a few repeats under-read it
-            # (a busy moment in any one of them pulls the ratio down): at least 3, up to 10
-            "cpu_samples": max(3, min(10, samples // 6)),
+            # the CPU share's slow-down prices every plan below one vCPU: a ratio of two timings, each of which
+            # moves with the machine's speed; 40 rounds put three calibrations within 2 % of each other on a
+            # 2-core Xeon whose speed flipped between two modes (10 rounds: 8 %). At least 3, up to 40
+            "cpu_samples": max(3, min(40, samples // 5)),
             # the dispatch cost is a median of a difference of two timings, each noisy at this scale: it
             # needs at least 20 requests to settle
             "dispatch_samples": max(3, min(40, max(20, samples // 5))),
@@ -220,8 +222,9 @@ class TensorMoves:
 
 @dataclass(frozen=True)
 class CpuShare:
-    """A fixed computation at ``memory_mb`` against the same at one vCPU (``reference_mb``): median
-    metered ms of each, their ratio, and what the profile's CPU-per-MB rule expects."""
+    """A fixed computation at ``memory_mb`` against the same at one vCPU (``reference_mb``), timed in the same
+    rounds: the trimmed mean metered ms of each (``partitioner.tail.trimmed_mean``), their ratio with its
+    relative standard error over the rounds (``ratio_se``), and what the profile's CPU-per-MB rule expects."""
 
     memory_mb: int
     reference_mb: int
@@ -233,6 +236,7 @@ class CpuShare:
     # the spread of the computation's repeats at both sizes: the standard deviation of their log durations
     # around each size's median (the lognormal sigma of the machine's speed as one request sees it)
     jitter_sigma: float = 0.0
+    ratio_se: float | None = None  # None: not known (fewer than 3 rounds)
 
     @property
     def measured_slowdown(self) -> float:
@@ -242,7 +246,7 @@ class CpuShare:
         return {"memory_mb": self.memory_mb, "reference_mb": self.reference_mb, "ms": self.ms,
                 "reference_ms": self.reference_ms, "expected_slowdown": self.expected_slowdown,
                 "measured_slowdown": self.measured_slowdown, "samples": self.samples, "metered": self.metered,
-                "jitter_sigma": self.jitter_sigma}
+                "jitter_sigma": self.jitter_sigma, "ratio_se": self.ratio_se}
 
 
 @dataclass(frozen=True)
@@ -587,7 +591,8 @@ def measure_cpu_share_on(target: CalibrationTarget, settings: CalibrationSetting
                          reference_mb: int | None = None, max_vcpu: float | None = None) -> tuple[CpuShare, ...]:
     """A fixed computation (``compute_n`` x ``compute_layers`` MatMuls) timed at one vCPU (``mb_per_vcpu``,
     within ``memory_range``) and at each of ``cpu_share_mb``, interleaved so that both see the same
-    machine load; the median duration of each, as the platform reports it (see :class:`Usage`). Above one
+    machine load; the trimmed mean duration of each, as the platform reports it (see :class:`Usage`), and
+    their ratio's standard error over the rounds (``partitioner.tail.ratio_of_means``). Above one
     vCPU a function runs as many threads as its vCPUs' ceiling (``platforms.threads_for``); sizes whose
     vCPUs would pass ``max_vcpu`` (the platform's cap, or the cores of the machine it shares) are left out:
     they would measure the cap again.
@@ -626,14 +631,17 @@ def measure_cpu_share_on(target: CalibrationTarget, settings: CalibrationSetting
     finally:
         for p in probes.values():
             p.close()
-    ref = _median(times[ref_mb])
+    ref = trimmed_mean(times[ref_mb])
 
     def expected(m: int) -> float:
         return min(1.0, ref_mb / mb_per_vcpu) / (m / mb_per_vcpu)
 
-    return tuple(CpuShare(m, ref_mb, _median(times[m]), ref, expected(m), settings.cpu_samples, metered,
-                          jitter_sigma(times[m], times[ref_mb]))
-                 for m in sizes)
+    def share(m: int) -> CpuShare:
+        _, se = ratio_of_means(times[m], times[ref_mb])
+        return CpuShare(m, ref_mb, trimmed_mean(times[m]), ref, expected(m), settings.cpu_samples, metered,
+                        jitter_sigma(times[m], times[ref_mb]), se if math.isfinite(se) else None)
+
+    return tuple(share(m) for m in sizes)
 
 
 def jitter_sigma(*runs: Sequence[float]) -> float:

@@ -139,13 +139,14 @@ def calibrated_profile_data(base: str | Path, cal: Calibration, where: Provenanc
         kept = _kept(data.get("cpu_share"), {c.memory_mb for c in cal.cpu_share})
         data["cpu_share"] = {**(data.get("cpu_share") or {}),
                              **{c.memory_mb: _r(c.measured_slowdown) for c in cal.cpu_share}}
-        shares = ", ".join(f"{c.memory_mb} MB: x{c.measured_slowdown:.2f} measured, x{c.expected_slowdown:.2f} "
-                           f"expected" for c in cal.cpu_share)
+        shares = ", ".join(f"{c.memory_mb} MB: x{c.measured_slowdown:.2f} measured"
+                           + (f" (±{100 * c.ratio_se:.1f} %)" if c.ratio_se is not None else "")
+                           + f", x{c.expected_slowdown:.2f} expected" for c in cal.cpu_share)
         ref = cal.cpu_share[0]
         sources["cpu_share"] = (
-            f"{by}; a fixed computation's median {'metered' if ref.metered else 'handler (as the function timed it)'} "
-            f"time at each memory size over the same at "
-            f"{ref.reference_mb} MB (one vCPU), {ref.samples} invocations each, interleaved ({shares}){kept}")
+            f"{by}; a fixed computation's {'metered' if ref.metered else 'handler (as the function timed it)'} "
+            f"time (a mean of its repeats, the slowest and fastest tenth left out) at each memory size over the "
+            f"same at {ref.reference_mb} MB (one vCPU), {ref.samples} invocations each, interleaved ({shares}){kept}")
     jitter = [c.jitter_sigma for c in cal.cpu_share if c.jitter_sigma > 0]
     if jitter:
         data["jitter_sigma"] = _r(max(jitter))

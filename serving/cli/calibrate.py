@@ -169,8 +169,10 @@ def _print(doc: dict) -> None:
                   f"no-op at {h['memory_mb']} MB {h['rtt_ms']:.2f} ms vs {h['reference_mb']} MB "
                   f"{h['reference_rtt_ms']:.2f} ms, {h['samples']} each")
     for c in doc["cpu_share"]:
-        t.add_row(f"CPU share at {c['memory_mb']} MB", f"x{c['measured_slowdown']:.2f}",
-                  f"vs {c['reference_mb']} MB, expected x{c['expected_slowdown']:.2f}, {c['samples']} runs each")
+        se = f" ±{100 * c['ratio_se']:.1f} %" if c.get("ratio_se") is not None else ""
+        t.add_row(f"CPU share at {c['memory_mb']} MB", f"x{c['measured_slowdown']:.2f}{se}",
+                  f"vs {c['reference_mb']} MB, expected x{c['expected_slowdown']:.2f}, {c['samples']} runs each "
+                  f"(trimmed means)")
     console.print(t)
     if doc["platform_profile"] and doc["platform_profile"] != doc["name"]:
         console.print(f"[yellow]warning:[/] the platform at {doc['platform_url']} runs profile "

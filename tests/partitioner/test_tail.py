@@ -12,7 +12,16 @@ import pytest
 from functions.plan import Split
 from partitioner.graph import LayerGraph
 from partitioner.perfmodel import ComputeModel, ExGauss, PerfModel, PlatformFacts, StageChoice
-from partitioner.tail import StageShape, jitter_factor, plan_quantile, quartile_ratio, sigma_from_p95, stage_quantile
+from partitioner.tail import (
+    StageShape,
+    jitter_factor,
+    plan_quantile,
+    quartile_ratio,
+    ratio_of_means,
+    sigma_from_p95,
+    stage_quantile,
+    trimmed_mean,
+)
 from platforms import load_profile
 from tests.onnx_builders import conv_stack
 
@@ -121,3 +130,41 @@ def test_the_quartile_ratio_of_repeated_timings_and_none_where_it_means_nothing(
     assert quartile_ratio(np.array([1.0, 2.0, 3.0])) == pytest.approx(2.5 / 1.5)
     assert quartile_ratio([]) is None
     assert quartile_ratio([0.0, 0.0, 0.0, 5.0]) is None  # a lower quartile of 0
+
+
+def _bimodal(n: int, slow_share: float, seed: int) -> np.ndarray:
+    """A fixed computation's speed as a 2-core Xeon VM gave it: fast, or 1.4x slower, each request in one mode
+    (a mode lasts longer than a request), with a little spread within each."""
+    rng = np.random.default_rng(seed)
+    return np.where(rng.random(n) < slow_share, 1.4, 1.0) * rng.lognormal(0.0, 0.02, n)
+
+
+def test_a_ratio_of_trimmed_means_holds_where_the_machine_flips_between_two_speeds() -> None:
+    """Two sizes timed in the same rounds, one 14x the other's work: the machine's two speeds reach both alike.
+    The ratio of their medians jumps with which mode each median lands in; the ratio of trimmed means stays
+    within its stated error of the truth, and the error is the spread of the ratio from one timing to the next."""
+    medians, means, errors = [], [], []
+    for seed in range(40):
+        ref = 10.0 * _bimodal(40, 0.45, seed)
+        small = 140.0 * _bimodal(40, 0.45, 1000 + seed)
+        medians.append(float(np.median(small) / np.median(ref)))
+        r, se = ratio_of_means(small, ref)
+        means.append(r)
+        errors.append(se)
+    truth = 14.0
+    assert np.std(np.log(means)) < 0.5 * np.std(np.log(medians))
+    # the bootstrap error says how far a timing falls: about two in three within one of it
+    within = np.mean([abs(r / truth - 1.0) <= se for r, se in zip(means, errors, strict=True)])
+    assert 0.5 <= within <= 0.9
+    assert np.std(np.array(means) / truth) == pytest.approx(np.mean(errors), rel=0.35)
+
+
+def test_a_trimmed_mean_leaves_out_the_odd_stall_and_rejects_rounds_it_cannot_pair() -> None:
+    xs = [10.0] * 18 + [11.0, 500.0]  # one request in twenty waited out a busy moment
+    assert trimmed_mean(xs) == pytest.approx(10.0)
+    assert math.isnan(trimmed_mean([]))
+    assert ratio_of_means([20.0, 20.0], [10.0, 10.0]) == (2.0, math.inf)  # too few rounds for an error
+    r, se = ratio_of_means([20.0] * 10, [10.0] * 10)
+    assert (r, se) == (2.0, 0.0)
+    with pytest.raises(ValueError, match="same rounds"):
+        ratio_of_means([1.0, 2.0, 3.0], [1.0, 2.0])

@@ -86,7 +86,7 @@ def test_fork_probes_are_verified_bundles_whose_master_only_sends_and_joins(tmp_
 
 def test_settings_scale_from_one_figure_and_check_their_values() -> None:
     s = CalibrationSettings.from_samples(200)
-    assert (s.invoke_samples, s.transfer_samples, s.cold_starts, s.cpu_samples) == (200, 20, 5, 10)
+    assert (s.invoke_samples, s.transfer_samples, s.cold_starts, s.cpu_samples) == (200, 20, 5, 40)
     small = CalibrationSettings.from_samples(10, transports=("shm",))
     assert (small.transfer_samples, small.cold_starts, small.cpu_samples, small.transports) == (3, 2, 3, ("shm",))
     with pytest.raises(ValueError, match="cannot calibrate transport"):

@@ -23,12 +23,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -37,12 +38,12 @@ from functions.plan import Split
 from partitioner.live import LiveCorrection
 from partitioner.perf.compute import PartOverhead
 from partitioner.stage_times import StageRecord, StageTimes, records_from
-from partitioner.tail import quartile_ratio
+from partitioner.tail import quartile_ratio, ratio_of_means
 
 __all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocation", "cached_whole", "chain_choices",
            "live_correction_path", "load_live_correction", "load_stage_times", "overhead_from", "part_overhead_ms",
            "refine_on_target", "save_live_correction", "save_stage_times", "scale_to_function", "share_samples",
-           "share_sizes", "solve_on_target", "stage_records", "stage_times_path", "whole_model_ms",
+           "share_sizes", "solve_on_target", "stage_records", "stage_times_path", "WholeTiming", "whole_model_ms",
            "whole_model_timing", "WHOLE_MAX_AGE_S"]
 
 log = logging.getLogger(__name__)
@@ -267,7 +268,7 @@ _WHOLE_SAMPLES, _WHOLE_WARMUP = 10, 3
 #: busy moment after its hand-over moved it by a millisecond (resnet50's chain: -0.5 to 1.7 ms in three runs)
 _OVERHEAD_SAMPLES = 30
 #: the rounds a model's own CPU-share slow-down is timed over, where the budget allows (at least
-#: :data:`_WHOLE_SAMPLES`): the slow-down is the ratio of two medians, and on a shared host each moves from one
+#: :data:`_WHOLE_SAMPLES`): the slow-down is a ratio of two timings, and on a shared host each moves from one
 #: block of requests to the next (an LSTM's, in blocks of 8 rounds: 5 % a block, either way), so 10 rounds
 #: left a plan's prediction below one vCPU as far off as the timing happened to fall
 SHARE_SAMPLES = 30
@@ -284,20 +285,34 @@ def _whole_stage(lg: Any) -> tuple[Any, ...]:
     return (StageChoice(0, len(lg.units) - 1, Split("none", (1,)), True, 0),)
 
 
+class WholeTiming(NamedTuple):
+    """:func:`whole_model_timing`'s result: the whole model's time in a function by memory (``ms``), whether the
+    one-vCPU repeats agreed (``steady``), and for each size besides one vCPU the relative standard error of its
+    time over the one-vCPU time (``ratio_se``: over bootstrap resamples of the interleaved rounds; 0 for a
+    figure cached before it was kept, which only a steady timing was)."""
+
+    ms: dict[int, float]
+    steady: bool
+    ratio_se: dict[int, float]
+
+
 def whole_model_ms(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = (), samples: int = _WHOLE_SAMPLES,
                    warmup: int = _WHOLE_WARMUP, units_ms: float = 0.0, min_samples: int = 0,
                    max_age_s: float = WHOLE_MAX_AGE_S) -> dict[int, float]:
     """:func:`whole_model_timing`'s figures."""
     return whole_model_timing(lg, request, pm, memories=memories, samples=samples, warmup=warmup,
-                              units_ms=units_ms, min_samples=min_samples, max_age_s=max_age_s)[0]
+                              units_ms=units_ms, min_samples=min_samples, max_age_s=max_age_s).ms
 
 
 def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int] = (),
                        samples: int = _WHOLE_SAMPLES, warmup: int = _WHOLE_WARMUP, units_ms: float = 0.0,
-                       min_samples: int = 0, max_age_s: float = WHOLE_MAX_AGE_S) -> tuple[dict[int, float], bool]:
+                       min_samples: int = 0, max_age_s: float = WHOLE_MAX_AGE_S) -> WholeTiming:
     """The whole model's compute in one function on the local platform (the running one, else one started
-    for it), at one vCPU and at each of ``memories``: the median of its handler's stage time over ``samples``
-    warm requests, requests to the sizes interleaved. Cached per model and platform beside the stage times,
+    for it), at one vCPU and at each of ``memories``: at one vCPU the median of its handler's stage time over
+    ``samples`` warm requests, requests to the sizes interleaved; at each other size that times the ratio of
+    the two sizes' trimmed means over the same rounds (``partitioner.tail.ratio_of_means``: where the machine's
+    speed flips between modes, a median lands in either and a ratio of two of them with it), with the ratio's
+    standard error. Cached per model and platform beside the stage times,
     where the repeats agree (quartiles within 1.25x); a size not cached is timed with the reference again.
     Repeats that agree do not show a machine that was busy for the whole timing: given ``units_ms`` (the
     units' one-thread profiled sum, at least :data:`_SUSPECT_MIN_MS`), a cached one-vCPU figure more than
@@ -312,8 +327,9 @@ def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int
     leave the caches in the quota's pauses): timing the model itself in a function at the sizes planned
     takes both into the model.
 
-    Returns the figures by memory, and whether they are steady: cached, or timed now with the one-vCPU repeats
-    agreeing (figures timed on a busy machine are returned for the plan at hand, not saved)."""
+    Returns the figures by memory, whether they are steady (cached, or timed now with the one-vCPU repeats
+    agreeing: figures timed on a busy machine are returned for the plan at hand, not saved), and each ratio's
+    error (:class:`WholeTiming`)."""
     import json
 
     from partitioner.planner import far_from_units
@@ -323,37 +339,61 @@ def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int
     ref = _one_vcpu_mb(p)
     sizes = [ref, *sorted({int(m) for m in memories if p.memory_min_mb <= int(m) <= p.memory_max_mb} - {ref})]
     path = stage_times_path(lg, pm, request.transport, _expected_cpu_limit()).with_suffix(".whole.json")
-    cached, cached_samples = cached_whole(path, min_samples, max_age_s=max_age_s)
+    cached, cached_samples, cached_se = cached_whole_timing(path, min_samples, max_age_s=max_age_s)
     if cached.get(ref) and units_ms >= _SUSPECT_MIN_MS and far_from_units(cached[ref], units_ms):
         log.info("%s: the whole model's cached time in a function, %.1f ms, is x%.2f its units' sum; timing it "
                  "again", lg.name, cached[ref], cached[ref] / units_ms)
         cached = {}
     if all(m in cached for m in sizes):
-        return {m: cached[m] for m in sizes}, True
+        return WholeTiming({m: cached[m] for m in sizes}, True,
+                           {m: cached_se.get(m, 0.0) for m in sizes if m != ref})
     whole = _whole_stage(lg)
     plans = [SolverResult(whole, m, pm.estimate(list(whole), m), "unsplit") for m in sizes]
     with _modelled_timer(lg, request, pm, samples=samples, warmup=warmup) as timer:
-        records = {m: recs[0] for m, recs in zip(sizes, timer.measure_together(plans), strict=True)}
+        timings = timer.timings_together(plans)
+    records = {m: stage_records(pm, plan, t)[0] for m, plan, t in zip(sizes, plans, timings, strict=True)}
     # below one vCPU an instance's request lasts at least its CPU over its share (the quota, and the local
     # platform's top-up after the handler: serving.platform.cpu), which a handler's own time misses when the
     # quota lets a short request run in one burst
+    rounds = {m: _request_ms(t, min(1.0, m / p.mb_per_vcpu)) for m, t in zip(sizes, timings, strict=True)}
     # rounded as cached: a plan made now and one made from the cache later get the same figures
-    out = {m: round(max(r.measured_ms, (r.master_cpu_ms or 0.0) / min(1.0, m / p.mb_per_vcpu)), 4)
-           for m, r in records.items() if r is not None}
+    out: dict[int, float] = {}
+    ratio_se: dict[int, float] = {}
+    ref_record = records.get(ref)
+    if ref_record is not None:
+        out[ref] = round(max(ref_record.measured_ms, (ref_record.master_cpu_ms or 0.0)), 4)
+        for m in sizes[1:]:
+            both = [(a, b) for a, b in zip(rounds[m], rounds[ref], strict=True) if a is not None and b is not None]
+            if both and records.get(m) is not None:
+                ratio, se = ratio_of_means([a for a, _ in both], [b for _, b in both])
+                out[m] = round(out[ref] * ratio, 4)
+                ratio_se[m] = se
     # the one-vCPU timing shows a busy machine: below one vCPU a quota spreads a request's time by where in its
     # period it starts (a 90 ms request at 0.58 vCPU is 9 periods), however quiet the machine, and the sizes'
     # requests are interleaved with the reference's, so a busy moment reaches both
-    ref_record = records.get(ref)
     spread = (ref_record.spread if ref_record is not None else
               max((r.spread for r in records.values() if r is not None), default=1.0))
     if out and spread <= _SPREAD_LIMIT:
         path.parent.mkdir(parents=True, exist_ok=True)
+        errors = {**cached_se, **ratio_se} if cached else ratio_se
         path.write_text(json.dumps({"ms": {str(m): v for m, v in {**cached, **out}.items()},
-                                    "samples": min(samples, cached_samples) if cached else samples}))
+                                    "samples": min(samples, cached_samples) if cached else samples,
+                                    "ratio_se": {str(m): round(v, 5) for m, v in errors.items()
+                                                 if math.isfinite(v)}}))
     elif out:
         log.warning("the whole model's timings in a function disagree (quartiles %.2fx apart): the machine looks "
                     "busy; using them for this plan only", spread)
-    return out, spread <= _SPREAD_LIMIT
+    return WholeTiming(out, spread <= _SPREAD_LIMIT, ratio_se)
+
+
+def _request_ms(timings: Sequence[Mapping[str, float]], vcpu: float) -> list[float | None]:
+    """Each request's whole-model time from the master's timings of a one-stage plan: its handler's stage time,
+    and at least its CPU over its share ``vcpu`` (None where the master reported no stage time)."""
+    out: list[float | None] = []
+    for t in timings:
+        ms = t.get("stage0_ms")
+        out.append(None if ms is None else max(float(ms), float(t.get("stage0_cpu_ms") or 0.0) / vcpu))
+    return out
 
 
 #: the most parts :func:`part_overhead_ms` cuts a model into (consecutive units together where it has more)
@@ -506,18 +546,27 @@ def cached_whole(path: Path, min_samples: int = 0, *, max_age_s: float | None = 
     """The whole-model timings cached at ``path`` (ms by memory) and the requests each was timed over; none
     where there are none, they cannot be read, they were timed over fewer than ``min_samples``, or (given
     ``max_age_s``) written longer ago than that."""
+    ms, samples, _ = cached_whole_timing(path, min_samples, max_age_s=max_age_s)
+    return ms, samples
+
+
+def cached_whole_timing(path: Path, min_samples: int = 0, *, max_age_s: float | None = None
+                        ) -> tuple[dict[int, float], int, dict[int, float]]:
+    """:func:`cached_whole`, and the relative standard error of each size's ratio to the one-vCPU time where
+    the cache kept it."""
     import json
 
     try:
         if max_age_s is not None and time.time() - path.stat().st_mtime >= max_age_s:
-            return {}, 0
+            return {}, 0, {}
         doc = json.loads(path.read_text())
         samples = int(doc.get("samples", 0))
         if samples < min_samples:
-            return {}, 0
-        return {int(k): float(v) for k, v in doc["ms"].items()}, samples
+            return {}, 0, {}
+        return ({int(k): float(v) for k, v in doc["ms"].items()}, samples,
+                {int(k): float(v) for k, v in (doc.get("ratio_se") or {}).items()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}, 0
+        return {}, 0, {}
 
 
 @contextlib.contextmanager
@@ -558,6 +607,9 @@ def _one_vcpu_mb(platform: Any) -> int:
 #: of the probe's) before plans below one vCPU use it: wider than the spread of a ratio timed over SHARE_SAMPLES
 #: interleaved rounds. Within it the probe's figure is as good, and plans do not change with timing noise
 SHARE_MARGIN = 0.05
+#: and by more than this many standard errors of its ratio over the timing's rounds (``WholeTiming.ratio_se``):
+#: a figure that far off the probe was not drawn by the machine's speed moving under the rounds
+SHARE_SE_Z = 2.0
 #: a model is timed for its own share slow-down only where the smallest size that holds it is below this
 #: share of a core (above it the quota pauses little, and the timing would cost more than it could correct)
 SHARE_PROBE_MAX_VCPU = 0.5
@@ -631,8 +683,9 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any, *, max_age_
 
     With ``--memory auto`` the model is also timed at the smallest size that holds it (:func:`share_probe_mb`)
     and at 0.58 vCPU (:func:`share_sizes`), and its own slow-down there replaces calibrate's where it is more
-    than :data:`SHARE_MARGIN` from it at either size, either way (:meth:`PlatformFacts.with_model_shares`
-    carries it to the other sizes). A model that keeps rereading a
+    than :data:`SHARE_MARGIN` from it at either size, either way, and more than :data:`SHARE_SE_Z` standard errors
+    of its timing (:meth:`PlatformFacts.with_model_shares` carries it to the other sizes). A model that keeps
+    rereading a
     few MB (an LSTM, a graph convolution) can lose more of a small share than calibrate's MatMul probe; on
     another CPU the probe loses more than every model does. Either way every plan of it below one vCPU would
     be priced off by the difference. Within the margin (the timing's own spread over its rounds) the probe's
@@ -655,8 +708,8 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any, *, max_age_
         progress("timing the whole model in a function on the local platform (cached)")
     one = pm.compute.model_ms(1)
     try:
-        ms, steady = whole_model_timing(lg, request, pm, memories=low, units_ms=one, samples=n,
-                                        min_samples=n if probe is not None else 0, max_age_s=max_age_s)
+        ms, steady, ratio_se = whole_model_timing(lg, request, pm, memories=low, units_ms=one, samples=n,
+                                                  min_samples=n if probe is not None else 0, max_age_s=max_age_s)
     except (OSError, ValueError, RuntimeError) as e:
         log.warning("could not time the whole model in a function (%s): unit times as profiled", e)
         return ""
@@ -668,6 +721,7 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any, *, max_age_
     note = f"unit times {how.removeprefix('scaled to ')} in a one-vCPU function here ({ms[ref]:.1f} ms)"
     measured: list[tuple[float, float]] = []  # (nominal vCPU, factor) where the model's own was timed
     overs: list[float] = []  # and each factor over the probe's there
+    apart: list[bool] = []  # and whether it lies further from the probe's than its timing's error
     for m in low:
         if ms.get(m):
             v = m / p.mb_per_vcpu
@@ -678,16 +732,20 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any, *, max_age_
             elif auto and factor <= 4.0:
                 measured.append((v, factor))
                 overs.append(factor / p.share_factor(v))
-                note += (f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that, {overs[-1]:.2f}x the slow-down "
+                se = ratio_se.get(m, math.inf)
+                apart.append(abs(overs[-1] - 1.0) > max(SHARE_MARGIN, SHARE_SE_Z * se))
+                error = f" ±{100 * se:.1f} %" if 0 < se < math.inf else ""
+                note += (f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that{error}, {overs[-1]:.2f}x the slow-down "
                          "calibrate's probe has there")
     if measured:
         note += ": planned below one vCPU with "
-        if any(abs(over - 1.0) > SHARE_MARGIN for over in overs) and steady:
+        if any(apart):
             pm.use_platform(p.with_model_shares(measured))
             note += "the model's own"
-        elif not steady:
-            note += ("the probe's (the model's timings disagreed: the machine looked busy, and a share's "
-                     "slow-down timed then would price every size below one vCPU off)")
+        elif any(abs(over - 1.0) > SHARE_MARGIN for over in overs):
+            note += (f"the probe's (the model's differs from it by less than {SHARE_SE_Z:.0f} standard errors of "
+                     "its timing: the machine's speed moved under its rounds, and a share's slow-down timed then "
+                     "would price every size below one vCPU off)")
         else:
             note += (f"the probe's (a model's figure replaces it below {1.0 - SHARE_MARGIN:.2f}x or above "
                      f"{1.0 + SHARE_MARGIN:.2f}x)")

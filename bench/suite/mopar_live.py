@@ -230,11 +230,13 @@ def _scaled(pm: Any, ref: Any, rounds: int, tail: float = 1.0) -> tuple[Any, Any
     the run's mean request over its median (:func:`request_tail`; a median-scaled model predicted the
     unsplit plan, the reference's twin, 7 % low; the reference's own mean, 60-150 requests, moved the
     unsplit rows by up to 10 % from run to run, where all the deployments' requests together are 4 times
-    as many). Where CPU follows memory the plans' functions compute at fractions of a core, whose quota
-    leaves them idle most of each period, and a burst mostly falls there: a one-vCPU reference's tail
-    (x1.11) put the 128-512 MB rows 10-26 % high, so their model is the median's (:func:`mc_model`); a plan
-    there of one vCPU or more computes as the reference does, and takes the tail (``tail``: measured over
-    the plans of one vCPU and the reference only)."""
+    as many). Where CPU follows memory a function below one vCPU is priced at the one-vCPU time times a share
+    slow-down that is a ratio of means (calibrate's probe and the model's own timing:
+    ``partitioner.tail.ratio_of_means``), so its mean is the one-vCPU mean's multiple too: the MC's model
+    takes the tail at every size (``tail``: measured over the plans of one vCPU and the reference only, the
+    requests a one-vCPU time is taken from). When the slow-down was a ratio of medians, the tail put the
+    128-512 MB rows 10-26 % high on one machine; on a 2-core Xeon whose requests ran in one of two speeds at
+    every size alike, the median's model priced the rows below one vCPU 6-11 % low."""
     from partitioner.perfmodel import PerfModel
     from partitioner.planner import scale_to_whole
 
@@ -266,13 +268,6 @@ def _reference_figures(ref: Any, usage: Any, rounds: int) -> dict[str, float]:
         return {}
     billed = sum(float(r.get("billed_ms", 0.0)) for r in usage.functions.values())
     return {"reference_ms": round(median, 3), "reference_billed_ms": round(billed / max(1, rounds), 3)}
-
-
-def mc_model(p50_pm: Any, mc_pm: Any, master_mb: int) -> Any:
-    """The model a plan's MC is predicted with (:func:`_scaled`'s two): the tail-scaled one where CPU is per
-    function or the plan's master (billed for the whole request) computes with one vCPU or more; the median's
-    where it computes with a fraction of a core."""
-    return mc_pm if p50_pm.cpu.per_function or _whole_vcpu(p50_pm, master_mb) else p50_pm
 
 
 def _whole_vcpu(pm: Any, memory_mb: int) -> bool:
@@ -406,13 +401,13 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 out.append(MoparRow(
                     model=name, plan=k, slices=len(ch), functions=len(fns),
                     mc_gb_s=usage[k].mc_gb_s_per_request, memory_utilisation=usage[k].memory_utilisation,
-                    p50_ms=p50(samples[k]), predicted_mc_gb_s=predicted_gb_s(mc_model(pm, mc_pm, mb), ch, mb),
+                    p50_ms=p50(samples[k]), predicted_mc_gb_s=predicted_gb_s(mc_pm, ch, mb),
                     predicted_p50_ms=pm.estimate(ch, mb).latency_ms, stages=[str(c) for c in ch],
                     errors=bad(samples[k]), cpu_model=cpu_model, compute=compute,
                     function_errors=usage[k].function_errors, cold_starts=usage[k].cold_starts,
                     function_error_types=error_types(usage[k].functions),
                     billed=billed_per_function(usage[k].functions, n, fns), rounds=n,
-                    predicted_billed=predicted_billed(mc_model(pm, mc_pm, mb), ch, mb), **reference))
+                    predicted_billed=predicted_billed(mc_pm, ch, mb), **reference))
             say(f"{name}: MC mopar {out[-3].mc_gb_s:.5f} vs unsplit {out[-2].mc_gb_s:.5f} GB-s")
     return out, cpu
 

@@ -40,11 +40,11 @@ from partitioner.perf.compute import PartOverhead
 from partitioner.stage_times import StageRecord, StageTimes, records_from
 from partitioner.tail import quartile_ratio, ratio_of_means
 
-__all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocation", "cached_whole", "chain_choices",
-           "live_correction_path", "load_live_correction", "load_stage_times", "overhead_from", "part_overhead_ms",
-           "refine_on_target", "save_live_correction", "save_stage_times", "scale_to_function", "share_samples",
-           "share_sizes", "solve_on_target", "stage_records", "stage_times_path", "WholeTiming", "whole_model_ms",
-           "whole_model_timing", "WHOLE_MAX_AGE_S"]
+__all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocation", "cached_whole",
+           "cached_whole_timing", "chain_choices", "live_correction_path", "load_live_correction", "load_stage_times",
+           "overhead_from", "part_overhead_ms", "refine_on_target", "save_live_correction", "save_stage_times",
+           "scale_to_function", "share_samples", "share_sizes", "solve_on_target", "stage_records",
+           "stage_times_path", "WholeTiming", "whole_model_ms", "whole_model_timing", "WHOLE_MAX_AGE_S"]
 
 log = logging.getLogger(__name__)
 
@@ -378,8 +378,8 @@ def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int
         errors = {**cached_se, **ratio_se} if cached else ratio_se
         path.write_text(json.dumps({"ms": {str(m): v for m, v in {**cached, **out}.items()},
                                     "samples": min(samples, cached_samples) if cached else samples,
-                                    "ratio_se": {str(m): round(v, 5) for m, v in errors.items()
-                                                 if math.isfinite(v)}}))
+                                    "ratio_se": {str(m): round(v, 5) if math.isfinite(v) else None
+                                                 for m, v in errors.items()}}))
     elif out:
         log.warning("the whole model's timings in a function disagree (quartiles %.2fx apart): the machine looks "
                     "busy; using them for this plan only", spread)
@@ -553,7 +553,7 @@ def cached_whole(path: Path, min_samples: int = 0, *, max_age_s: float | None = 
 def cached_whole_timing(path: Path, min_samples: int = 0, *, max_age_s: float | None = None
                         ) -> tuple[dict[int, float], int, dict[int, float]]:
     """:func:`cached_whole`, and the relative standard error of each size's ratio to the one-vCPU time where
-    the cache kept it."""
+    the cache kept it (inf: timed over too few rounds to say)."""
     import json
 
     try:
@@ -564,7 +564,7 @@ def cached_whole_timing(path: Path, min_samples: int = 0, *, max_age_s: float | 
         if samples < min_samples:
             return {}, 0, {}
         return ({int(k): float(v) for k, v in doc["ms"].items()}, samples,
-                {int(k): float(v) for k, v in (doc.get("ratio_se") or {}).items()})
+                {int(k): float(v) if v is not None else math.inf for k, v in (doc.get("ratio_se") or {}).items()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}, 0, {}
 

@@ -219,6 +219,23 @@ def test_a_cached_whole_model_timing_over_fewer_requests_than_the_share_needs_is
     assert cached_whole(path) == ({}, 0)
 
 
+def test_a_cached_share_timing_keeps_each_ratios_error(tmp_path: Path) -> None:
+    """The error of each size's ratio to one vCPU is cached with it, and read back: an older cache without
+    it (only steady timings were cached) reads none; a ratio timed over too few rounds to say reads inf."""
+    import math
+
+    from serving.calibrate.stages import cached_whole_timing
+
+    path = tmp_path / "m.whole.json"
+    path.write_text(json.dumps({"ms": {"1769": 30.0, "204": 400.0, "1027": 52.0}, "samples": SHARE_SAMPLES,
+                                "ratio_se": {"204": 0.021, "1027": None}}))
+    ms, samples, se = cached_whole_timing(path)
+    assert (ms, samples) == ({1769: 30.0, 204: 400.0, 1027: 52.0}, SHARE_SAMPLES)
+    assert se[204] == 0.021 and math.isinf(se[1027])
+    path.write_text(json.dumps({"ms": {"1769": 30.0, "204": 400.0}, "samples": SHARE_SAMPLES}))
+    assert cached_whole_timing(path)[2] == {}
+
+
 def test_a_cached_whole_model_timing_older_than_its_age_limit_is_timed_again(tmp_path: Path) -> None:
     """A share's slow-down drifts with the machine: a timing written longer ago than the age limit (an hour by
     default) is not taken, and a benchmark (age 0) never takes one."""

@@ -77,11 +77,15 @@ def trimmed_mean(xs: Sequence[float] | np.ndarray) -> float:
     fixed computation in one of two speeds about 1.4x apart, each for a few hundred milliseconds. A median then
     lands in either mode as their shares move, and a ratio of two medians of 10 repeats moved by 8 % between
     calibrations; a mean weighs both modes as a request stream meets them, and trimming keeps the odd stall out."""
-    a = np.sort(np.asarray(xs, dtype=float))
-    if a.size == 0:
-        return float("nan")
-    k = int(a.size * TRIM)
-    return float(a[k:a.size - k].mean())
+    a = np.asarray(xs, dtype=float)
+    return float(_trimmed(a)) if a.size else float("nan")
+
+
+def _trimmed(a: np.ndarray) -> np.ndarray:
+    """:func:`trimmed_mean` along the last axis of ``a`` (a row of repeats, or many rows of them)."""
+    n = a.shape[-1]
+    k = int(n * TRIM)
+    return np.asarray(np.sort(a, axis=-1)[..., k:n - k].mean(axis=-1))
 
 
 def ratio_of_means(num: Sequence[float], den: Sequence[float]) -> tuple[float, float]:
@@ -96,10 +100,7 @@ def ratio_of_means(num: Sequence[float], den: Sequence[float]) -> tuple[float, f
     if a.size < 3:
         return r, math.inf
     idx = np.random.default_rng(0).integers(0, a.size, size=(_RESAMPLES, a.size))
-    k = int(a.size * TRIM)
-    num_b = np.sort(a[idx], axis=1)[:, k:a.size - k].mean(axis=1)
-    den_b = np.sort(b[idx], axis=1)[:, k:a.size - k].mean(axis=1)
-    return float(r), float(np.std(num_b / den_b) / r)
+    return float(r), float(np.std(_trimmed(a[idx]) / _trimmed(b[idx])) / r)
 
 
 def sigma_from_quartiles(q3_over_q1: float) -> float:

@@ -637,8 +637,8 @@ def measure_cpu_share_on(target: CalibrationTarget, settings: CalibrationSetting
         return min(1.0, ref_mb / mb_per_vcpu) / (m / mb_per_vcpu)
 
     def share(m: int) -> CpuShare:
-        _, se = ratio_of_means(times[m], times[ref_mb])
-        return CpuShare(m, ref_mb, trimmed_mean(times[m]), ref, expected(m), settings.cpu_samples, metered,
+        ratio, se = ratio_of_means(times[m], times[ref_mb])
+        return CpuShare(m, ref_mb, ref * ratio, ref, expected(m), settings.cpu_samples, metered,
                         jitter_sigma(times[m], times[ref_mb]), se if math.isfinite(se) else None)
 
     return tuple(share(m) for m in sizes)

@@ -41,10 +41,10 @@ from partitioner.stage_times import StageRecord, StageTimes, records_from
 from partitioner.tail import quartile_ratio, ratio_of_means
 
 __all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocation", "cached_whole",
-           "cached_whole_timing", "chain_choices", "live_correction_path", "load_live_correction", "load_stage_times",
-           "overhead_from", "part_overhead_ms", "refine_on_target", "save_live_correction", "save_stage_times",
-           "scale_to_function", "share_samples", "share_sizes", "solve_on_target", "stage_records",
-           "stage_times_path", "WholeTiming", "whole_model_ms", "whole_model_timing", "WHOLE_MAX_AGE_S"]
+           "chain_choices", "live_correction_path", "load_live_correction", "load_stage_times", "overhead_from",
+           "part_overhead_ms", "refine_on_target", "save_live_correction", "save_stage_times", "scale_to_function",
+           "share_samples", "share_sizes", "solve_on_target", "stage_records", "stage_times_path", "WholeTiming",
+           "whole_model_ms", "whole_model_timing", "WHOLE_MAX_AGE_S"]
 
 log = logging.getLogger(__name__)
 
@@ -339,7 +339,7 @@ def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int
     ref = _one_vcpu_mb(p)
     sizes = [ref, *sorted({int(m) for m in memories if p.memory_min_mb <= int(m) <= p.memory_max_mb} - {ref})]
     path = stage_times_path(lg, pm, request.transport, _expected_cpu_limit()).with_suffix(".whole.json")
-    cached, cached_samples, cached_se = cached_whole_timing(path, min_samples, max_age_s=max_age_s)
+    cached, cached_samples, cached_se = cached_whole(path, min_samples, max_age_s=max_age_s)
     if cached.get(ref) and units_ms >= _SUSPECT_MIN_MS and far_from_units(cached[ref], units_ms):
         log.info("%s: the whole model's cached time in a function, %.1f ms, is x%.2f its units' sum; timing it "
                  "again", lg.name, cached[ref], cached[ref] / units_ms)
@@ -542,18 +542,11 @@ def billed_excess(pm: Any, chain: Sequence[Any], memory_mb: int, timings: Sequen
 
 
 def cached_whole(path: Path, min_samples: int = 0, *, max_age_s: float | None = None
-                 ) -> tuple[dict[int, float], int]:
-    """The whole-model timings cached at ``path`` (ms by memory) and the requests each was timed over; none
-    where there are none, they cannot be read, they were timed over fewer than ``min_samples``, or (given
-    ``max_age_s``) written longer ago than that."""
-    ms, samples, _ = cached_whole_timing(path, min_samples, max_age_s=max_age_s)
-    return ms, samples
-
-
-def cached_whole_timing(path: Path, min_samples: int = 0, *, max_age_s: float | None = None
-                        ) -> tuple[dict[int, float], int, dict[int, float]]:
-    """:func:`cached_whole`, and the relative standard error of each size's ratio to the one-vCPU time where
-    the cache kept it (inf: timed over too few rounds to say)."""
+                 ) -> tuple[dict[int, float], int, dict[int, float]]:
+    """The whole-model timings cached at ``path`` (ms by memory), the requests each was timed over, and the
+    relative standard error of each size's ratio to the one-vCPU time where the cache kept it (inf: timed over
+    too few rounds to say); none where there are none, they cannot be read, they were timed over fewer than
+    ``min_samples``, or (given ``max_age_s``) written longer ago than that."""
     import json
 
     try:
@@ -708,8 +701,8 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any, *, max_age_
         progress("timing the whole model in a function on the local platform (cached)")
     one = pm.compute.model_ms(1)
     try:
-        ms, steady, ratio_se = whole_model_timing(lg, request, pm, memories=low, units_ms=one, samples=n,
-                                                  min_samples=n if probe is not None else 0, max_age_s=max_age_s)
+        ms, _, ratio_se = whole_model_timing(lg, request, pm, memories=low, units_ms=one, samples=n,
+                                             min_samples=n if probe is not None else 0, max_age_s=max_age_s)
     except (OSError, ValueError, RuntimeError) as e:
         log.warning("could not time the whole model in a function (%s): unit times as profiled", e)
         return ""

@@ -209,14 +209,14 @@ def test_a_cached_whole_model_timing_over_fewer_requests_than_the_share_needs_is
     from serving.calibrate.stages import cached_whole
 
     path = tmp_path / "m.whole.json"
-    assert cached_whole(path) == ({}, 0)  # none yet
+    assert cached_whole(path)[:2] == ({}, 0)  # none yet
     path.write_text(json.dumps({"ms": {"1769": 30.0, "204": 400.0}, "samples": 10}))
-    assert cached_whole(path) == ({1769: 30.0, 204: 400.0}, 10)
-    assert cached_whole(path, min_samples=SHARE_SAMPLES) == ({}, 0)
+    assert cached_whole(path)[:2] == ({1769: 30.0, 204: 400.0}, 10)
+    assert cached_whole(path, min_samples=SHARE_SAMPLES)[:2] == ({}, 0)
     path.write_text(json.dumps({"ms": {"1769": 30.0, "204": 400.0}, "samples": SHARE_SAMPLES}))
-    assert cached_whole(path, min_samples=SHARE_SAMPLES) == ({1769: 30.0, 204: 400.0}, SHARE_SAMPLES)
+    assert cached_whole(path, min_samples=SHARE_SAMPLES)[:2] == ({1769: 30.0, 204: 400.0}, SHARE_SAMPLES)
     path.write_text("{not json")
-    assert cached_whole(path) == ({}, 0)
+    assert cached_whole(path)[:2] == ({}, 0)
 
 
 def test_a_cached_share_timing_keeps_each_ratios_error(tmp_path: Path) -> None:
@@ -224,16 +224,16 @@ def test_a_cached_share_timing_keeps_each_ratios_error(tmp_path: Path) -> None:
     it (only steady timings were cached) reads none; a ratio timed over too few rounds to say reads inf."""
     import math
 
-    from serving.calibrate.stages import cached_whole_timing
+    from serving.calibrate.stages import cached_whole
 
     path = tmp_path / "m.whole.json"
     path.write_text(json.dumps({"ms": {"1769": 30.0, "204": 400.0, "1027": 52.0}, "samples": SHARE_SAMPLES,
                                 "ratio_se": {"204": 0.021, "1027": None}}))
-    ms, samples, se = cached_whole_timing(path)
+    ms, samples, se = cached_whole(path)
     assert (ms, samples) == ({1769: 30.0, 204: 400.0, 1027: 52.0}, SHARE_SAMPLES)
     assert se[204] == 0.021 and math.isinf(se[1027])
     path.write_text(json.dumps({"ms": {"1769": 30.0, "204": 400.0}, "samples": SHARE_SAMPLES}))
-    assert cached_whole_timing(path)[2] == {}
+    assert cached_whole(path)[2] == {}
 
 
 def test_a_cached_whole_model_timing_older_than_its_age_limit_is_timed_again(tmp_path: Path) -> None:
@@ -247,9 +247,9 @@ def test_a_cached_whole_model_timing_older_than_its_age_limit_is_timed_again(tmp
     path = tmp_path / "m.whole.json"
     path.write_text(json.dumps({"ms": {"1769": 30.0, "204": 400.0}, "samples": SHARE_SAMPLES}))
     fresh = ({1769: 30.0, 204: 400.0}, SHARE_SAMPLES)
-    assert cached_whole(path, max_age_s=WHOLE_MAX_AGE_S) == fresh
-    assert cached_whole(path, max_age_s=0.0) == ({}, 0)
+    assert cached_whole(path, max_age_s=WHOLE_MAX_AGE_S)[:2] == fresh
+    assert cached_whole(path, max_age_s=0.0)[:2] == ({}, 0)
     old = time.time() - WHOLE_MAX_AGE_S - 60
     os.utime(path, (old, old))
-    assert cached_whole(path, max_age_s=WHOLE_MAX_AGE_S) == ({}, 0)
-    assert cached_whole(path) == fresh  # no limit asked
+    assert cached_whole(path, max_age_s=WHOLE_MAX_AGE_S)[:2] == ({}, 0)
+    assert cached_whole(path)[:2] == fresh  # no limit asked

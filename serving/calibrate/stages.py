@@ -286,13 +286,12 @@ def _whole_stage(lg: Any) -> tuple[Any, ...]:
 
 
 class WholeTiming(NamedTuple):
-    """:func:`whole_model_timing`'s result: the whole model's time in a function by memory (``ms``), whether the
-    one-vCPU repeats agreed (``steady``), and for each size besides one vCPU the relative standard error of its
-    time over the one-vCPU time (``ratio_se``: over bootstrap resamples of the interleaved rounds; 0 for a
-    figure cached before it was kept, which only a steady timing was)."""
+    """:func:`whole_model_timing`'s result: the whole model's time in a function by memory (``ms``), and for each
+    size besides one vCPU the relative standard error of its time over the one-vCPU time (``ratio_se``: over
+    bootstrap resamples of the interleaved rounds; 0 for a figure cached before it was kept, which only a timing
+    whose one-vCPU repeats agreed was)."""
 
     ms: dict[int, float]
-    steady: bool
     ratio_se: dict[int, float]
 
 
@@ -327,9 +326,8 @@ def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int
     leave the caches in the quota's pauses): timing the model itself in a function at the sizes planned
     takes both into the model.
 
-    Returns the figures by memory, whether they are steady (cached, or timed now with the one-vCPU repeats
-    agreeing: figures timed on a busy machine are returned for the plan at hand, not saved), and each ratio's
-    error (:class:`WholeTiming`)."""
+    Returns the figures by memory and each ratio's error (:class:`WholeTiming`); figures timed while the one-vCPU
+    repeats disagreed (a busy machine) are returned for the plan at hand, not saved."""
     import json
 
     from partitioner.planner import far_from_units
@@ -345,8 +343,7 @@ def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int
                  "again", lg.name, cached[ref], cached[ref] / units_ms)
         cached = {}
     if all(m in cached for m in sizes):
-        return WholeTiming({m: cached[m] for m in sizes}, True,
-                           {m: cached_se.get(m, 0.0) for m in sizes if m != ref})
+        return WholeTiming({m: cached[m] for m in sizes}, {m: cached_se.get(m, 0.0) for m in sizes if m != ref})
     whole = _whole_stage(lg)
     plans = [SolverResult(whole, m, pm.estimate(list(whole), m), "unsplit") for m in sizes]
     with _modelled_timer(lg, request, pm, samples=samples, warmup=warmup) as timer:
@@ -383,7 +380,7 @@ def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int
     elif out:
         log.warning("the whole model's timings in a function disagree (quartiles %.2fx apart): the machine looks "
                     "busy; using them for this plan only", spread)
-    return WholeTiming(out, spread <= _SPREAD_LIMIT, ratio_se)
+    return WholeTiming(out, ratio_se)
 
 
 def _request_ms(timings: Sequence[Mapping[str, float]], vcpu: float) -> list[float | None]:
@@ -701,8 +698,8 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any, *, max_age_
         progress("timing the whole model in a function on the local platform (cached)")
     one = pm.compute.model_ms(1)
     try:
-        ms, _, ratio_se = whole_model_timing(lg, request, pm, memories=low, units_ms=one, samples=n,
-                                             min_samples=n if probe is not None else 0, max_age_s=max_age_s)
+        ms, ratio_se = whole_model_timing(lg, request, pm, memories=low, units_ms=one, samples=n,
+                                          min_samples=n if probe is not None else 0, max_age_s=max_age_s)
     except (OSError, ValueError, RuntimeError) as e:
         log.warning("could not time the whole model in a function (%s): unit times as profiled", e)
         return ""

@@ -681,7 +681,7 @@ class PerfModel:
             join=out_bytes / (p.memcpy_gb_s * 1e9) * 1e3 + c.stage_overhead_ms,
             expected_max=p.invoke.expected_max(len(theirs)) if theirs else 0.0,
             sigma=c.sigma(choice.first, choice.last),
-            master_weights_mb=(c.weight_factor * mine.weight_bytes / MB) if mine is not None else 0.0,
+            master_weights_mb=c.weights_mb(mine.weight_bytes) if mine is not None else 0.0,
             master_hold_mb=hold + held / MB,
             worker_need_mb=max((c.memory_mb(x, choice.first, choice.last, stage_w) for x in theirs), default=0.0),
             payload_bytes=max([x.input_bytes for x in theirs] + [x.output_bytes for x in theirs] + [0]),

@@ -124,3 +124,58 @@ def test_a_model_over_2_gb_loads_splits_and_saves_again(tmp_path: Path) -> None:
     del lg
     table = onnx.load(str(path), load_external_data=False).graph.initializer[0]
     assert table.data_location == onnx.TensorProto.EXTERNAL
+
+
+_PEAK_SCRIPT = """
+import sys
+import numpy as np
+import onnxruntime as ort
+
+def peak_mb():  # the process's high-water mark (VmHWM starts again at exec, unlike ru_maxrss)
+    with open("/proc/self/status") as f:
+        return int(f.read().split("VmHWM:")[1].split()[0]) / 1024
+
+so = ort.SessionOptions()
+so.intra_op_num_threads = 1
+rows = int(sys.argv[2])
+base = peak_mb()
+sess = ort.InferenceSession(sys.argv[1], so, providers=["CPUExecutionProvider"])
+for lo in range(0, rows, 4096):  # every row looked up, 4,096 at a time (a service that has run a while)
+    sess.run(None, {"idx": np.arange(lo, min(rows, lo + 4096), dtype=np.int64)})
+print(peak_mb() - base)
+"""
+
+def test_onnxruntime_maps_an_external_data_file_so_the_memory_model_counts_its_weights_once(tmp_path: Path) -> None:
+    """The memory model's two factors (``ComputeModel.weights_mb``) are what onnxruntime does: weights written
+    into the model file are parsed and copied (peak about twice their bytes); weights in an external data
+    file are mapped, so even with every row looked up the process holds them about once."""
+    import subprocess
+    import sys
+
+    from partitioner.perf.compute import ComputeModel
+
+    rows, dim = 65_536, 256  # a 64 MB table
+    table = np.random.default_rng(0).standard_normal((rows, dim), dtype=np.float32)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Gather", ["table", "idx"], ["out"], axis=0)], "lookup",
+        [onnx.helper.make_tensor_value_info("idx", onnx.TensorProto.INT64, ["n"])],
+        [onnx.helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, ["n", dim])],
+        initializer=[numpy_helper.from_array(table, "table")])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    inline = save_model(model, tmp_path / "inline.onnx")
+    mapped = save_model(model, tmp_path / "mapped.onnx", threshold_bytes=1_000_000)
+    assert not inline.with_name("inline.onnx.data").exists() and mapped.with_name("mapped.onnx.data").exists()
+
+    def peak(path: Path) -> float:
+        out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(path), str(rows)], capture_output=True,
+                             text=True, check=True)
+        return float(out.stdout.strip())
+
+    mb = table.nbytes / 2**20
+    assert peak(inline) >= 1.5 * mb
+    assert peak(mapped) <= 1.35 * mb
+
+    cm = ComputeModel(unit_ms=({1: 1.0},), unit_flops=(1,))
+    assert cm.weights_mb(table.nbytes) == pytest.approx(cm.weight_factor * mb)
+    big = model_file.EXTERNAL_DATA_THRESHOLD_BYTES + 2**20  # the exporter writes such a part's weights aside
+    assert cm.weights_mb(big) == pytest.approx(big / 2**20)

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["DeploymentTarget", "EndpointTarget", "Target"]
+__all__ = ["DeploymentTarget", "EndpointTarget", "InProcessTarget", "Target"]
 
 
 class Target(Protocol):
@@ -97,3 +97,35 @@ class DeploymentTarget:
 
     def close(self) -> None:
         self._client.close()
+
+
+class InProcessTarget:
+    """A model run in this process by onnxruntime with ``threads`` intra-op threads (a function's session
+    options), no platform between: each request's run time is kept as a master's stage time would be
+    (``timings``: ``stage0_ms``), and it has no meter (:meth:`usage` is empty). A same-run reference for a model
+    no function of one vCPU can hold (gigabytes of embedding tables): timed between a comparison's requests,
+    it follows the machine's speed as they do."""
+
+    def __init__(self, model: str | Path, *, name: str = "in-process", threads: int = 1) -> None:
+        from functions.session import make_session
+
+        self.name = name
+        self._session: Any = make_session(model, intra_op_threads=threads)
+        self._outputs = [o.name for o in self._session.get_outputs()]
+        self.timings: list[dict[str, float]] = []
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        import time
+
+        if self._session is None:
+            raise RuntimeError(f"{self.name}: closed")
+        t0 = time.perf_counter()
+        out = self._session.run(self._outputs, dict(inputs))
+        self.timings.append({"stage0_ms": 1e3 * (time.perf_counter() - t0)})
+        return dict(zip(self._outputs, out, strict=True))
+
+    def usage(self) -> dict[str, dict[str, Any]]:
+        return {}
+
+    def close(self) -> None:
+        self._session = None

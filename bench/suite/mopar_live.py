@@ -15,8 +15,9 @@ client its p50. ``predicted_mc_gb_s`` is the performance model's billed GB-s per
 same memory) it is deployed once, and both rows are that deployment's (:func:`same_plans`).
 
 The predictions are made with this machine's calibrated profile, and their one-thread unit times scaled to
-a reference timed between the plans' requests (the whole model in a function of one vCPU; ``compute`` says
-by how much), as ``bench perfmodel`` and ``bench lo`` do: the unit profile is taken in this process at
+a reference timed between the plans' requests (the whole model in a function of one vCPU, or where no such
+function holds it, in this process at one thread; ``compute`` says by how much), as ``bench perfmodel`` and
+``bench lo`` do: the unit profile is taken in this process at
 another moment, and on a shared host the machine's speed moves by 10-20 % between the two.
 """
 
@@ -187,8 +188,11 @@ def rounds_for(pm: Any, unsplit: tuple[Sequence[Any], int], rounds: int) -> int:
     return max(rounds, min(MAX_ROUNDS_FACTOR * rounds, wanted))
 
 
-#: the whole model at one vCPU, deployed beside the three plans and timed between their requests
+#: the whole model at one vCPU, deployed beside the three plans and timed between their requests; where no
+#: function of one vCPU holds the model, the whole model run in the benchmark's process at one thread
+#: (``bench.load.targets.InProcessTarget``), timed between them alike
 REFERENCE = "reference"
+IN_PROCESS_NOTE = "the reference: the whole model in this process at one thread (no function of one vCPU holds it)"
 
 
 def _reference_mb(pm: Any, unsplit: tuple[Sequence[Any], int]) -> int | None:
@@ -242,7 +246,7 @@ def _scaled(pm: Any, ref: Any, rounds: int, tail: float = 1.0) -> tuple[Any, Any
 
     median = _reference_median(ref, rounds)
     if median is None:
-        return pm, pm, "measured profile, unscaled (the model does not fit one vCPU: no reference)"
+        return pm, pm, "measured profile, unscaled (no reference timed)"
 
     def at(whole_ms: float) -> tuple[Any, str]:
         cm, note = scale_to_whole(pm.compute, {1: whole_ms})
@@ -332,6 +336,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
     the plans are made on its facts on this host (:func:`bench.suite.planning.emulated_facts`), from this
     machine's calibrated local profile."""
     from bench.load.inputs import InputPool
+    from bench.load.targets import InProcessTarget
     from bench.suite.comparison import bad, p50
     from bench.suite.deployments import deployments, interleaved
     from bench.suite.planning import invoke_facts, part_overhead, perfmodel
@@ -372,6 +377,8 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 if ref_mb is not None:
                     whole = _export(lg, plans["unsplit"][0], ref_mb, work / f"ref-{slug}", platform)
                     targets[REFERENCE] = st.deploy(whole, REFERENCE, keep_timings=True)
+                else:  # no function of one vCPU holds it: the whole model in this process, one thread
+                    targets[REFERENCE] = st.add(InProcessTarget(model_path(spec), name=REFERENCE))
                 n = rounds_for(pm, plans["unsplit"], rounds)
                 say(f"{name}: {n} interleaved rounds")
                 # where CPU is per function a plan's many parts run 60 rounds and more, and past a part's 20th
@@ -391,6 +398,8 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
             else:
                 samples_tail = samples
             pm, mc_pm, compute = _scaled(pm, targets.get(REFERENCE), n, request_tail(samples_tail))
+            if ref_mb is None:
+                compute += f"; {IN_PROCESS_NOTE}"
             compute += share
             reference = _reference_figures(targets.get(REFERENCE), usage.get(REFERENCE), n)
             for k, twin in same.items():

@@ -4,6 +4,7 @@ the billed GB-s the performance model predicts for each."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -143,8 +144,7 @@ def test_predictions_are_scaled_to_the_reference_timed_beside_the_plans() -> Non
     assert sum(u.get(1, 0.0) for u in mc_pm.compute.unit_ms) == pytest.approx(1.8 * total)
     assert "x1.50 at 1 thread" in note and "for MC x1.20 more" in note
     assert p50_pm.cpu == pm.cpu and p50_pm.transport == pm.transport
-    assert _scaled(pm, None, rounds=3) == (pm, pm, "measured profile, unscaled (the model does not fit one vCPU: "
-                                                    "no reference)")
+    assert _scaled(pm, None, rounds=3) == (pm, pm, "measured profile, unscaled (no reference timed)")
 
     openfaas = load_profile("openfaas")
     per_function = PerfModel(lg, PlatformFacts.from_profile(openfaas), transport="shm", cpu=openfaas.cpu)
@@ -221,3 +221,40 @@ def test_a_row_counts_its_functions_failures_by_the_meters_error_type() -> None:
                                                                                            "Timeout": 1}
     assert delta["d-master"]["errors_by_type"] == {}
     assert error_types(delta) == {"OutOfMemory": 3, "Timeout": 1}
+
+
+def test_a_model_no_one_vcpu_function_holds_is_referenced_in_this_process_at_one_thread(tmp_path: Path) -> None:
+    """Where the whole model fits no function of one vCPU (the DLRM's tables), the reference is the model run
+    in the benchmark's process by onnxruntime at one thread: it answers as the model does, keeps each run's
+    time as a master's stage time, has no meter, and scales the prediction as a deployed reference does."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from bench.load.targets import InProcessTarget
+    from bench.load.usage import usage_summary
+    from bench.suite.mopar_live import _reference_figures, _scaled
+
+    path = tmp_path / "cnn.onnx"
+    onnx.save(conv_stack(CNN, cin=3, h=32, w=32), path)
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32), dtype=np.float32)
+    name = ort.InferenceSession(str(path)).get_inputs()[0].name
+    want = ort.InferenceSession(str(path)).run(None, {name: x})[0]
+    ref = InProcessTarget(path, name="reference")
+    got = ref.infer({name: x})
+    np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-5, atol=1e-6)
+    for _ in range(3):
+        ref.infer({name: x})
+    assert len(ref.timings) == 4 and all(t["stage0_ms"] > 0 for t in ref.timings)
+    assert ref.usage() == {}
+    figures = _reference_figures(ref, usage_summary({}, 3), 3)
+    assert figures["reference_billed_ms"] == 0.0 and figures["reference_ms"] > 0
+    pm = PerfModel(LayerGraph.load(path), PlatformFacts.from_profile(load_profile("local")), transport="shm")
+    p50_pm, _, note = _scaled(pm, ref, rounds=3)
+    total = pm.compute.model_ms(1)
+    scale = min(3.0, max(0.5, figures["reference_ms"] / total))  # scale_to_whole's clip
+    assert p50_pm.compute.model_ms(1) == pytest.approx(scale * total, rel=1e-3)
+    assert f"x{scale:.2f} at 1 thread" in note
+    ref.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        ref.infer({name: x})

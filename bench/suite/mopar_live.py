@@ -18,7 +18,11 @@ The predictions are made with this machine's calibrated profile, and their one-t
 a reference timed between the plans' requests (the whole model in a function of one vCPU, or where no such
 function holds it, in this process at one thread; ``compute`` says by how much), as ``bench perfmodel`` and
 ``bench lo`` do: the unit profile is taken in this process at
-another moment, and on a shared host the machine's speed moves by 10-20 % between the two.
+another moment, and on a shared host the machine's speed moves by 10-20 % between the two. Where CPU
+follows memory and the model fits a function well below one vCPU, the whole model is also deployed at the sizes
+its own share slow-down was timed at before the rounds (:data:`SHARE_TWIN`), and the rows are predicted below
+one vCPU with its slow-down in the rounds (:func:`in_run_shares`): a model's speed at a small share moves
+within minutes as the machine's does, and the plans were made with the timing before.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ from typing import Any
 
 from bench.suite.config import ModelSpec, label, model_path
 
-__all__ = ["DLRM", "MODELS", "QUICK_MODELS", "MoparRow", "default_models", "plans_of", "predicted_billed",
-           "predicted_gb_s", "request_tail", "rounds_for", "rows", "same_plans", "targets"]
+__all__ = ["DLRM", "MODELS", "QUICK_MODELS", "MoparRow", "default_models", "in_run_shares", "plans_of",
+           "predicted_billed", "predicted_gb_s", "request_tail", "rounds_for", "rows", "same_plans", "targets"]
 
 # sizes that need more than the smallest function (128 MB), so that memory per slice could matter, and whose
 # unsplit request takes 0.1-2 s at the CPU share that memory buys (0.1-0.3 vCPU), on 2 cores. ResNet-50 at
@@ -297,6 +301,64 @@ def _model_share(lg: Any, pm: Any, platform: str, say: Callable[[str], None]) ->
     return f"; planned with {note}" if note else ""
 
 
+#: where CPU follows memory, the whole model is deployed beside the plans at each size its own share slow-down
+#: was timed at before the rounds (``serving.calibrate.stages.share_sizes``), named this and the size
+SHARE_TWIN = "share-"
+
+
+def _share_twin_sizes(pm: Any) -> list[int]:
+    """The sizes the whole model is deployed at beside the plans to time its share slow-down in their rounds:
+    those :func:`_model_share` timed it at before them (none where CPU is per function or the model fits no
+    function well below one vCPU)."""
+    from serving.calibrate.stages import share_probe_mb, share_sizes
+
+    probe = share_probe_mb(pm)
+    return share_sizes(pm, probe) if probe is not None else []
+
+
+def in_run_shares(twins: Mapping[int, Sequence[Mapping[str, float]]], reference: Sequence[Mapping[str, float]],
+                  mb_per_vcpu: float) -> list[tuple[float, float, float]]:
+    """The model's own CPU-share slow-down timed in the plans' rounds: per size of ``twins`` (memory -> the
+    whole model's master timings there over the measured rounds), (nominal vCPU, factor over the nominal
+    share, the factor's relative standard error): the ratio of the trimmed means of its requests to the
+    reference's in the same rounds (``partitioner.tail.ratio_of_means``), as ``_model_share`` timed it before
+    them. A size whose requests do not pair with the reference's one for one (one failed) is left out, as is a
+    factor past 4 (``scale_to_function``'s bound)."""
+    from partitioner.tail import ratio_of_means
+    from serving.calibrate.stages import request_ms
+
+    ref = request_ms(reference, 1.0)
+    out = []
+    for mb, timings in sorted(twins.items()):
+        v = min(1.0, mb / mb_per_vcpu)
+        mine = request_ms(timings, v)
+        if len(mine) != len(ref):
+            continue
+        both = [(a, b) for a, b in zip(mine, ref, strict=True) if a is not None and b is not None]
+        if len(both) < 3:
+            continue
+        ratio, se = ratio_of_means([a for a, _ in both], [b for _, b in both])
+        if ratio * v <= 4.0:
+            out.append((v, ratio * v, se))
+    return out
+
+
+def _in_run_note(pm: Any, calibrated: Any, targets: Mapping[str, Any], twins: Sequence[int], rounds: int) -> str:
+    """Where the model's share slow-down was timed in the rounds (:func:`in_run_shares`), ``pm`` predicts
+    below one vCPU with it in place of calibrate's (``calibrated``) and of the one timed before the rounds (the
+    plans stay those made with that); a note ("" where nothing paired)."""
+    ref = targets[REFERENCE].timings[-rounds:]
+    shares = in_run_shares({mb: targets[f"{SHARE_TWIN}{mb}"].timings[-rounds:] for mb in twins}, ref,
+                           calibrated.mb_per_vcpu)
+    if not shares:
+        return ""
+    pm.use_platform(calibrated.with_model_shares([(v, f) for v, f, _ in shares]))
+    said = ", ".join(f"at {round(v * calibrated.mb_per_vcpu)} MB x{f / v:.2f} ±{100 * se:.1f} %"
+                     for v, f, se in shares)
+    return (f"; predicted below one vCPU with the model's share slow-down timed in these rounds ({said} the "
+            "reference), not the one timed before them")
+
+
 def _with_overhead(pm: Any, overhead: Any) -> str:
     """``pm`` with what the chain of parts timed against the whole said (``overhead``, a ``PartOverhead`` timed
     at one vCPU, or None), where it changes the compute model (taking it again with the model's share changes
@@ -363,6 +425,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
             say(f"{name}: profiling its units (cached) and planning")
             lg = LayerGraph.load(model_path(spec))
             pm, _ = perfmodel(lg, invoke, platform=base, emulate=emulate)
+            calibrated = pm.platform  # calibrate's share slow-downs, before the model's own replace them
             share = _model_share(lg, pm, base, say)
             share += _with_overhead(pm, overheads[name])
             plans = plans_of(pm)
@@ -379,6 +442,10 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                     targets[REFERENCE] = st.deploy(whole, REFERENCE, keep_timings=True)
                 else:  # no function of one vCPU holds it: the whole model in this process, one thread
                     targets[REFERENCE] = st.add(InProcessTarget(model_path(spec), name=REFERENCE))
+                twins = _share_twin_sizes(pm) if ref_mb is not None else []
+                for mb in twins:
+                    b = _export(lg, plans["unsplit"][0], mb, work / f"{SHARE_TWIN}{mb}-{slug}", platform)
+                    targets[f"{SHARE_TWIN}{mb}"] = st.deploy(b, f"{SHARE_TWIN}{mb}", keep_timings=True)
                 n = rounds_for(pm, plans["unsplit"], rounds)
                 say(f"{name}: {n} interleaved rounds")
                 # where CPU is per function a plan's many parts run 60 rounds and more, and past a part's 20th
@@ -397,6 +464,8 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                                 if k == REFERENCE or (k in plans and _whole_vcpu(pm, plans[k][1]))}
             else:
                 samples_tail = samples
+            if twins:
+                share = _in_run_note(pm, calibrated, targets, twins, n) + share
             pm, mc_pm, compute = _scaled(pm, targets.get(REFERENCE), n, request_tail(samples_tail))
             if ref_mb is None:
                 compute += f"; {IN_PROCESS_NOTE}"

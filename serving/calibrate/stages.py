@@ -42,9 +42,9 @@ from partitioner.tail import quartile_ratio, ratio_of_means
 
 __all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocation", "cached_whole",
            "chain_choices", "live_correction_path", "load_live_correction", "load_stage_times", "overhead_from",
-           "part_overhead_ms", "refine_on_target", "save_live_correction", "save_stage_times", "scale_to_function",
-           "share_samples", "share_sizes", "solve_on_target", "stage_records", "stage_times_path", "WholeTiming",
-           "whole_model_ms", "whole_model_timing", "WHOLE_MAX_AGE_S"]
+           "part_overhead_ms", "refine_on_target", "request_ms", "save_live_correction", "save_stage_times",
+           "scale_to_function", "share_samples", "share_sizes", "solve_on_target", "stage_records", "stage_times_path",
+           "WholeTiming", "whole_model_ms", "whole_model_timing", "WHOLE_MAX_AGE_S"]
 
 log = logging.getLogger(__name__)
 
@@ -352,7 +352,7 @@ def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int
     # below one vCPU an instance's request lasts at least its CPU over its share (the quota, and the local
     # platform's top-up after the handler: serving.platform.cpu), which a handler's own time misses when the
     # quota lets a short request run in one burst
-    rounds = {m: _request_ms(t, min(1.0, m / p.mb_per_vcpu)) for m, t in zip(sizes, timings, strict=True)}
+    rounds = {m: request_ms(t, min(1.0, m / p.mb_per_vcpu)) for m, t in zip(sizes, timings, strict=True)}
     # rounded as cached: a plan made now and one made from the cache later get the same figures
     out: dict[int, float] = {}
     ratio_se: dict[int, float] = {}
@@ -383,7 +383,7 @@ def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int
     return WholeTiming(out, ratio_se)
 
 
-def _request_ms(timings: Sequence[Mapping[str, float]], vcpu: float) -> list[float | None]:
+def request_ms(timings: Sequence[Mapping[str, float]], vcpu: float) -> list[float | None]:
     """Each request's whole-model time from the master's timings of a one-stage plan: its handler's stage time,
     and at least its CPU over its share ``vcpu`` (None where the master reported no stage time)."""
     out: list[float | None] = []

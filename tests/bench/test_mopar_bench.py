@@ -258,3 +258,33 @@ def test_a_model_no_one_vcpu_function_holds_is_referenced_in_this_process_at_one
     ref.close()
     with pytest.raises(RuntimeError, match="closed"):
         ref.infer({name: x})
+
+
+def test_the_models_share_slow_down_is_timed_again_in_the_plans_rounds_and_predicts_below_one_vcpu() -> None:
+    """Where CPU follows memory the whole model runs beside the plans at the sizes its share slow-down was timed
+    at before them; the ratio of its requests to the reference's in the same rounds (trimmed means, each
+    request at least its CPU over its share) is the slow-down the rows below one vCPU are predicted with.
+    A size whose requests do not pair one for one with the reference's is left out."""
+    from types import SimpleNamespace
+
+    from bench.suite.mopar_live import REFERENCE, SHARE_TWIN, _in_run_note, in_run_shares
+
+    ref = [{"stage0_ms": 10.0 + (i % 3)} for i in range(30)]
+    # 12x the reference in every round at 204 MB; a request's CPU over its share never exceeds its time here
+    twin = [{"stage0_ms": 12.0 * r["stage0_ms"], "stage0_cpu_ms": r["stage0_ms"]} for r in ref]
+    (v, factor, se), = in_run_shares({204: twin}, ref, 1769.0)
+    assert v == pytest.approx(204 / 1769) and factor == pytest.approx(12.0 * v) and se == pytest.approx(0.0)
+    # a request whose CPU over its share is longer than its handler's time counts as that (the quota's top-up)
+    slow = [{**t, "stage0_cpu_ms": 2.0 * t["stage0_ms"] * v} for t in twin]
+    assert in_run_shares({204: slow}, ref, 1769.0)[0][1] == pytest.approx(24.0 * v)
+    assert in_run_shares({204: twin[:-1]}, ref, 1769.0) == []  # one failed: the rounds no longer pair
+    assert in_run_shares({204: [{"stage0_ms": 60.0 * r["stage0_ms"]} for r in ref]}, ref, 1769.0) == []
+
+    lg = LayerGraph.load(conv_stack(CNN, cin=3, h=64, w=64))
+    local = PlatformFacts.from_profile(load_profile("local"))
+    pm = PerfModel(lg, local, transport="shm")
+    targets = {REFERENCE: SimpleNamespace(timings=[{"stage0_ms": 99.0}, *ref]),  # a warm-up request first
+               f"{SHARE_TWIN}204": SimpleNamespace(timings=[{"stage0_ms": 999.0}, *twin])}
+    note = _in_run_note(pm, local, targets, [204], rounds=30)
+    assert pm.platform.share_factor(v) == pytest.approx(12.0 * v, rel=1e-6)
+    assert "timed in these rounds (at 204 MB x12.00 ±0.0 %" in note

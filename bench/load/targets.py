@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -115,8 +116,6 @@ class InProcessTarget:
         self.timings: list[dict[str, float]] = []
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
-        import time
-
         if self._session is None:
             raise RuntimeError(f"{self.name}: closed")
         t0 = time.perf_counter()

@@ -324,22 +324,16 @@ def in_run_shares(twins: Mapping[int, Sequence[Mapping[str, float]]], reference:
     reference's in the same rounds (``partitioner.tail.ratio_of_means``), as ``_model_share`` timed it before
     them. A size whose requests do not pair with the reference's one for one (one failed) is left out, as is a
     factor past 4 (``scale_to_function``'s bound)."""
-    from partitioner.tail import ratio_of_means
-    from serving.calibrate.stages import request_ms
+    from serving.calibrate.stages import share_ratio
 
-    ref = request_ms(reference, 1.0)
     out = []
     for mb, timings in sorted(twins.items()):
         v = min(1.0, mb / mb_per_vcpu)
-        mine = request_ms(timings, v)
-        if len(mine) != len(ref):
+        r = share_ratio(timings, reference, v) if len(timings) == len(reference) else None
+        if r is None or not math.isfinite(r[1]):  # unpaired, or fewer than 3 rounds: no error to go by
             continue
-        both = [(a, b) for a, b in zip(mine, ref, strict=True) if a is not None and b is not None]
-        if len(both) < 3:
-            continue
-        ratio, se = ratio_of_means([a for a, _ in both], [b for _, b in both])
-        if ratio * v <= 4.0:
-            out.append((v, ratio * v, se))
+        if r[0] * v <= 4.0:
+            out.append((v, r[0] * v, r[1]))
     return out
 
 

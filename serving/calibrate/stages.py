@@ -42,9 +42,9 @@ from partitioner.tail import quartile_ratio, ratio_of_means
 
 __all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocation", "cached_whole",
            "chain_choices", "live_correction_path", "load_live_correction", "load_stage_times", "overhead_from",
-           "part_overhead_ms", "refine_on_target", "request_ms", "save_live_correction", "save_stage_times",
-           "scale_to_function", "share_samples", "share_sizes", "solve_on_target", "stage_records", "stage_times_path",
-           "WholeTiming", "whole_model_ms", "whole_model_timing", "WHOLE_MAX_AGE_S"]
+           "part_overhead_ms", "refine_on_target", "save_live_correction", "save_stage_times",
+           "scale_to_function", "share_ratio", "share_samples", "share_sizes", "solve_on_target", "stage_records",
+           "stage_times_path", "WholeTiming", "whole_model_ms", "whole_model_timing", "WHOLE_MAX_AGE_S"]
 
 log = logging.getLogger(__name__)
 
@@ -349,22 +349,18 @@ def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int
     with _modelled_timer(lg, request, pm, samples=samples, warmup=warmup) as timer:
         timings = timer.timings_together(plans)
     records = {m: stage_records(pm, plan, t)[0] for m, plan, t in zip(sizes, plans, timings, strict=True)}
-    # below one vCPU an instance's request lasts at least its CPU over its share (the quota, and the local
-    # platform's top-up after the handler: serving.platform.cpu), which a handler's own time misses when the
-    # quota lets a short request run in one burst
-    rounds = {m: request_ms(t, min(1.0, m / p.mb_per_vcpu)) for m, t in zip(sizes, timings, strict=True)}
     # rounded as cached: a plan made now and one made from the cache later get the same figures
     out: dict[int, float] = {}
     ratio_se: dict[int, float] = {}
     ref_record = records.get(ref)
     if ref_record is not None:
         out[ref] = round(max(ref_record.measured_ms, (ref_record.master_cpu_ms or 0.0)), 4)
-        for m in sizes[1:]:
-            both = [(a, b) for a, b in zip(rounds[m], rounds[ref], strict=True) if a is not None and b is not None]
-            if both and records.get(m) is not None:
-                ratio, se = ratio_of_means([a for a, _ in both], [b for _, b in both])
-                out[m] = round(out[ref] * ratio, 4)
-                ratio_se[m] = se
+        v_ref = min(1.0, ref / p.mb_per_vcpu)
+        for m, t in zip(sizes[1:], timings[1:], strict=True):
+            r = share_ratio(t, timings[0], min(1.0, m / p.mb_per_vcpu), v_ref) if records.get(m) is not None else None
+            if r is not None:
+                out[m] = round(out[ref] * r[0], 4)
+                ratio_se[m] = r[1]
     # the one-vCPU timing shows a busy machine: below one vCPU a quota spreads a request's time by where in its
     # period it starts (a 90 ms request at 0.58 vCPU is 9 periods), however quiet the machine, and the sizes'
     # requests are interleaved with the reference's, so a busy moment reaches both
@@ -383,7 +379,20 @@ def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int
     return WholeTiming(out, ratio_se)
 
 
-def request_ms(timings: Sequence[Mapping[str, float]], vcpu: float) -> list[float | None]:
+def share_ratio(timings: Sequence[Mapping[str, float]], reference: Sequence[Mapping[str, float]], vcpu: float,
+                reference_vcpu: float = 1.0) -> tuple[float, float] | None:
+    """The whole model's requests at a share ``vcpu`` (its master's ``timings``) over the one-vCPU reference's
+    (``reference``, at ``reference_vcpu``) timed in the same rounds: the ratio of their trimmed means and its
+    relative standard error (:func:`partitioner.tail.ratio_of_means`); None where no round timed both. Below
+    one vCPU an instance's request lasts at least its CPU over its share (the quota, and the local platform's
+    top-up after the handler: serving.platform.cpu), which a handler's own time misses when the quota lets a
+    short request run in one burst (:func:`_request_ms`)."""
+    both = [(a, b) for a, b in zip(_request_ms(timings, vcpu), _request_ms(reference, reference_vcpu), strict=True)
+            if a is not None and b is not None]
+    return ratio_of_means([a for a, _ in both], [b for _, b in both]) if both else None
+
+
+def _request_ms(timings: Sequence[Mapping[str, float]], vcpu: float) -> list[float | None]:
     """Each request's whole-model time from the master's timings of a one-stage plan: its handler's stage time,
     and at least its CPU over its share ``vcpu`` (None where the master reported no stage time)."""
     out: list[float | None] = []

@@ -139,6 +139,28 @@ class LayerGraph:
     def _init_arrays(self) -> dict[str, np.ndarray]:
         return {}
 
+    @cached_property
+    def lookup_tables(self) -> frozenset[str]:
+        """The initializers every node reads only as a Gather's data (embedding tables): a request reads the
+        rows it looks up, not the table."""
+        tables = {n.input[0] for n in self.nodes
+                  if n.op_type == "Gather" and n.input and self.is_initializer(n.input[0])}
+        for i, n in enumerate(self.nodes):
+            for x in self.node_reads[i]:
+                if x in tables and not (n.op_type == "Gather" and x == n.input[0]):
+                    tables.discard(x)  # also multiplied, say (tied weights): read whole
+        return frozenset(tables)
+
+    @cached_property
+    def unit_reread_bytes(self) -> tuple[int, ...]:
+        """Per unit, the bytes of its weights a request reads whole (all but :attr:`lookup_tables`)."""
+        tables = self.lookup_tables
+        out = []
+        for u in self.units:
+            weights = {x for i in u.nodes for x in self.node_reads[i] if self.is_initializer(x) and x not in tables}
+            out.append(sum(self.tensors[w].nbytes for w in weights))
+        return tuple(out)
+
     def initializer_nbytes(self, name: str) -> int:
         return self.tensors[name].nbytes
 

@@ -117,7 +117,7 @@ class PerfModel:
             raise ValueError(f"hedge percentile {hedge} must lie in (0, 1), e.g. 0.95")
         self.lg = lg
         self.cpu = cpu if cpu is not None else CpuModel()
-        self._vcpu: dict[float, float] = {}  # the CPU per function memory
+        self._vcpu: dict[tuple[float, float], float] = {}  # the CPU per function memory and reread share
         measured = platform.for_transport(transport)
         if measured is not platform:
             # calibrate timed this transport's puts and gets on the platform (caches evicted between them, as
@@ -475,8 +475,8 @@ class PerfModel:
         else:
             slow = 1.0
         # a codec's time is one thread's: stretched below one vCPU, not sped up above it
-        t_master = ((c.part_time(first, last, mine.flops, v_master) + parts.codec_ms * cpu_stretch(v_master)) * slow
-                    if mine is not None else 0.0)
+        t_master = ((c.part_time(first, last, mine.flops, self._cpu(master_mb, parts.mine_reread))
+                     + parts.codec_ms * cpu_stretch(v_master)) * slow if mine is not None else 0.0)
         # A function's own handling (decoding, encoding, the master's slicing and joining, and on one host the
         # shared-memory copies) is CPU work too. How a CPU share slows it down depends on who does it:
         # - a worker computes from the moment it is invoked to its reply, so all its work runs at its share
@@ -555,8 +555,9 @@ class PerfModel:
         vcpu = [self._cpu(m) for m in master_mbs]
         cpu_m = np.asarray([cpu_stretch(v) for v in vcpu])
         mine = parts.mine
-        t_master = np.asarray([c.part_time(first, last, mine.flops, v) + parts.codec_ms * cpu_stretch(v)
-                               if mine is not None else 0.0 for v in vcpu])
+        t_master = np.asarray([c.part_time(first, last, mine.flops, self._cpu(m, parts.mine_reread))
+                               + parts.codec_ms * cpu_stretch(v) if mine is not None else 0.0
+                               for m, v in zip(master_mbs, vcpu, strict=True)])
         workers_q = None
         if n:
             workers = [self._workers_at(parts, key, w, first, last) for w in worker_mbs]
@@ -625,16 +626,30 @@ class PerfModel:
             self._dispatch_at[master_mb] = hit
         return hit
 
-    def _cpu(self, memory_mb: float) -> float:
-        v = self._vcpu.get(memory_mb)
+    def _cpu(self, memory_mb: float, reread: float = 1.0) -> float:
+        v = self._vcpu.get((memory_mb, reread))
         if v is None:
-            v = self._vcpu[memory_mb] = self.function_vcpu(memory_mb)
+            v = self._vcpu[(memory_mb, reread)] = self.function_vcpu(memory_mb, reread)
         return v
 
-    def function_vcpu(self, memory_mb: float) -> float:
+    def function_vcpu(self, memory_mb: float, reread: float = 1.0) -> float:
         """The vCPUs a function of ``memory_mb`` computes with under the platform's CPU model (see
-        ``cpu`` in :meth:`__init__`): its memory's share where CPU follows memory, else its own."""
-        return self.platform.share_corrected(self._nominal_vcpu(memory_mb))
+        ``cpu`` in :meth:`__init__`): its memory's share where CPU follows memory, else its own. ``reread``:
+        for a part that rereads that share of the model's weights (:meth:`reread_share`), which takes as much of
+        the model's own slow-down below one vCPU (:meth:`PlatformFacts.share_factor`); 1: the whole model."""
+        return self.platform.share_corrected(self._nominal_vcpu(memory_mb), reread)
+
+    def reread_share(self, weight_bytes: int, first: int, last: int) -> float:
+        """The share of the model's weights that a request reads whole (all but embedding tables, whose rows
+        it looks up: ``LayerGraph.lookup_tables``) a part of units ``first..last`` holding ``weight_bytes``
+        of weights holds; 1 for a model with none."""
+        reread = self.lg.unit_reread_bytes
+        total = sum(reread)
+        if total <= 0:
+            return 1.0
+        stage_w = sum(self.lg.units[u].weight_bytes for u in range(first, last + 1))
+        stage_r = sum(reread[first:last + 1])
+        return min(1.0, weight_bytes * stage_r / stage_w / total) if stage_w else 0.0
 
     def _nominal_vcpu(self, memory_mb: float) -> float:
         """The vCPUs a function of ``memory_mb`` is given, before a calibrated share's slow-down."""
@@ -668,6 +683,7 @@ class PerfModel:
         hold = (c.activation_factor * (mine.activation_bytes + mine.input_bytes) / MB
                 + c.transient_mb(choice.first, choice.last, mine.weight_bytes / stage_w if stage_w else 1.0)
                 if mine is not None else 0.0)
+        first, last = choice.first, choice.last
         return _StageParts(
             mine=mine,
             theirs=theirs,
@@ -685,6 +701,8 @@ class PerfModel:
             master_hold_mb=hold + held / MB,
             worker_need_mb=max((c.memory_mb(x, choice.first, choice.last, stage_w) for x in theirs), default=0.0),
             payload_bytes=max([x.input_bytes for x in theirs] + [x.output_bytes for x in theirs] + [0]),
+            mine_reread=self.reread_share(mine.weight_bytes, first, last) if mine is not None else 1.0,
+            theirs_reread=max((self.reread_share(x.weight_bytes, first, last) for x in theirs), default=1.0),
         )
 
     def _workers_at(self, parts: _StageParts, key: tuple, worker_mb: int, first: int, last: int) -> _Workers:
@@ -699,7 +717,9 @@ class PerfModel:
             io_w = cpu_w if p.shared_host else 1.0
             fixed = tuple(t * io_w + self.handling_ms * cpu_w for t in parts.transfers)
             codec = parts.codec_ms * cpu_stretch(v_worker)
-            compute = tuple(t + codec for t in c.part_times(first, last, [x.flops for x in parts.theirs], v_worker))
+            # their compute at the share of the model's slow-down below one vCPU that their weights take
+            v_part = self._cpu(worker_mb, parts.theirs_reread)
+            compute = tuple(t + codec for t in c.part_times(first, last, [x.flops for x in parts.theirs], v_part))
             worker_ms = [f + t for f, t in zip(fixed, compute, strict=True)]
             extra = self.billed_extra_ms()  # their handling is in ``fixed``
             hit = self._workers[wkey] = _Workers(fixed, compute, max(worker_ms, default=0.0),

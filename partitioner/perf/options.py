@@ -206,6 +206,10 @@ class _StageParts:
     master_hold_mb: float
     worker_need_mb: float
     payload_bytes: int
+    # the share of the model's reread weights the master's part and the largest worker's hold
+    # (PerfModel.reread_share): how much of the model's own CPU-share slow-down their compute takes
+    mine_reread: float = 1.0
+    theirs_reread: float = 1.0
 
 
 @dataclass(slots=True)

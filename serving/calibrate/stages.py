@@ -726,7 +726,7 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any, *, max_age_
             v = m / p.mb_per_vcpu
             factor = ms[m] / ms[ref] * v
             if not auto and 0.5 <= factor <= 2.0:  # as calibrate's own figures are taken (partitioner.perfmodel)
-                pm.use_platform(replace(p, share_factors=((v, factor),)))
+                pm.use_platform(p.with_model_share_at(v, factor))
                 note += f"; at {m} MB it took {ms[m] / ms[ref]:.2f}x that (its CPU share's slow-down for this model)"
             elif auto and factor <= 4.0:
                 measured.append((v, factor))

@@ -253,3 +253,86 @@ def test_a_cached_whole_model_timing_older_than_its_age_limit_is_timed_again(tmp
     os.utime(path, (old, old))
     assert cached_whole(path, max_age_s=WHOLE_MAX_AGE_S)[:2] == ({}, 0)
     assert cached_whole(path)[:2] == fresh  # no limit asked
+
+
+def test_a_part_takes_the_models_difference_from_the_probe_by_the_share_of_its_weights_it_rereads() -> None:
+    """A quota pause costs a function the weights it reads back into cold caches: a part holding a quarter of
+    the model's takes a quarter of the model's difference from the probe, the whole model all of it, a part
+    without weights none. Above one vCPU nothing is slowed down, and without a model's own figure every part
+    takes the probe's."""
+    facts = dataclasses.replace(PlatformFacts.from_profile(load_profile("local")), share_factors=PROBE)
+    v0 = 205 / 1769
+    own = facts.with_model_share(v0, 1.5)
+    for v in (0.05, v0, 0.3):
+        probe, whole = facts.share_factor(v), own.share_factor(v)
+        assert own.share_factor(v, 1.0) == whole
+        assert own.share_factor(v, 0.0) == pytest.approx(probe)
+        assert own.share_factor(v, 0.25) == pytest.approx(probe + 0.25 * (whole - probe))
+        assert facts.share_factor(v, 0.25) == probe  # the probe's figures: every part alike
+    assert own.share_factor(1.0, 0.25) == 1.0
+    # a model timed again keeps calibrate's probe, not the first model figure, as what parts start from
+    again = own.with_model_share(v0, 1.2)
+    assert again.share_factor(v0, 0.0) == pytest.approx(facts.share_factor(v0))
+    fixed = facts.with_model_share_at(v0, 1.5)
+    assert fixed.share_factor(0.3, 1.0) == 1.5
+    assert fixed.share_factor(0.3, 0.0) == pytest.approx(facts.share_factor(0.3))
+
+
+def _embedding_mlp(tied: bool) -> LayerGraph:
+    """An embedding bag (a Gather from a 64 KB table) into two MatMuls; ``tied``: the second multiplies by the
+    table itself, so a request reads it whole."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from tests.onnx_builders import make_model
+
+    rng = np.random.default_rng(0)
+    inits = {"table": rng.standard_normal((512, 32)).astype(np.float32),
+             "w0": rng.standard_normal((32, 32)).astype(np.float32),
+             "w1": rng.standard_normal((32, 512) if not tied else (32, 32)).astype(np.float32)}
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="lookup"),
+             helper.make_node("ReduceMean", ["e"], ["bag"], name="bag", keepdims=0, axes=[1]),
+             helper.make_node("MatMul", ["bag", "w0"], ["h"], name="fc0"),
+             helper.make_node("Relu", ["h"], ["hr"], name="relu"),
+             helper.make_node("MatMul", ["hr", "w1"], ["m"], name="fc1")]
+    if tied:
+        nodes.append(helper.make_node("Gemm", ["m", "table"], ["output"], name="logits", transB=1))
+    else:
+        nodes[-1] = helper.make_node("MatMul", ["hr", "w1"], ["output"], name="fc1")
+    return LayerGraph.load(make_model(nodes, [("ids", (1, 8))], ["output"], inits, input_type=TensorProto.INT64))
+
+
+def test_an_embedding_table_a_request_only_looks_rows_up_in_is_not_reread_and_a_tied_one_is() -> None:
+    lg = _embedding_mlp(tied=False)
+    assert lg.lookup_tables == {"table"}
+    assert sum(lg.unit_reread_bytes) == (32 * 32 + 32 * 512) * 4
+    tied = _embedding_mlp(tied=True)
+    assert tied.lookup_tables == frozenset()
+    assert sum(tied.unit_reread_bytes) == sum(u.weight_bytes for u in tied.units)
+
+
+def test_each_part_of_a_plan_is_priced_with_the_share_of_the_models_slow_down_its_weights_take(
+        lg: LayerGraph) -> None:
+    """The conv stack's three layers hold equal weights: the whole model rereads all of them, each layer alone a
+    third. A worker running one layer at a small share is priced between the probe's and the model's figure,
+    by that third; the whole model as the model's figure says."""
+    from functions.plan import Split
+    from partitioner.perfmodel import StageChoice
+
+    pm = _pm(lg)
+    n = len(lg.units)
+    shares = [pm.reread_share(u.weight_bytes, u.index, u.index) for u in lg.units]
+    assert sum(shares) == pytest.approx(1.0) and pm.reread_share(sum(u.weight_bytes for u in lg.units), 0, n - 1) == 1
+    v0 = 256 / 1769
+    probe = pm.platform
+    pm.use_platform(probe.with_model_share(v0, 1.5 * probe.share_factor(v0)))
+    one = pm.option(StageChoice(0, 0, Split(), False, 256), 1769)
+    whole = pm.option(StageChoice(0, n - 1, Split(), False, 256), 1769)
+    assert one is not None and whole is not None and one.shape is not None and whole.shape is not None
+    units_ms = pm.compute.stage_time(0, 0, 1.0)
+    f = pm.platform.share_factor(v0, shares[0])
+    assert probe.share_factor(v0) < f < pm.platform.share_factor(v0)
+    assert one.shape.worker_compute[0] == pytest.approx(units_ms * f / v0 + pm.compute._overhead(v0 / f))
+    assert whole.shape.worker_compute[0] == pytest.approx(
+        pm.compute.stage_time(0, n - 1, v0 / pm.platform.share_factor(v0)) + pm.compute._overhead(
+            v0 / pm.platform.share_factor(v0)))

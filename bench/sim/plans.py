@@ -81,7 +81,11 @@ def sim_plan(pm: PerfModel, stages: Sequence[tuple[StageChoice, Sequence[str]]],
         master_ms = put = get = 0.0
         workers = []
         for cost, fn in zip(costs, owners, strict=True):
-            t = c.part_time(ch.first, ch.last, cost.flops, tv[fn][1])
+            # below one vCPU a part takes the share of a model's own slow-down that its weights do
+            # (PerfModel.reread_share): its work is that much more than its function's share says
+            v = pm.function_vcpu(functions[fn])
+            slower = v / pm.function_vcpu(functions[fn], pm.reread_share(cost.weight_bytes, ch.first, ch.last))
+            t = c.part_time(ch.first, ch.last, cost.flops, tv[fn][1]) * slower
             if fn == master:
                 master_ms += t
             else:

@@ -169,6 +169,39 @@ def test_sim_plan_gives_local_functions_below_one_vcpu_their_share() -> None:
     assert at_512.stages[0].master_ms == pytest.approx(at_1769.stages[0].master_ms)
 
 
+def test_sim_plan_prices_a_part_with_the_share_of_a_models_own_slow_down_its_weights_take() -> None:
+    """As the perf model does (``PlatformFacts.share_factor``): a worker holding the first of three convolutions
+    (a sixth of the weights) takes a sixth of the model's difference from calibrate's probe below one vCPU."""
+    import dataclasses
+
+    from bench.sim.plans import sim_plan_for_choices
+    from functions.plan import Split
+    from partitioner.graph import LayerGraph
+    from partitioner.perfmodel import ComputeModel, PerfModel, PlatformFacts, StageChoice
+    from platforms import load_profile
+    from tests.onnx_builders import conv_stack
+
+    lg = LayerGraph.load(conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": 8}] * 3,
+                                    cin=3, h=16, w=16))
+    probe = dataclasses.replace(PlatformFacts.from_profile(load_profile("local")),
+                                share_factors=((256 / 1769, 1.1), (1024 / 1769, 1.05)))
+    pm = PerfModel(lg, probe, ComputeModel.from_flops(lg))
+    one = [StageChoice(0, 0, Split(), False, 256)]
+    before = sim_plan_for_choices(pm, one, 1769, shared_cores=True).stages[0].workers[0].work_ms
+    pm.use_platform(pm.platform.with_model_share(256 / 1769, 1.1 * 1.6))
+    after = sim_plan_for_choices(pm, one, 1769, shared_cores=True).stages[0].workers[0].work_ms
+    whole = pm.platform.share_factor(256 / 1769)
+    sixth = pm.reread_share(lg.units[0].weight_bytes, 0, 0)
+    assert sixth == pytest.approx(lg.units[0].weight_bytes / sum(u.weight_bytes for u in lg.units))
+    part = pm.platform.share_factor(256 / 1769, sixth)
+    assert part == pytest.approx(1.1 + sixth * (whole - 1.1))
+    moves = pm.platform.transfer_ms(pm.part_costs(0, 0, Split())[0].input_bytes) + pm.platform.transfer_ms(
+        pm.part_costs(0, 0, Split())[0].output_bytes)
+    # the simulator applies the function's share (the model's whole slow-down): the part's work is the rest
+    assert after - moves == pytest.approx((before - moves) * part / whole)
+    assert pm.reread_share(sum(u.weight_bytes for u in lg.units), 0, len(lg.units) - 1) == 1.0
+
+
 def test_invoke_latency_adds_to_each_fork() -> None:
     pf = platform(invoke=ExGauss(2.0, 0.0, 0.0), client_invoke=NO_DELAY)
     r = simulate(fork_join(), pf, arrivals_ms=[0.0])

@@ -313,9 +313,9 @@ def test_an_embedding_table_a_request_only_looks_rows_up_in_is_not_reread_and_a_
 
 def test_each_part_of_a_plan_is_priced_with_the_share_of_the_models_slow_down_its_weights_take(
         lg: LayerGraph) -> None:
-    """The conv stack's three layers hold equal weights: the whole model rereads all of them, each layer alone a
-    third. A worker running one layer at a small share is priced between the probe's and the model's figure,
-    by that third; the whole model as the model's figure says."""
+    """The whole conv stack rereads all of its weights, each layer alone its own share of them. A worker
+    running the first layer at a small share is priced between the probe's and the model's figure, by that
+    share; the whole model as the model's figure says."""
     from functions.plan import Split
     from partitioner.perfmodel import StageChoice
 

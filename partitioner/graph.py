@@ -155,11 +155,11 @@ class LayerGraph:
     def unit_reread_bytes(self) -> tuple[int, ...]:
         """Per unit, the bytes of its weights a request reads whole (all but :attr:`lookup_tables`)."""
         tables = self.lookup_tables
-        out = []
-        for u in self.units:
-            weights = {x for i in u.nodes for x in self.node_reads[i] if self.is_initializer(x) and x not in tables}
-            out.append(sum(self.tensors[w].nbytes for w in weights))
-        return tuple(out)
+        return tuple(sum(self.tensors[w].nbytes for w in self._weights_read(u.nodes) - tables) for u in self.units)
+
+    def _weights_read(self, nodes: Iterable[int]) -> set[str]:
+        """The initializers ``nodes`` read (their subgraphs' included)."""
+        return {x for i in nodes for x in self.node_reads[i] if self.is_initializer(x)}
 
     def initializer_nbytes(self, name: str) -> int:
         return self.tensors[name].nbytes
@@ -269,12 +269,11 @@ class LayerGraph:
         return tuple(units)
 
     def _make_unit(self, index: int, nodes: tuple[int, ...], inp: str, out: str) -> Unit:
-        weights: set[str] = set()
+        weights = self._weights_read(nodes)
         flops = 0
         act = 0
         for i in nodes:
             n = self.nodes[i]
-            weights.update(x for x in self.node_reads[i] if self.is_initializer(x))
             flops += self.node_flops(n)
             act += sum(self.tensors[o].nbytes for o in n.output if o in self.tensors)
         in_bytes = self.tensors[inp].nbytes if inp else sum(self.tensors[x].nbytes for x in self.inputs)

@@ -118,6 +118,7 @@ class PerfModel:
         self.lg = lg
         self.cpu = cpu if cpu is not None else CpuModel()
         self._vcpu: dict[tuple[float, float], float] = {}  # the CPU per function memory and reread share
+        self._reread_rate: dict[tuple[int, int], float] = {}  # per stage: reread_share per byte of weights
         measured = platform.for_transport(transport)
         if measured is not platform:
             # calibrate timed this transport's puts and gets on the platform (caches evicted between them, as
@@ -643,13 +644,19 @@ class PerfModel:
         """The share of the model's weights that a request reads whole (all but embedding tables, whose rows
         it looks up: ``LayerGraph.lookup_tables``) a part of units ``first..last`` holding ``weight_bytes``
         of weights holds; 1 for a model with none."""
-        reread = self.lg.unit_reread_bytes
-        total = sum(reread)
-        if total <= 0:
-            return 1.0
-        stage_w = sum(self.lg.units[u].weight_bytes for u in range(first, last + 1))
-        stage_r = sum(reread[first:last + 1])
-        return min(1.0, weight_bytes * stage_r / stage_w / total) if stage_w else 0.0
+        rate = self._reread_rate.get((first, last))
+        if rate is None:  # per byte of the stage's weights; memoised: the solvers ask it of every stage choice
+            reread = self.lg.unit_reread_bytes
+            total = sum(reread)
+            stage_w = sum(self.lg.units[u].weight_bytes for u in range(first, last + 1))
+            if total <= 0:
+                rate = math.inf  # no reread weights in the model: every part as the whole model
+            elif stage_w:
+                rate = sum(reread[first:last + 1]) / stage_w / total
+            else:
+                rate = 0.0
+            self._reread_rate[(first, last)] = rate
+        return 1.0 if math.isinf(rate) else min(1.0, weight_bytes * rate)
 
     def _nominal_vcpu(self, memory_mb: float) -> float:
         """The vCPUs a function of ``memory_mb`` is given, before a calibrated share's slow-down."""
@@ -666,7 +673,8 @@ class PerfModel:
         return hit
 
     def _parts_of(self, choice: StageChoice) -> _StageParts | None:
-        costs = self.part_costs(choice.first, choice.last, choice.split)
+        first, last = choice.first, choice.last
+        costs = self.part_costs(first, last, choice.split)
         if costs is None:
             return None
         if choice.plain is not choice:
@@ -679,11 +687,10 @@ class PerfModel:
         theirs = tuple(costs[1:] if choice.master_part else costs)
         out_bytes = sum(x.output_bytes for x in costs)
         held = sum(x.input_bytes for x in costs) + out_bytes
-        stage_w = sum(self.lg.units[u].weight_bytes for u in range(choice.first, choice.last + 1))
+        stage_w = sum(self.lg.units[u].weight_bytes for u in range(first, last + 1))
         hold = (c.activation_factor * (mine.activation_bytes + mine.input_bytes) / MB
-                + c.transient_mb(choice.first, choice.last, mine.weight_bytes / stage_w if stage_w else 1.0)
+                + c.transient_mb(first, last, mine.weight_bytes / stage_w if stage_w else 1.0)
                 if mine is not None else 0.0)
-        first, last = choice.first, choice.last
         return _StageParts(
             mine=mine,
             theirs=theirs,
@@ -699,7 +706,7 @@ class PerfModel:
             sigma=c.sigma(choice.first, choice.last),
             master_weights_mb=c.weights_mb(mine.weight_bytes) if mine is not None else 0.0,
             master_hold_mb=hold + held / MB,
-            worker_need_mb=max((c.memory_mb(x, choice.first, choice.last, stage_w) for x in theirs), default=0.0),
+            worker_need_mb=max((c.memory_mb(x, first, last, stage_w) for x in theirs), default=0.0),
             payload_bytes=max([x.input_bytes for x in theirs] + [x.output_bytes for x in theirs] + [0]),
             mine_reread=self.reread_share(mine.weight_bytes, first, last) if mine is not None else 1.0,
             theirs_reread=max((self.reread_share(x.weight_bytes, first, last) for x in theirs), default=1.0),

@@ -99,14 +99,16 @@ def error_types(delta: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
 def billed_per_function(delta: Mapping[str, Mapping[str, Any]], requests: int, functions: Sequence[str]
                         ) -> dict[str, dict[str, float]]:
     """A meter delta's functions by their names in the plan (``functions``; the meter's names carry the
-    deployment's prefix): memory and billed ms per request."""
+    deployment's prefix): memory, billed ms and duration ms per request (the two apart say what rounding up to
+    the billing granularity added: most of a millisecond function's bill)."""
     out: dict[str, dict[str, float]] = {}
     for name, r in delta.items():
         if not r.get("invocations"):
             continue
         short = max((f for f in functions if name == f or name.endswith("-" + f)), key=len, default=name)
         out[short] = {"memory_mb": float(r["memory_mb"]),
-                      "billed_ms": round(float(r["billed_ms"]) / max(1, requests), 3)}
+                      "billed_ms": round(float(r["billed_ms"]) / max(1, requests), 3),
+                      "duration_ms": round(float(r.get("duration_ms", 0.0)) / max(1, requests), 3)}
     return out
 
 
@@ -121,7 +123,7 @@ def predicted_gb_s(pm: Any, choices: Sequence[Any], master_mb: int) -> float:
 def predicted_billed(pm: Any, choices: Sequence[Any], master_mb: int) -> dict[str, dict[str, float]]:
     """The model's :func:`billed_per_function`: per function of the plan (named as the exporter names them),
     its memory and billed ms per request. A stage's parts share its workers' billed time equally; the master
-    is billed the rest of :func:`predicted_gb_s`."""
+    is billed the rest of :func:`predicted_gb_s`, and its mean duration is the model's before rounding."""
     out: dict[str, dict[str, float]] = {}
     workers_gb_ms = 0.0
     for i, (c, oc) in enumerate(zip(choices, pm.plan_options(choices, master_mb), strict=True)):
@@ -133,7 +135,9 @@ def predicted_billed(pm: Any, choices: Sequence[Any], master_mb: int) -> dict[st
         for j in range(oc.invocations):
             out[f"s{i:02d}-p{j:02d}"] = {"memory_mb": float(mb), "billed_ms": round(each, 3)}
     master_ms = (predicted_gb_s(pm, choices, master_mb) * 1e3 - workers_gb_ms) * 1024.0 / master_mb
-    return {"master": {"memory_mb": float(master_mb), "billed_ms": round(master_ms, 3)}, **out}
+    duration = pm.estimate(choices, master_mb).master_duration_ms
+    return {"master": {"memory_mb": float(master_mb), "billed_ms": round(master_ms, 3),
+                       "duration_ms": round(duration, 3)}, **out}
 
 
 def plans_of(pm: Any) -> dict[str, tuple[list[Any], int]]:

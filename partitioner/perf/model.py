@@ -84,6 +84,8 @@ class PlanEstimate:
     # the percentile sampled from the plan's latency distribution (PerfModel.plan_quantile); latency_q_ms is
     # the upper bound the solvers check (a sum of stage quantiles). None until a planner samples it
     latency_q_sampled_ms: float | None = None
+    # the master's mean duration as the meter times it, before its billing rounds it up (cost_usd's)
+    master_duration_ms: float = 0.0
 
     @property
     def latency_p_ms(self) -> float:
@@ -949,7 +951,8 @@ class PerfModel:
             warnings.append(f"the master needs {need:.0f} MB, more than its {master_mb} MB")
         total, total_q, billed = self._request_total(lat, lat_q, cpu, master_mb)
         cost = self.cost_usd(billed, master_mb, gb_ms, inv)
-        return PlanEstimate(total, total_q, cost, master_mb, mem, tuple(warnings))
+        return PlanEstimate(total, total_q, cost, master_mb, mem, tuple(warnings),
+                            master_duration_ms=billed + self.billed_extra_ms())
 
 
 def _on_platform(compute: ComputeModel, platform: PlatformFacts) -> ComputeModel:

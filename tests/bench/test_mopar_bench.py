@@ -36,6 +36,22 @@ def test_the_three_plans_and_their_predicted_gb_s() -> None:
     assert abs(gb_s["uniform"] * pm.platform.price_gb_s + fees - pm.estimate(ch, mb).cost_usd) < 1e-15
 
 
+def test_the_masters_predicted_bill_is_its_predicted_duration_rounded_as_the_model_expects() -> None:
+    """Per function, the prediction says the master's mean duration beside its bill, as the live rows say the
+    meter's: its bill is that duration's expected rounding, and its GB-s the plan's less the workers'."""
+    from dataclasses import replace
+
+    from bench.suite.mopar_live import predicted_billed
+
+    lg = LayerGraph.load(conv_stack(CNN, cin=3, h=64, w=64))
+    facts = replace(PlatformFacts.from_profile(load_profile("local")), granularity_ms=1.0)
+    pm = PerfModel(lg, facts, transport="shm")
+    for ch, mb in plans_of(pm).values():
+        master = predicted_billed(pm, ch, mb)["master"]
+        assert master["duration_ms"] > 0
+        assert master["billed_ms"] == pytest.approx(facts.billed_ms(master["duration_ms"]), abs=2e-3)
+
+
 def test_the_default_models_add_the_dlrm_where_cpu_follows_memory() -> None:
     from bench.suite.mopar_live import DLRM, MODELS, default_models
 
@@ -53,12 +69,12 @@ def test_a_row_names_its_cpu_model() -> None:
 def test_a_row_bills_each_function_per_request_by_its_name_in_the_plan() -> None:
     from bench.suite.mopar_live import MoparRow, billed_per_function
 
-    delta = {"dlrm-uniform-master": {"invocations": 20, "memory_mb": 3136, "billed_ms": 70.0},
-             "dlrm-uniform-s00-p01": {"invocations": 40, "memory_mb": 128, "billed_ms": 90.0},
-             "dlrm-uniform-s01-p00": {"invocations": 0, "memory_mb": 256, "billed_ms": 0.0}}
+    delta = {"dlrm-uniform-master": {"invocations": 20, "memory_mb": 3136, "billed_ms": 70.0, "duration_ms": 52.0},
+             "dlrm-uniform-s00-p01": {"invocations": 40, "memory_mb": 128, "billed_ms": 90.0, "duration_ms": 71.0},
+             "dlrm-uniform-s01-p00": {"invocations": 0, "memory_mb": 256, "billed_ms": 0.0, "duration_ms": 0.0}}
     billed = billed_per_function(delta, 20, ["master", "s00-p01", "s01-p00"])
-    assert billed == {"master": {"memory_mb": 3136.0, "billed_ms": 3.5},
-                      "s00-p01": {"memory_mb": 128.0, "billed_ms": 4.5}}
+    assert billed == {"master": {"memory_mb": 3136.0, "billed_ms": 3.5, "duration_ms": 2.6},
+                      "s00-p01": {"memory_mb": 128.0, "billed_ms": 4.5, "duration_ms": 3.55}}
     row = MoparRow("m", "mopar", 2, 3, 0.1, 0.5, 10.0, 0.1, 10.0, [], 0, billed=billed)
     assert row.to_json()["billed"]["s00-p01"]["billed_ms"] == 4.5
 

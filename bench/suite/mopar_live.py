@@ -114,7 +114,11 @@ def billed_per_function(delta: Mapping[str, Mapping[str, Any]], requests: int, f
 
 def predicted_gb_s(pm: Any, choices: Sequence[Any], master_mb: int) -> float:
     """The performance model's billed GB-s of one request of a plan (its cost less the invocation fees)."""
-    est = pm.estimate(choices, master_mb)
+    return _billed_gb_s(pm, pm.estimate(choices, master_mb), choices, master_mb)
+
+
+def _billed_gb_s(pm: Any, est: Any, choices: Sequence[Any], master_mb: int) -> float:
+    """:func:`predicted_gb_s` from the plan's estimate ``est``."""
     invocations = 1 + sum(pm.option(c, master_mb).invocations for c in choices)
     p = pm.platform
     return (est.cost_usd - invocations * p.price_request) / p.price_gb_s
@@ -134,10 +138,10 @@ def predicted_billed(pm: Any, choices: Sequence[Any], master_mb: int) -> dict[st
         each = oc.worker_gb_ms * 1024.0 / mb / oc.invocations
         for j in range(oc.invocations):
             out[f"s{i:02d}-p{j:02d}"] = {"memory_mb": float(mb), "billed_ms": round(each, 3)}
-    master_ms = (predicted_gb_s(pm, choices, master_mb) * 1e3 - workers_gb_ms) * 1024.0 / master_mb
-    duration = pm.estimate(choices, master_mb).master_duration_ms
+    est = pm.estimate(choices, master_mb)
+    master_ms = (_billed_gb_s(pm, est, choices, master_mb) * 1e3 - workers_gb_ms) * 1024.0 / master_mb
     return {"master": {"memory_mb": float(master_mb), "billed_ms": round(master_ms, 3),
-                       "duration_ms": round(duration, 3)}, **out}
+                       "duration_ms": round(est.master_duration_ms, 3)}, **out}
 
 
 def plans_of(pm: Any) -> dict[str, tuple[list[Any], int]]:

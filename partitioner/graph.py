@@ -10,6 +10,7 @@ stage that needs one recomputes it from the model inputs, which the master alway
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -150,6 +151,15 @@ class LayerGraph:
                 if x in tables and not (n.op_type == "Gather" and x == n.input[0]):
                     tables.discard(x)  # also multiplied, say (tied weights): read whole
         return frozenset(tables)
+
+    def weight_bytes(self, first: int, last: int) -> int:
+        """The weight bytes of units ``first..last`` (each unit's ``weight_bytes``, summed)."""
+        w = self._weight_prefix
+        return w[last + 1] - w[first]
+
+    @cached_property
+    def _weight_prefix(self) -> tuple[int, ...]:
+        return tuple(itertools.accumulate((u.weight_bytes for u in self.units), initial=0))
 
     @cached_property
     def unit_reread_bytes(self) -> tuple[int, ...]:

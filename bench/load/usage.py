@@ -1,9 +1,9 @@
 """What a run cost, from the platform's billing meter: GB-s, USD, cold starts, memory utilisation, MC.
 
 The meter's counters are cumulative per function, so a run's usage is the difference of two snapshots
-taken around it (:func:`meter_delta`). Memory *used* is each function's peak resident memory as the
-platform measured it (``max_rss_mb``, the high-water mark of its instances); memory *allocated* is its
-configured size. Following MOPAR:
+taken around it (:func:`serving.platform.meter.meter_delta`). Memory *used* is each function's peak
+resident memory as the platform measured it (``max_rss_mb``, the high-water mark of its instances);
+memory *allocated* is its configured size. Following MOPAR:
 
 * memory utilisation = sum_f used_f x billed_s_f / sum_f allocated_f x billed_s_f (time-weighted, so a
   function that runs longer counts more);
@@ -17,28 +17,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from serving.platform.meter import meter_delta
+
 __all__ = ["UsageSummary", "meter_delta", "usage_summary"]
-
-_COUNTERS = ("invocations", "errors", "cold_starts", "duration_ms", "billed_ms", "billed_gb_s", "init_ms", "cost_usd")
-
-
-def meter_delta(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]
-                ) -> dict[str, dict[str, Any]]:
-    """Per-function usage between two meter snapshots (``{function: usage}`` as the meter reports)."""
-    out: dict[str, dict[str, Any]] = {}
-    for name, a in after.items():
-        b = before.get(name, {})
-        row: dict[str, Any] = {k: float(a.get(k, 0) or 0) - float(b.get(k, 0) or 0) for k in _COUNTERS}
-        row["invocations"] = int(row["invocations"])
-        row["errors"] = int(row["errors"])
-        row["cold_starts"] = int(row["cold_starts"])
-        kinds = {k: int(n) - int((b.get("errors_by_type") or {}).get(k, 0))
-                 for k, n in (a.get("errors_by_type") or {}).items()}
-        row["errors_by_type"] = {k: n for k, n in kinds.items() if n}
-        row["memory_mb"] = int(a.get("memory_mb", 0) or 0)
-        row["max_rss_mb"] = float(a.get("max_rss_mb", 0) or 0)
-        out[name] = row
-    return out
 
 
 @dataclass(frozen=True)

@@ -650,7 +650,7 @@ class PerfModel:
         if rate is None:  # per byte of the stage's weights; memoised: the solvers ask it of every stage choice
             reread = self.lg.unit_reread_bytes
             total = sum(reread)
-            stage_w = sum(self.lg.units[u].weight_bytes for u in range(first, last + 1))
+            stage_w = self.lg.weight_bytes(first, last)
             if total <= 0:
                 rate = math.inf  # no reread weights in the model: every part as the whole model
             elif stage_w:
@@ -689,7 +689,7 @@ class PerfModel:
         theirs = tuple(costs[1:] if choice.master_part else costs)
         out_bytes = sum(x.output_bytes for x in costs)
         held = sum(x.input_bytes for x in costs) + out_bytes
-        stage_w = sum(self.lg.units[u].weight_bytes for u in range(first, last + 1))
+        stage_w = self.lg.weight_bytes(first, last)
         hold = (c.activation_factor * (mine.activation_bytes + mine.input_bytes) / MB
                 + c.transient_mb(first, last, mine.weight_bytes / stage_w if stage_w else 1.0)
                 if mine is not None else 0.0)

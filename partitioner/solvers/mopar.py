@@ -147,7 +147,7 @@ def _slice_options(pm: PerfModel, first: int, last: int, split: Split) -> list[S
     costs = pm.part_costs(first, last, split)
     if costs is None or len(costs) != split.degree:
         return []
-    stage_w = sum(pm.lg.units[u].weight_bytes for u in range(first, last + 1))
+    stage_w = pm.lg.weight_bytes(first, last)
     need = max(pm.compute.memory_mb(c, first, last, stage_w) for c in costs)
     return [StageChoice(first, last, split, False, mb) for mb in _memories(pm, need)]
 

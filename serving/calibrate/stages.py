@@ -39,6 +39,7 @@ from partitioner.live import LiveCorrection
 from partitioner.perf.compute import PartOverhead
 from partitioner.stage_times import StageRecord, StageTimes, records_from
 from partitioner.tail import quartile_ratio, ratio_of_means
+from serving.platform.meter import meter_delta
 
 __all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocation", "cached_whole",
            "chain_choices", "live_correction_path", "load_live_correction", "load_stage_times", "overhead_from",
@@ -156,13 +157,9 @@ def billed_per_invocation(names: Mapping[str, str], before: Mapping[str, Any], a
                           ) -> dict[str, float]:
     """A deployment's functions (``names``: plan name -> platform name) that were invoked between two meter
     snapshots (the meter's ``functions``), by plan name: their mean billed ms per invocation."""
-    out: dict[str, float] = {}
-    for fn, name in names.items():
-        a, b = after.get(name) or {}, before.get(name) or {}
-        n = int(a.get("invocations", 0)) - int(b.get("invocations", 0))
-        if n > 0:
-            out[fn] = (float(a.get("billed_ms", 0.0)) - float(b.get("billed_ms", 0.0))) / n
-    return out
+    delta = meter_delta(before, after)
+    return {fn: r["billed_ms"] / r["invocations"] for fn, name in names.items()
+            if (r := delta.get(name)) is not None and r["invocations"] > 0}
 
 
 def stage_records(pm: Any, result: Any, timings: Sequence[Mapping[str, float]]) -> list[StageRecord | None]:

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, TypedDict, get_args
+from typing import Any, Literal, TypedDict, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from platforms import PlatformProfile
 
-__all__ = ["FunctionUsage", "Meter", "UsageJSON"]
+__all__ = ["FunctionUsage", "Meter", "UsageJSON", "meter_delta"]
 
 
 class UsageJSON(TypedDict):
@@ -43,6 +44,32 @@ class UsageJSON(TypedDict):
 
 _Totalled = Literal["invocations", "errors", "cold_starts", "billed_ms", "billed_gb_s", "billed_vcpu_s", "cost_usd"]
 _TOTALLED: tuple[_Totalled, ...] = get_args(_Totalled)
+
+
+#: the counters a usage accumulates, which a delta of two snapshots subtracts
+_COUNTERS = ("invocations", "errors", "cold_starts", "duration_ms", "billed_ms", "billed_gb_s", "init_ms", "cost_usd")
+
+
+def meter_delta(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]
+                ) -> dict[str, dict[str, Any]]:
+    """Per-function usage between two meter snapshots (``{function: usage}`` as :meth:`Meter.snapshot`
+    reports it, or as its JSON): the counters' differences (errors by type too), each function's memory
+    and peak resident memory as of ``after``. The meter's counters are cumulative, so what a run used is
+    the difference of the snapshots taken around it."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, a in after.items():
+        b = before.get(name, {})
+        row: dict[str, Any] = {k: float(a.get(k, 0) or 0) - float(b.get(k, 0) or 0) for k in _COUNTERS}
+        row["invocations"] = int(row["invocations"])
+        row["errors"] = int(row["errors"])
+        row["cold_starts"] = int(row["cold_starts"])
+        kinds = {k: int(n) - int((b.get("errors_by_type") or {}).get(k, 0))
+                 for k, n in (a.get("errors_by_type") or {}).items()}
+        row["errors_by_type"] = {k: n for k, n in kinds.items() if n}
+        row["memory_mb"] = int(a.get("memory_mb", 0) or 0)
+        row["max_rss_mb"] = float(a.get("max_rss_mb", 0) or 0)
+        out[name] = row
+    return out
 
 
 @dataclass

@@ -123,3 +123,13 @@ def test_this_machines_calibration_is_keyed_by_its_cpu_and_a_clouds_by_its_endpo
     assert there != here and there.parent == here.parent and there.name.endswith("-01234567.yaml")
     cloud = calibrated_profile_path("aws-lambda", host="eu-west-1", cache_dir=tmp_path)
     assert cloud.name == "aws-lambda-eu-west-1.yaml"
+
+
+def test_a_machines_first_calibration_takes_as_many_samples_as_flatpack_calibrate() -> None:
+    # a deploy's (or a benchmark's) calibration is the one every later plan on the machine is priced with: it
+    # must be as precise as the one `flatpack calibrate` writes
+    from serving.calibrate import LOCAL_CALIBRATION_SAMPLES
+    from serving.cli.calibrate import calibrate_cmd
+
+    samples = next(p for p in calibrate_cmd.params if p.name == "samples")
+    assert samples.default == LOCAL_CALIBRATION_SAMPLES

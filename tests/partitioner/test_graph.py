@@ -28,7 +28,6 @@ def test_chain_units_have_one_heavy_op_each_and_followers() -> None:
     assert lg.units[1].weight_bytes == (4 * 4 * 9 + 4) * 4
 
 
-
 def test_a_range_of_units_weighs_what_its_units_weigh() -> None:
     lg = LayerGraph.load(conv_stack([{"op": "Conv", "k": (3, 3), "pads": [1, 1, 1, 1], "cout": c}
                                      for c in (4, 6, 2)], cin=3, h=8, w=8))
@@ -37,6 +36,7 @@ def test_a_range_of_units_weighs_what_its_units_weigh() -> None:
     assert lg.weight_bytes(0, 2) == sum(each)
     assert lg.weight_bytes(1, 1) == each[1]
     assert lg.weight_bytes(1, 2) == each[1] + each[2]
+
 
 def test_residual_branches_merge_into_one_unit() -> None:
     lg = LayerGraph.load(residual_block())

@@ -61,7 +61,7 @@ def deployments(pp: Any) -> Iterator[Deployments]:
 
 
 def interleaved(targets: Mapping[str, Target], pool: InputPool, rounds: int, *, warmup: int = 3, burst: int = 1,
-                precision: float = 0.0, max_rounds: int | None = None,
+                precision: float = 0.0, max_rounds: int | None = None, watched: Sequence[str] | None = None,
                 ) -> tuple[dict[str, list[Sample]], dict[str, UsageSummary], float]:
     """Warm every target up, then ``rounds`` interleaved rounds; samples, meter usage per target, wall s.
 
@@ -75,7 +75,9 @@ def interleaved(targets: Mapping[str, Target], pool: InputPool, rounds: int, *, 
     is less certain than that (:func:`mean_uncertainty`), up to ``max_rounds`` in all (default: ``rounds``).
     A comparison of means (a meter's billed time per request) then rests on as many requests as each run's
     spread needs: on a shared host the odd request that waits out a busy moment moves a short run's mean by
-    more than a model's error. Every target gets the same rounds; the usage is over all of them."""
+    more than a model's error. ``watched``: the targets whose means must be known that well (default: all;
+    a probe timed beside the plans need not be). Every target gets the same rounds; the usage is over all of
+    them."""
     if burst > 1:
         for target in targets.values():
             closed_loop(target, pool, clients=burst, requests=2)
@@ -84,7 +86,8 @@ def interleaved(targets: Mapping[str, Target], pool: InputPool, rounds: int, *, 
     t0 = time.perf_counter()
     samples = alternate(targets, pool, rounds=rounds)
     done, cap = rounds, max(rounds, max_rounds or rounds)
-    while precision > 0 and done < cap and max(mean_uncertainty(v) for v in samples.values()) > precision:
+    names = list(watched) if watched is not None else list(samples)
+    while precision > 0 and done < cap and max(mean_uncertainty(samples[k]) for k in names) > precision:
         step = min(rounds, cap - done)
         for k, v in alternate(targets, pool, rounds=step).items():
             samples[k] += v

@@ -403,6 +403,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
     from bench.load.targets import InProcessTarget
     from bench.suite.comparison import bad, p50
     from bench.suite.deployments import deployments, interleaved
+    from bench.suite.invocation_probes import deploy_probes, in_run_dispatch, probe_sizes
     from bench.suite.planning import invoke_facts, part_overhead, perfmodel
     from functions.plan import Plan
     from partitioner.graph import LayerGraph
@@ -438,7 +439,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
             pool = InputPool.from_bundle(bundles["unsplit"], 4)
             ref_mb = _reference_mb(pm, plans["unsplit"])
             with deployments(pp) as st:
-                targets = {k: st.deploy(b, k) for k, b in bundles.items()}
+                targets: dict[str, Any] = {k: st.deploy(b, k) for k, b in bundles.items()}
                 if ref_mb is not None:
                     whole = _export(lg, plans["unsplit"][0], ref_mb, work / f"ref-{slug}", platform)
                     targets[REFERENCE] = st.deploy(whole, REFERENCE, keep_timings=True)
@@ -448,6 +449,8 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 for mb in twins:
                     b = _export(lg, plans["unsplit"][0], mb, work / f"{SHARE_TWIN}{mb}-{slug}", platform)
                     targets[f"{SHARE_TWIN}{mb}"] = st.deploy(b, f"{SHARE_TWIN}{mb}", keep_timings=True)
+                probes = deploy_probes(st, pm, probe_sizes(pm, plans), work / f"probes-{slug}")
+                targets.update(probes)
                 n = rounds_for(pm, plans["unsplit"], rounds)
                 say(f"{name}: {n} interleaved rounds")
                 # where CPU is per function a plan's many parts run 60 rounds and more, and past a part's 20th
@@ -457,7 +460,8 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 # would not. Where CPU follows memory the rounds are 20 and the DLRM's tables would be held twice.
                 burst = 2 if pm.cpu.per_function else 1
                 samples, usage, _ = interleaved(targets, pool, n, burst=burst, precision=MC_PRECISION,
-                                                max_rounds=MAX_ROUNDS_FACTOR * max(n, rounds))
+                                                max_rounds=MAX_ROUNDS_FACTOR * max(n, rounds),
+                                                watched=[k for k in targets if k not in probes])
                 if (ran := len(next(iter(samples.values())))) > n:
                     n = ran
                     say(f"{name}: {n} rounds, until every plan's mean is known within {MC_PRECISION:.0%}")
@@ -468,6 +472,10 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 samples_tail = samples
             if twins:
                 share = _in_run_note(pm, calibrated, targets, twins, n) + share
+            dispatch = in_run_dispatch(probes, transfer_latency_ms=pm.platform.transfer_latency_ms, rounds=n)
+            if dispatch is not None:
+                pm.use_platform(dispatch.facts(pm.platform))
+                share = dispatch.note(calibrated) + share
             pm, mc_pm, compute = _scaled(pm, targets.get(REFERENCE), n, request_tail(samples_tail))
             if ref_mb is None:
                 compute += f"; {IN_PROCESS_NOTE}"

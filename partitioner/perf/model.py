@@ -181,6 +181,9 @@ class PerfModel:
         self._flat_mb = None
         self._vcpu.clear()
         self._dispatch_at.clear()
+        self.dispatch_ms = self.dispatch_at(round(platform.mb_per_vcpu))
+        if platform.handling_ms is not None:
+            self.handling_ms = platform.handling_ms
         self._jitter_q = jitter_factor(platform.jitter_sigma, self.q)
         self._jitter_at.clear()
         self.use_compute(self.compute)

@@ -304,3 +304,40 @@ def test_the_models_share_slow_down_is_timed_again_in_the_plans_rounds_and_predi
     note = _in_run_note(pm, local, targets, [204], rounds=30)
     assert pm.platform.share_factor(v) == pytest.approx(12.0 * v, rel=1e-6)
     assert "timed in these rounds (at 204 MB x12.00 ±0.0 %" in note
+
+
+
+def test_the_masters_cpu_per_worker_invocation_timed_in_the_rounds_prices_the_rows_in_place_of_calibrates() -> None:
+    """Where a plan's master invokes workers below one vCPU, calibrate's fork probes of 2 and 4 workers run
+    beside the plans at that size and at one vCPU: the master's median CPU per request grows by one
+    invocation's per worker (each worker's put and get taken off, as calibrate takes them), and the rows are
+    priced with these in place of calibrate's, interpolated by vCPU between them."""
+    from types import SimpleNamespace
+
+    from bench.suite.invocation_probes import PROBE, in_run_dispatch, probe_sizes
+
+    lg = LayerGraph.load(conv_stack(CNN, cin=3, h=64, w=64))
+    local = PlatformFacts.from_profile(load_profile("local"))
+    pm = PerfModel(lg, local, transport="shm")
+    plans = plans_of(pm)
+    assert probe_sizes(pm, plans) == sorted({mb for ch, mb in plans.values()
+                                             if mb < 1769 and any(c.worker_mb for c in ch)})
+    assert probe_sizes(pm, {"one": (plans["unsplit"][0], 128)}) == []  # no workers invoked: nothing to probe
+
+    lat, rounds = 0.12, 20
+    # a slow warm-up request first, then the measured rounds (the 4-worker probe's spread about its median)
+    probes = {f"{PROBE}fork{n}-{mb}": SimpleNamespace(timings=[{"stage0_cpu_ms": 50.0}] + [
+                  {"stage0_cpu_ms": base + (n - 2) * (per + 2 * lat) + (0.3 * (i % 3 - 1) if n == 4 else 0.0)}
+                  for i in range(rounds)])
+              for mb, base, per in ((1769, 1.0, 0.1), (128, 2.0, 0.4)) for n in (2, 4)}
+    got = in_run_dispatch(probes, transfer_latency_ms=lat, rounds=rounds)
+    assert got is not None and got.dispatch_ms == pytest.approx({1769: 0.1, 128: 0.4})
+    pm.use_platform(got.facts(pm.platform))
+    assert pm.dispatch_at(128) == pytest.approx(0.4) and pm.dispatch_at(1769) == pytest.approx(0.1)
+    assert pm.dispatch_ms == pytest.approx(0.1)  # the model's one-vCPU figure follows its facts
+    assert pm.dispatch_at(948) == pytest.approx(0.4 - 0.3 * (948 / 1769 - 128 / 1769) / (1 - 128 / 1769))
+    assert "128 MB 0.400, 1769 MB 0.100 ms" in got.note(local)
+    # a probe that answered fewer than 3 requests gives nothing to price with; no probes, nothing either
+    short = {**probes, f"{PROBE}fork4-128": SimpleNamespace(timings=[{"stage0_cpu_ms": 3.0}] * 2)}
+    assert in_run_dispatch(short, transfer_latency_ms=lat, rounds=rounds) is None
+    assert in_run_dispatch({}, transfer_latency_ms=lat, rounds=rounds) is None

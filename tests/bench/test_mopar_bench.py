@@ -341,3 +341,33 @@ def test_the_masters_cpu_per_worker_invocation_timed_in_the_rounds_prices_the_ro
     short = {**probes, f"{PROBE}fork4-128": SimpleNamespace(timings=[{"stage0_cpu_ms": 3.0}] * 2)}
     assert in_run_dispatch(short, transfer_latency_ms=lat, rounds=rounds) is None
     assert in_run_dispatch({}, transfer_latency_ms=lat, rounds=rounds) is None
+
+
+def test_the_fork_probes_run_beside_a_comparison_with_their_own_input_and_time_the_dispatch(
+        platform: object, tmp_path: Path) -> None:
+    """On a real local platform: the probes deploy at one vCPU and at the sizes asked, answer every round of an
+    interleaved comparison whatever input the round sends (their own), keep their master's timings, and give a
+    dispatch figure at each size; everything deployed is removed after the comparison."""
+    import onnx
+
+    from bench.load.inputs import InputPool
+    from bench.suite.deployments import deployments, interleaved
+    from bench.suite.invocation_probes import PROBE, deploy_probes, in_run_dispatch
+    from serving.calibrate.probes import noop_model
+
+    lg = LayerGraph.load(conv_stack(CNN, cin=3, h=64, w=64))
+    pm = PerfModel(lg, PlatformFacts.from_profile(load_profile("local")), transport="shm")
+    onnx.save(noop_model(), str(tmp_path / "other.onnx"))
+    pool = InputPool.from_model(tmp_path / "other.onnx", 2)  # not the probes' input: they send their own
+    client = platform.client  # type: ignore[attr-defined]
+    before = {f["name"] for f in client.functions()}
+    with deployments(platform) as st:
+        probes = deploy_probes(st, pm, [128], tmp_path / "probes")
+        assert sorted(probes) == sorted(f"{PROBE}fork{n}-{mb}" for n in (2, 4) for mb in (128, 1769))
+        samples, _, _ = interleaved(probes, pool, 3, warmup=1)
+        assert all(s.ok for xs in samples.values() for s in xs), samples
+        assert all(len(p.timings) == 4 for p in probes.values())  # the warm-up's and the 3 rounds'
+        got = in_run_dispatch(probes, transfer_latency_ms=0.0, rounds=3)
+        assert got is not None and set(got.dispatch_ms) == {128, 1769}
+        assert all(ms >= 0.0 for ms in got.dispatch_ms.values())
+    assert {f["name"] for f in client.functions()} == before

@@ -115,6 +115,7 @@ class InRunDispatch:
 def in_run_dispatch(probes: Mapping[str, Any], *, transfer_latency_ms: float, rounds: int) -> InRunDispatch | None:
     """The probes' figures over the measured ``rounds`` (see the module docstring); None where there were no
     probes or one answered fewer than 3 of them."""
+    from serving.calibrate.measure import dispatch_ms
     from serving.calibrate.probes import FORK_SPLITS
 
     sizes = sorted({int(k.rsplit("-", 1)[1]) for k in probes})
@@ -127,7 +128,5 @@ def in_run_dispatch(probes: Mapping[str, Any], *, transfer_latency_ms: float, ro
             if len(cpu) < 3:
                 return None
             med[n] = statistics.median(cpu)
-        (n1, c1), (n2, c2) = sorted(med.items())
-        # each worker's input put and output get are the transfers' cost, not the dispatch's (as calibrate)
-        dispatch[mb] = max(0.0, (c2 - c1) / (n2 - n1) - 2 * transfer_latency_ms)
+        dispatch[mb] = dispatch_ms(med, transfer_latency_ms)
     return InRunDispatch(dispatch) if dispatch else None

@@ -78,6 +78,7 @@ from serving.platform.master_client import MasterClient
 __all__ = [
     "Calibration",
     "Dispatch",
+    "dispatch_ms",
     "CalibrationSettings",
     "CalibrationTarget",
     "CpuShare",
@@ -677,10 +678,15 @@ def measure_dispatch(target: LocalTarget, settings: CalibrationSettings, workdir
         for p in probes.values():
             p.close()
     med = {n: _median(xs) for n, xs in cpu.items()}
-    (n1, c1), (n2, c2) = sorted(med.items())
-    per_worker = (c2 - c1) / (n2 - n1)
-    # each worker's input put and output get are the transfers' (calibrated) cost, not the dispatch's
-    return Dispatch(med, latency, max(0.0, per_worker - 2 * latency), memory_mb, settings.dispatch_samples, transport)
+    return Dispatch(med, latency, dispatch_ms(med, latency), memory_mb, settings.dispatch_samples, transport)
+
+
+def dispatch_ms(master_cpu_ms: dict[int, float], transfer_latency_ms: float) -> float:
+    """The master's CPU per worker invocation from the fork probes' median master CPU per request by worker
+    count (two counts): its growth per worker, less each worker's input put and output get, which are the
+    transfers' (calibrated) cost, not the dispatch's (at least 0)."""
+    (n1, c1), (n2, c2) = sorted(master_cpu_ms.items())
+    return max(0.0, (c2 - c1) / (n2 - n1) - 2 * transfer_latency_ms)
 
 
 def handling_ms(low_rtts: Sequence[float], reference_rtts: Sequence[float], stretch: float) -> float:

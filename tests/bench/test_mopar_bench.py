@@ -306,7 +306,6 @@ def test_the_models_share_slow_down_is_timed_again_in_the_plans_rounds_and_predi
     assert "timed in these rounds (at 204 MB x12.00 ±0.0 %" in note
 
 
-
 def test_the_masters_cpu_per_worker_invocation_timed_in_the_rounds_prices_the_rows_in_place_of_calibrates() -> None:
     """Where a plan's master invokes workers below one vCPU, calibrate's fork probes of 2 and 4 workers run
     beside the plans at that size and at one vCPU: the master's median CPU per request grows by one

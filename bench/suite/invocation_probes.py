@@ -71,7 +71,9 @@ def probe_sizes(pm: Any, plans: Mapping[str, tuple[Sequence[Any], int]]) -> list
 
 
 def _one_vcpu_mb(pm: Any) -> int:
-    return int(round(pm.platform.mb_per_vcpu))
+    """The memory of one vCPU within the platform's range: the size calibrate times its own probes at."""
+    p = pm.platform
+    return int(min(p.memory_max_mb, max(p.memory_min_mb, round(p.mb_per_vcpu))))
 
 
 def deploy_probes(st: Any, pm: Any, sizes: Sequence[int], workdir: Path) -> dict[str, ProbeTarget]:

@@ -131,12 +131,7 @@ class PerfModel:
             platform = replace(platform, transfer_latency_ms=platform.transfer_latency_ms + _REDIS_LOOPBACK_MS)
         self.platform = platform
         self.compute = _on_platform(compute or ComputeModel.from_flops(lg), platform)
-        # the master's CPU per worker invocation: as calibrate measured it on the platform, else the default
-        self._dispatch_at: dict[int, float] = {}
-        self.dispatch_ms = self.dispatch_at(round(platform.mb_per_vcpu))  # at one vCPU
-        # a function's own handling of each invocation it serves (decoding, encoding, the HTTP exchange)
-        self.handling_ms = (platform.handling_ms if platform.handling_ms is not None
-                            else self.compute.invocation_overhead_ms)
+        self._dispatch_at: dict[int, float] = {}  # :meth:`dispatch_at`, per master memory
         self.q = percentile if percentile is not None else 0.99
         self.q_mode = percentile is not None
         self.hedge = hedge
@@ -181,9 +176,6 @@ class PerfModel:
         self._flat_mb = None
         self._vcpu.clear()
         self._dispatch_at.clear()
-        self.dispatch_ms = self.dispatch_at(round(platform.mb_per_vcpu))
-        if platform.handling_ms is not None:
-            self.handling_ms = platform.handling_ms
         self._jitter_q = jitter_factor(platform.jitter_sigma, self.q)
         self._jitter_at.clear()
         self.use_compute(self.compute)
@@ -192,8 +184,6 @@ class PerfModel:
         """Price every option with ``compute`` from now on (e.g. unit times rescaled to the whole model timed
         on the target): the figures that depend on it are dropped."""
         self.compute = _on_platform(compute, self.platform)
-        if self.platform.handling_ms is None:
-            self.handling_ms = compute.invocation_overhead_ms
         self._options.clear()
         self._free.clear()
         self._free_worst.clear()
@@ -617,6 +607,18 @@ class PerfModel:
             for k in (self.stage_times.records if self.stage_times is not None else {}):
                 self._measured_keys.setdefault(k[:4], []).append((k[4], k[5]))
         return self._measured_keys.get((first, last, split, master_part), [])
+
+    @property
+    def dispatch_ms(self) -> float:
+        """The master's CPU per worker invocation at one vCPU (:meth:`dispatch_at`)."""
+        return self.dispatch_at(round(self.platform.mb_per_vcpu))
+
+    @property
+    def handling_ms(self) -> float:
+        """A function's own handling of each invocation it serves (decoding, encoding, the HTTP exchange): as
+        calibrate measured it on the platform, else the compute model's default."""
+        h = self.platform.handling_ms
+        return h if h is not None else self.compute.invocation_overhead_ms
 
     def dispatch_at(self, master_mb: int) -> float:
         """The master's CPU per worker invocation at ``master_mb``: the platform's calibrated figures

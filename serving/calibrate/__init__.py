@@ -148,7 +148,14 @@ class CalibrationResult:
                 "provenance": self.provenance.to_json(), **self.calibration.to_json()}
 
 
-def calibrate(platform: str | Path = LOCAL, *, output: Path | None = None, samples: int = 200,
+#: warm no-op round trips the first calibration of the local platform on a machine measures with, as many as
+#: ``flatpack calibrate`` takes by default (its CLI option says so too, and a test holds them equal). The
+#: millisecond figures (a further tensor's move, a stage's overhead, the meter's no-op) move most with fewer
+#: samples, and the first calibration prices every later plan on the machine (docs/benchmarks.md)
+LOCAL_CALIBRATION_SAMPLES = 200
+
+
+def calibrate(platform: str | Path = LOCAL, *, output: Path | None = None, samples: int = LOCAL_CALIBRATION_SAMPLES,
               url: str | None = None, settings: CalibrationSettings | None = None,
               progress: Progress | None = None, cloud: Cloud | None = None,
               workdir: Path | None = None) -> CalibrationResult:
@@ -196,7 +203,8 @@ def _calibrate_cloud(platform: str | Path, base: PlatformProfile, output: Path |
     return CalibrationResult(cal, where, path, str(platform), False)
 
 
-def calibrated_profile(name: str = LOCAL, *, recalibrate: bool = False, samples: int = 200,
+def calibrated_profile(name: str = LOCAL, *, recalibrate: bool = False,
+                       samples: int = LOCAL_CALIBRATION_SAMPLES,
                        progress: Progress | None = None) -> PlatformProfile | None:
     """This machine's calibrated profile of platform ``name`` from the cache, or None if it was never
     calibrated here. ``recalibrate``: measure now (see :func:`calibrate`), replace the cached file, and
@@ -208,13 +216,6 @@ def calibrated_profile(name: str = LOCAL, *, recalibrate: bool = False, samples:
     if not path.is_file():
         return None
     return load_profile(path)
-
-
-#: warm no-op round trips the first calibration of the local platform on a machine measures with, as many as
-#: ``flatpack calibrate`` takes by default. The millisecond figures (a further tensor's move, a stage's
-#: overhead, the meter's no-op) move most with fewer: five calibrations of 60 on one 2-core VM priced a DLRM
-#: request 0.0047-0.0066 GB-s, six of 200 within 3 % of 0.0045. It takes about 55 s on such a machine
-LOCAL_CALIBRATION_SAMPLES = 200
 
 
 def ensure_local_calibration(*, recalibrate: bool = False, samples: int = LOCAL_CALIBRATION_SAMPLES,

@@ -274,15 +274,21 @@ def _whole_model_scaled(cm: ComputeModel, lg: LayerGraph, *, fresh: bool) -> tup
     return scale_to_whole(cm, wholes)
 
 
-def scale_to_whole(cm: ComputeModel, whole_ms: dict[int, float]) -> tuple[ComputeModel, str]:
+#: the scale a whole-model timing may put on a profile's unit times: beyond it the timing is taken for a
+#: disturbed one (a busy machine, a cached figure from another) rather than the model's
+WHOLE_SCALE_BOUNDS = (0.5, 3.0)
+
+
+def scale_to_whole(cm: ComputeModel, whole_ms: dict[int, float], *,
+                   bounds: tuple[float, float] = WHOLE_SCALE_BOUNDS) -> tuple[ComputeModel, str]:
     """``cm`` with its unit times at each thread count in ``whole_ms`` scaled so that the whole model's time
     as the profile has it (:meth:`ComputeModel.model_ms`: the units less the boundaries' savings) is that
-    whole-model time (the scale clipped to [0.5, 3]); and a note saying by how much."""
+    whole-model time (the scale clipped to ``bounds``); and a note saying by how much."""
     scales: dict[int, float] = {}
     for t, whole in whole_ms.items():
         total = cm.model_ms(t)
         if total > 0 and whole > 0:
-            scales[t] = float(np.clip(whole / total, 0.5, 3.0))
+            scales[t] = float(np.clip(whole / total, *bounds))
     if not scales:
         return cm, ""
     units = tuple({k: v * scales.get(k, 1.0) for k, v in u.items()} for u in cm.unit_ms)

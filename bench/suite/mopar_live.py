@@ -233,6 +233,15 @@ def request_tail(samples: Mapping[str, Sequence[Any]]) -> float:
     return means / medians if medians > 0 else 1.0
 
 
+#: the scale the reference may put on the unit times. A plan's scale is bounded tighter
+#: (``partitioner.planner.WHOLE_SCALE_BOUNDS``) against one disturbed whole-model timing; the reference is the
+#: model timed between the plans' requests, hundreds of them, so it is taken as it is but for a reference that
+#: timed something else. A model of large tables needs the room: its unit profile repeats each lookup on rows
+#: the repeats keep in the caches, where between other functions' requests every lookup misses them, and the
+#: whole runs several times its units' sum
+REFERENCE_SCALE_BOUNDS = (0.2, 10.0)
+
+
 def _scaled(pm: Any, ref: Any, rounds: int, tail: float = 1.0) -> tuple[Any, Any, str]:
     """``pm`` with its one-thread unit times scaled to the reference's compute (its handler's median stage
     time over the measured rounds), as ``bench perfmodel`` and ``bench lo`` scale theirs: the unit profile is
@@ -261,7 +270,7 @@ def _scaled(pm: Any, ref: Any, rounds: int, tail: float = 1.0) -> tuple[Any, Any
         return pm, pm, "measured profile, unscaled (no reference timed)"
 
     def at(whole_ms: float) -> tuple[Any, str]:
-        cm, note = scale_to_whole(pm.compute, {1: whole_ms})
+        cm, note = scale_to_whole(pm.compute, {1: whole_ms}, bounds=REFERENCE_SCALE_BOUNDS)
         return PerfModel(pm.lg, pm.platform, cm, transport=pm.transport, cpu=pm.cpu), note
 
     p50_pm, note = at(median)

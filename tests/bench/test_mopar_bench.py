@@ -249,7 +249,7 @@ def test_a_model_no_one_vcpu_function_holds_is_referenced_in_this_process_at_one
 
     from bench.load.targets import InProcessTarget
     from bench.load.usage import usage_summary
-    from bench.suite.mopar_live import _reference_figures, _scaled
+    from bench.suite.mopar_live import REFERENCE_SCALE_BOUNDS, _reference_figures, _reference_median, _scaled
 
     path = tmp_path / "cnn.onnx"
     onnx.save(conv_stack(CNN, cin=3, h=32, w=32), path)
@@ -268,12 +268,35 @@ def test_a_model_no_one_vcpu_function_holds_is_referenced_in_this_process_at_one
     pm = PerfModel(LayerGraph.load(path), PlatformFacts.from_profile(load_profile("local")), transport="shm")
     p50_pm, _, note = _scaled(pm, ref, rounds=3)
     total = pm.compute.model_ms(1)
-    scale = min(3.0, max(0.5, figures["reference_ms"] / total))  # scale_to_whole's clip
+    low, high = REFERENCE_SCALE_BOUNDS
+    scale = min(high, max(low, _reference_median(ref, 3) / total))  # reference_ms is rounded to a microsecond
     assert p50_pm.compute.model_ms(1) == pytest.approx(scale * total, rel=1e-3)
     assert f"x{scale:.2f} at 1 thread" in note
     ref.close()
     with pytest.raises(RuntimeError, match="closed"):
         ref.infer({name: x})
+
+
+def test_a_reference_several_times_the_units_sum_scales_the_prediction_as_it_is() -> None:
+    """A model of large tables runs its lookups between the plans' requests on rows out of the caches, several
+    times what its unit profile (each lookup repeated on rows kept in them) sums to: the rows are priced at
+    the reference's time, not at the bound a plan's one whole-model timing is held to."""
+    from types import SimpleNamespace
+
+    from bench.suite.mopar_live import _scaled
+    from partitioner.planner import WHOLE_SCALE_BOUNDS, scale_to_whole
+
+    pm = PerfModel(LayerGraph.load(conv_stack(CNN, cin=3, h=32, w=32)),
+                   PlatformFacts.from_profile(load_profile("local")), transport="shm")
+    total = pm.compute.model_ms(1)
+    far = 2 * WHOLE_SCALE_BOUNDS[1]
+    ref = SimpleNamespace(timings=[{"stage0_ms": far * total}] * 5)
+    p50_pm, mc_pm, note = _scaled(pm, ref, rounds=5, tail=1.1)
+    assert p50_pm.compute.model_ms(1) == pytest.approx(far * total, rel=1e-3)
+    assert mc_pm.compute.model_ms(1) == pytest.approx(1.1 * far * total, rel=1e-3)
+    assert f"x{far:.2f} at 1 thread" in note
+    held, _ = scale_to_whole(pm.compute, {1: far * total})  # a plan's whole-model timing stays bounded
+    assert held.model_ms(1) == pytest.approx(WHOLE_SCALE_BOUNDS[1] * total, rel=1e-3)
 
 
 def test_the_models_share_slow_down_is_timed_again_in_the_plans_rounds_and_predicts_below_one_vcpu() -> None:

@@ -434,19 +434,22 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
         invoke = invoke_facts(pp, work, n=40, memory_mb=512).invoke
         for spec in specs:
             name = label(spec)
-            say(f"{name}: profiling its units (cached) and planning")
+            say(f"{name}: profiling its units (cached)")
             lg = LayerGraph.load(model_path(spec))
             pm, _ = perfmodel(lg, invoke, platform=base, emulate=emulate)
             calibrated = pm.platform  # calibrate's share slow-downs, before the model's own replace them
             share = _model_share(lg, pm, base, say)
             share += _with_overhead(pm, overheads[name])
+            say(f"{name}: planning ({', '.join(PLANS)})")
             plans = plans_of(pm)
             same = same_plans(plans)
             slug = name.replace("/", "_").replace("@", "-")
+            say(f"{name}: exporting {len(plans) - len(same)} bundles")
             bundles = {k: _export(lg, ch, mb, work / f"{k}-{slug}", platform) for k, (ch, mb) in plans.items()
                        if k not in same}
             pool = InputPool.from_bundle(bundles["unsplit"], 4)
             ref_mb = _reference_mb(pm, plans["unsplit"])
+            say(f"{name}: deploying the plans and a reference beside them")
             with deployments(pp) as st:
                 targets: dict[str, Any] = {k: st.deploy(b, k) for k, b in bundles.items()}
                 if ref_mb is not None:

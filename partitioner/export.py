@@ -23,7 +23,7 @@ from functions.compare import DEFAULT_TOLERANCE
 from functions.plan import JOIN_KINDS, Function, ModelInfo, Part, Plan, Stage, TensorSpec
 from partitioner.errors import ExportError, NotSplittable, SpecError
 from partitioner.graph import LayerGraph
-from partitioner.model_file import PROTOBUF_LIMIT_BYTES, save_model, serialized_bytes
+from partitioner.model_file import PROTOBUF_LIMIT_BYTES, save_model, serialized_bytes, tensor_nbytes
 from partitioner.normalize import fixed_dims
 from partitioner.parts import PartModel, StageCut, cut_stage
 from partitioner.spec import StageSpec, parse_stages
@@ -82,7 +82,7 @@ def write_stage_files(root: Path, files: Mapping[str, onnx.ModelProto]) -> None:
 
 
 def _part_need_mb(lg: LayerGraph, part: PartModel) -> float:
-    weights = sum(t.ByteSize() for t in part.model.graph.initializer)
+    weights = sum(tensor_nbytes(t) for t in part.model.graph.initializer)
     acts = sum(lg.tensors[x.name].dtype.itemsize * _numel(x.region) for x in part.inputs)
     return _RUNTIME_BASE_MB + 1.5 * (weights + 3 * acts) / 2**20
 

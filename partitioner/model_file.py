@@ -9,6 +9,7 @@ whatever happens to the file written from it).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import onnx
 from google.protobuf.message import EncodeError
 from onnx import external_data_helper
 
-__all__ = ["EXTERNAL_DATA_THRESHOLD_BYTES", "PROTOBUF_LIMIT_BYTES", "save_model", "serialized_bytes"]
+__all__ = ["EXTERNAL_DATA_THRESHOLD_BYTES", "PROTOBUF_LIMIT_BYTES", "raw_bytes", "save_model", "serialized_bytes",
+           "tensor_nbytes"]
 
 #: Above this serialised size a model's tensors go to ``<file name>.data`` (protobuf's limit is 2 GB).
 EXTERNAL_DATA_THRESHOLD_BYTES = 1_800_000_000
@@ -24,9 +26,28 @@ EXTERNAL_DATA_THRESHOLD_BYTES = 1_800_000_000
 PROTOBUF_LIMIT_BYTES = 2**31
 
 
+def tensor_nbytes(tensor: onnx.TensorProto) -> int:
+    """The bytes of ``tensor``'s values: its elements times their width, without reading them (protobuf's
+    ``ByteSize`` serialises a tensor to measure it: seconds for a gigabyte); a string tensor's serialised size."""
+    if tensor.data_type == onnx.TensorProto.STRING:
+        return int(tensor.ByteSize())
+    width = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return math.prod(tensor.dims) * width
+
+
+def raw_bytes(model: onnx.ModelProto) -> int:
+    """The bytes of ``model``'s tensors held as ``raw_data`` (a model's weights, as exporters write them): a
+    lower bound of its serialised size, counted without serialising it."""
+    return sum(tensor_nbytes(t) for t in _tensors(model.graph)
+               if t.HasField("raw_data") and not external_data_helper.uses_external_data(t))
+
+
 def serialized_bytes(model: onnx.ModelProto) -> int:
     """``model``'s serialised size, or :data:`PROTOBUF_LIMIT_BYTES` where it is larger (protobuf then cannot
-    even measure it: ``ByteSize`` raises)."""
+    even measure it: ``ByteSize`` raises). A model whose raw tensors alone reach the limit is not serialised
+    to say so: ``ByteSize`` serialises it, some 5 s for 2 GB."""
+    if raw_bytes(model) >= PROTOBUF_LIMIT_BYTES:
+        return PROTOBUF_LIMIT_BYTES
     try:
         return min(model.ByteSize(), PROTOBUF_LIMIT_BYTES)
     except EncodeError:
@@ -46,7 +67,7 @@ def save_model(model: onnx.ModelProto, path: str | Path, *, threshold_bytes: int
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     limit = EXTERNAL_DATA_THRESHOLD_BYTES if threshold_bytes is None else threshold_bytes
-    if serialized_bytes(model) <= limit:
+    if raw_bytes(model) <= limit and serialized_bytes(model) <= limit:
         onnx.save_model(model, str(path))
         return path
     data = path.with_name(path.name + ".data")

@@ -179,3 +179,33 @@ def test_onnxruntime_maps_an_external_data_file_so_the_memory_model_counts_its_w
     assert cm.weights_mb(table.nbytes) == pytest.approx(cm.weight_factor * mb)
     big = model_file.EXTERNAL_DATA_THRESHOLD_BYTES + 2**20  # the exporter writes such a part's weights aside
     assert cm.weights_mb(big) == pytest.approx(big / 2**20)
+
+
+def test_a_models_raw_tensors_are_counted_without_serialising_them() -> None:
+    """A weight's bytes are its elements times their width, read off its shape; only tensors held as raw data
+    count towards the bound that spares a big model protobuf's measuring (which serialises it)."""
+    from onnx import TensorProto, helper
+
+    from partitioner.model_file import raw_bytes, serialized_bytes, tensor_nbytes
+
+    model = mlp(d_in=12, hidden=64, d_out=6)
+    weights = _weights(model)
+    assert all(t.HasField("raw_data") for t in model.graph.initializer)
+    assert raw_bytes(model) == sum(w.nbytes for w in weights.values())
+    assert raw_bytes(model) < serialized_bytes(model) == model.ByteSize()
+    typed = helper.make_tensor("k", TensorProto.INT64, [3, 2], [1, 2, 3, 4, 5, 6])  # int64_data, not raw
+    assert tensor_nbytes(typed) == 6 * 8
+    model.graph.initializer.append(typed)
+    assert raw_bytes(model) == sum(w.nbytes for w in weights.values())
+    text = helper.make_tensor("s", TensorProto.STRING, [2], [b"ab", b"cde"])
+    assert tensor_nbytes(text) == text.ByteSize()
+
+
+def test_a_model_whose_raw_tensors_pass_the_threshold_goes_to_external_data(tmp_path: Path) -> None:
+    model = mlp(d_in=12, hidden=64, d_out=6)
+    before = _weights(model)
+    limit = model_file.raw_bytes(model) - 1
+    path = save_model(model, tmp_path / "m.onnx", threshold_bytes=limit)
+    assert path.with_name("m.onnx.data").is_file()
+    assert _in_memory(model) and all(np.array_equal(before[k], v) for k, v in _weights(model).items())
+    np.testing.assert_allclose(_run(str(path)), _run(model), rtol=1e-6)

@@ -70,12 +70,6 @@ def probe_sizes(pm: Any, plans: Mapping[str, tuple[Sequence[Any], int]]) -> list
                    if pm.function_vcpu(mb) < 1.0 - 1e-9 and any(c.worker_mb for c in choices)})
 
 
-def _one_vcpu_mb(pm: Any) -> int:
-    """The memory of one vCPU within the platform's range: the size calibrate times its own probes at."""
-    p = pm.platform
-    return int(min(p.memory_max_mb, max(p.memory_min_mb, round(p.mb_per_vcpu))))
-
-
 def deploy_probes(st: Any, pm: Any, sizes: Sequence[int], workdir: Path) -> dict[str, ProbeTarget]:
     """The fork probes for ``sizes`` and one vCPU, deployed by ``st`` (``bench.suite.deployments``), by target
     name; none where ``sizes`` is empty."""
@@ -87,7 +81,7 @@ def deploy_probes(st: Any, pm: Any, sizes: Sequence[int], workdir: Path) -> dict
     shape = [int(d.dim_value) for d in model.graph.input[0].type.tensor_type.shape.dim]
     x = {"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
     out: dict[str, ProbeTarget] = {}
-    for mb in (_one_vcpu_mb(pm), *sizes):
+    for mb in (pm.platform.one_vcpu_mb, *sizes):
         for n in FORK_SPLITS:
             name = f"{PROBE}fork{n}-{mb}"
             bundle = write_fork_bundle(workdir / name, model, n, memory_mb=mb)

@@ -87,6 +87,12 @@ class PlatformFacts:
                              "CPU (neither)")
 
     @property
+    def one_vcpu_mb(self) -> int:
+        """The memory option that buys one vCPU, within the platform's range (the reference a model and
+        calibrate's probes are timed at)."""
+        return int(min(self.memory_max_mb, max(self.memory_min_mb, round(self.mb_per_vcpu))))
+
+    @property
     def host_cores(self) -> float:
         """The cores every function's share comes out of: a shared host's, unlimited (inf) elsewhere."""
         return float(self.cores) if self.cores is not None else math.inf

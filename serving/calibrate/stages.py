@@ -331,7 +331,7 @@ def whole_model_timing(lg: Any, request: Any, pm: Any, *, memories: Sequence[int
     from partitioner.solvers.common import SolverResult
 
     p = pm.platform
-    ref = _one_vcpu_mb(p)
+    ref = p.one_vcpu_mb
     sizes = [ref, *sorted({int(m) for m in memories if p.memory_min_mb <= int(m) <= p.memory_max_mb} - {ref})]
     path = stage_times_path(lg, pm, request.transport, _expected_cpu_limit()).with_suffix(".whole.json")
     cached, cached_samples, cached_se = cached_whole(path, min_samples, max_age_s=max_age_s)
@@ -476,7 +476,7 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _OVERHEAD
     from partitioner.solvers.common import SolverResult
 
     p = pm.platform
-    ref = _one_vcpu_mb(p)
+    ref = p.one_vcpu_mb
     if len(lg.units) < 2:
         return None
     whole = _whole_stage(lg)
@@ -581,8 +581,8 @@ def _modelled_timer(lg: Any, request: Any, pm: Any, *, samples: int, warmup: int
 
 def _sells_cpu_as_modelled(target: Any, pm: Any) -> None:
     """Raise ValueError where the local platform ``target`` gives a function of ``pm``'s one-vCPU memory
-    (:func:`_one_vcpu_mb`) another CPU share than one vCPU: its CPU follows memory at another rate than ``pm``'s
-    facts say (a model of the openfaas profile, 1,024 MB a vCPU, timed on the local one's 1,769). A timing
+    (``PlatformFacts.one_vcpu_mb``) another CPU share than one vCPU: its CPU follows memory at another rate
+    than ``pm``'s facts say (a model of the openfaas profile, 1,024 MB a vCPU, timed on the local one's 1,769). A timing
     there would be taken for one vCPU's, and every plan priced from it."""
     cpu = dict(target.client.health().get("cpu") or {})
     if cpu.get("cpu_model", "follows_memory") != "follows_memory" or not cpu.get("mb_per_vcpu"):
@@ -592,11 +592,6 @@ def _sells_cpu_as_modelled(target: Any, pm: Any) -> None:
         raise ValueError(f"the platform at {target.url} gives a function one vCPU per {here:.0f} MB, the model "
                          f"timed there one per {modelled:.0f} MB ({pm.platform.name}): plan for the platform that "
                          "times it")
-
-
-def _one_vcpu_mb(platform: Any) -> int:
-    """The memory option that buys one vCPU on ``platform`` (the reference the whole model is timed at)."""
-    return int(min(platform.memory_max_mb, max(platform.memory_min_mb, round(platform.mb_per_vcpu))))
 
 
 #: how far from calibrate's probe, either way, a model's own CPU-share slow-down must be measured (as a fraction
@@ -658,7 +653,7 @@ def share_sizes(pm: Any, probe_mb: int, budget_s: float | None = None) -> list[i
 def _round_ms(pm: Any, mb: int) -> float:
     """One round of the share timing as the model predicts it: the whole model at ``mb`` and at one vCPU."""
     whole = list(_whole_stage(pm.lg))
-    return float(pm.estimate(whole, mb).latency_ms + pm.estimate(whole, _one_vcpu_mb(pm.platform)).latency_ms)
+    return float(pm.estimate(whole, mb).latency_ms + pm.estimate(whole, pm.platform.one_vcpu_mb).latency_ms)
 
 
 def share_samples(pm: Any, mb: int, budget_s: float | None = None) -> int:
@@ -691,7 +686,7 @@ def scale_to_function(lg: Any, request: Any, pm: Any, progress: Any, *, max_age_
     from partitioner.planner import scale_to_whole
 
     p = pm.platform
-    ref = _one_vcpu_mb(p)
+    ref = p.one_vcpu_mb
     auto = request.memory == "auto"
     # a quarter of the profile budget at most: the plan's stages are timed from the same budget
     budget_s = request.profile_budget_s / 4
@@ -768,7 +763,7 @@ def overhead_note(overhead: PartOverhead, compute: Any) -> str:
 def _timed_overhead(lg: Any, request: Any, pm: Any, budget_s: float) -> PartOverhead | None:
     """:func:`part_overhead_ms` where its timing fits ``budget_s`` as the model predicts it (else None, as
     where it cannot be timed)."""
-    ref = _one_vcpu_mb(pm.platform)
+    ref = pm.platform.one_vcpu_mb
     chain = list(chain_choices(lg, ref))
     try:
         round_ms = pm.estimate(list(_whole_stage(lg)), ref).latency_ms + pm.estimate(chain, ref).latency_ms

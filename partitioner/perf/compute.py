@@ -39,12 +39,13 @@ class PartOverhead:
 
     ms: float
     join_scale: float = 1.0
-    # what a part pays per MB of the weights it reads whole on each request beyond their share of the whole
-    # model's time (``ms_per_mb``), and so each unit's read of them at one vCPU (``read_ms``): the profiler runs a
-    # unit in a loop with its weights in the caches, a function reads them from memory on each request. The
-    # whole model's time holds its weights' read, spread over its units by their time, not their weights
-    ms_per_mb: float = 0.0
-    read_ms: tuple[float, ...] = ()
+    # each of the chain's parts' time over its units' profiled share of the whole model (``part_scales``:
+    # serving.calibrate.stages.chain_scales), and so each unit's (``unit_scales``; 1: as the profile shares it).
+    # The profiler runs a unit in a loop, where its weights stay in the caches and it reads its input where the
+    # run before left it; in a function a region of the model can take more or less of the whole than its units'
+    # profiled times say (resnet50's last blocks, which hold most of its weights, ran 2-3 ms over their share)
+    part_scales: tuple[float, ...] = ()
+    unit_scales: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,10 +95,9 @@ class ComputeModel:
     unit_join: tuple[float, ...] = ()
     # how much of what the pairs say the live chain of parts took (:class:`PartOverhead`), 1: all of it
     join_scale: float = 1.0
-    # per unit, the time it takes to read its weights from memory (:class:`PartOverhead`), moved into its time
-    # out of every unit's in proportion to their times: the whole model's time unchanged, a part of heavy
-    # weights and little compute priced higher than its share of time; empty: none moved
-    read_ms: tuple[float, ...] = ()
+    # per unit, the factor its time was rescaled by from the chain of parts (:class:`PartOverhead`), the whole
+    # model's time unchanged; empty: none
+    unit_scales: tuple[float, ...] = ()
     # stage sums by (kind, first, last[, vcpu]): a planner prices each stage with every split, placement and
     # memory, and a stage of any length would otherwise be summed again for each part of each
     _sums: dict[tuple, float] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -242,29 +242,27 @@ class ComputeModel:
             scales = {t: self.model_ms(t) / after for t in threads if (after := moved.model_ms(t)) > 0}
             out = replace(moved, unit_ms=tuple({k: v * scales.get(k, 1.0) for k, v in u.items()}
                                                for u in self.unit_ms))
-        if timed.read_ms != self.read_ms and (not timed.read_ms or len(timed.read_ms) == len(self.unit_ms)):
-            out = out.with_weight_reads(timed.read_ms)
+        if timed.unit_scales != self.unit_scales and (not timed.unit_scales
+                                                      or len(timed.unit_scales) == len(self.unit_ms)):
+            out = out.with_unit_scales(timed.unit_scales)
         return out
 
-    def with_weight_reads(self, read_ms: Sequence[float]) -> ComputeModel:
-        """This model with each unit's read of its weights (``read_ms``, ms per unit: :class:`PartOverhead`) in
-        its time in place of the share of the reads every unit held in proportion to its time: at each thread
-        count, ``t' = (t - old) * (T - sum(read_ms)) / (T - sum(old)) + read``, ``T`` the units' total there,
-        which stays what it was (a thread count whose total is not above the reads keeps its times). Whatever
-        reads the model held before are taken out first (``old``: :attr:`read_ms`)."""
+    def with_unit_scales(self, scales: Sequence[float]) -> ComputeModel:
+        """This model with each unit's time at every thread count times its factor in ``scales`` (those it held
+        before, :attr:`unit_scales`, taken out first), then all of them by one factor per thread count that
+        keeps the units' total there what it was: where a unit's time goes within the whole model, not the
+        whole model's time. Empty ``scales``: the profile's shares back."""
         n = len(self.unit_ms)
-        new = tuple(float(x) for x in read_ms) or (0.0,) * n
-        old = self.read_ms or (0.0,) * n
+        new = tuple(float(x) for x in scales) or (1.0,) * n
+        old = self.unit_scales or (1.0,) * n
+        moved = [{k: v / old[i] * new[i] for k, v in u.items()} for i, u in enumerate(self.unit_ms)]
         threads = {k for u in self.unit_ms for k in u}
-        factor: dict[int, float] = {}
+        norm = {}
         for k in threads:
-            total = sum(u[k] for u in self.unit_ms if k in u)
-            before, after = total - sum(old), total - sum(new)
-            if before > 0 and after > 0:
-                factor[k] = after / before
-        units = tuple({k: ((v - old[i]) * factor[k] + new[i] if k in factor else v) for k, v in u.items()}
-                      for i, u in enumerate(self.unit_ms))
-        return replace(self, unit_ms=units, read_ms=tuple(read_ms))
+            after = sum(u[k] for u in moved if k in u)
+            norm[k] = sum(u[k] for u in self.unit_ms if k in u) / after if after > 0 else 1.0
+        units = tuple({k: v * norm[k] for k, v in u.items()} for u in moved)
+        return replace(self, unit_ms=units, unit_scales=tuple(scales))
 
     def _overhead(self, vcpu: float) -> float:
         """A part's fixed compute at ``vcpu``: the session run's, stretched by a share, and the part's own."""

@@ -39,14 +39,13 @@ from partitioner.live import LiveCorrection
 from partitioner.perf.compute import PartOverhead
 from partitioner.stage_times import StageRecord, StageTimes, records_from
 from partitioner.tail import quartile_ratio, ratio_of_means
-from platforms import MB
 from serving.platform.meter import meter_delta
 
 __all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocation", "cached_whole",
            "chain_choices", "live_correction_path", "load_live_correction", "load_stage_times", "overhead_from",
            "part_overhead_ms", "refine_on_target", "save_live_correction", "save_stage_times",
            "scale_to_function", "share_ratio", "share_samples", "share_sizes", "solve_on_target", "stage_records",
-           "stage_times_path", "weight_read_slope", "weight_reads", "WholeTiming", "whole_model_ms",
+           "stage_times_path", "chain_scales", "unit_scales", "WholeTiming", "whole_model_ms",
            "whole_model_timing", "WHOLE_MAX_AGE_S"]
 
 log = logging.getLogger(__name__)
@@ -445,52 +444,48 @@ def cached_overhead(doc: Any, joins_ms: float) -> PartOverhead | None:
         if abs(float(doc["joins_ms"]) - joins_ms) > _JOINS_TOLERANCE * max(1.0, joins_ms):
             return None
         return PartOverhead(float(doc["overhead_ms"]) + float(doc["billed_excess_ms"]), float(doc["join_scale"]),
-                            ms_per_mb=float(doc["ms_per_mb"]))
+                            part_scales=tuple(float(x) for x in doc["part_scales"]))
     except (KeyError, TypeError, ValueError):
         return None
 
 
-#: a chain's slope of each part's time over the weights it reads is taken where it lies this many standard
-#: errors above 0 (a model whose parts read weights in proportion to their time gives none to fit: bert's)
-SLOPE_Z = 2.0
-#: and at most this many ms per MB (1 GB/s: slower than any server's memory) or this share of the whole model's
-#: time per MB of its weights (the reads cannot take the whole model's time)
-SLOPE_MAX_MS_PER_MB, SLOPE_MAX_SHARE = 1.0, 0.5
+#: a chain part's time is taken as its units' where it lies this many standard errors of its median from their
+#: share of the whole and the part's overhead (else the profile's share stands), within ``SCALE_BOUNDS`` of it
+SCALE_Z = 2.0
+SCALE_BOUNDS = (0.5, 2.0)
 
 
-def weight_read_slope(whole_ms: float, runs_ms: Sequence[float], shares: Sequence[float],
-                      reread_mb: Sequence[float]) -> float:
-    """What each part of a chain pays per MB of the weights it reads whole beyond its share of the whole
-    model's time (ms per MB): the least-squares slope of each part's compute (``runs_ms``, its median) less its
-    share of the whole (``shares``, summing to 1, times ``whole_ms``) over its weights less their share by time
-    (``reread_mb`` less their total times its share), with an intercept (each part's fixed overhead). The
-    whole model's time holds its weights' read spread over its units by their time; a part in a function of its
-    own reads its own weights from memory on each request. 0 where the chain has fewer than 4 parts, the slope
-    is not :data:`SLOPE_Z` standard errors above 0, or the weights do not vary apart from the time; at most
-    :data:`SLOPE_MAX_MS_PER_MB` and :data:`SLOPE_MAX_SHARE` of the whole's time per MB of its weights."""
-    n = len(runs_ms)
-    if n < 4 or len(shares) != n or len(reread_mb) != n or whole_ms <= 0:
-        return 0.0
-    total = float(sum(reread_mb))
-    f = np.asarray(shares, dtype=float)
-    x = np.asarray(reread_mb, dtype=float) - total * f
-    y = np.asarray(runs_ms, dtype=float) - whole_ms * f
-    dx = x - x.mean()
-    sxx = float(dx @ dx)
-    if total <= 0 or sxx <= 1e-12 * max(1.0, total * total):
-        return 0.0
-    b = float(dx @ (y - y.mean())) / sxx
-    resid = y - y.mean() - b * dx
-    se = math.sqrt(float(resid @ resid) / (n - 2) / sxx)
-    if b <= 0 or b < SLOPE_Z * se:
-        return 0.0
-    return min(b, SLOPE_MAX_MS_PER_MB, SLOPE_MAX_SHARE * whole_ms / total)
+def chain_scales(whole_ms: float, runs_ms: Sequence[Sequence[float]], shares: Sequence[float], overhead_ms: float
+                 ) -> tuple[float, ...]:
+    """Each part of a chain's time over its units' share of the whole model: its compute's median over the
+    rounds (``runs_ms``) less each part's overhead (``overhead_ms``, :func:`overhead_from`), over ``whole_ms``
+    times its units' share of the profile's time (``shares``, summing to 1); 1 where the difference lies within
+    :data:`SCALE_Z` standard errors of the median (the rounds' spread over their count), within
+    :data:`SCALE_BOUNDS`. The profiler times each unit in a loop, where its weights stay in the caches and it
+    reads its input where the run before left it; in a function of its own a region of the model can take
+    more or less than its profiled share (resnet50's last blocks, which hold most of its weights, ran 2-3 ms
+    over theirs in every run), and a plan's stage there costs what the chain measured, not what the profile
+    shares out."""
+    out = []
+    for runs, f in zip(runs_ms, shares, strict=True):
+        share = whole_ms * f
+        if not runs or share <= 0:
+            out.append(1.0)
+            continue
+        dev = float(np.median(runs)) - overhead_ms - share
+        se = 1.2533 * float(np.std(runs)) / math.sqrt(len(runs))  # a median's standard error, near-normal rounds
+        g = 1.0 if abs(dev) <= SCALE_Z * se else (share + dev) / share
+        out.append(round(min(max(g, SCALE_BOUNDS[0]), SCALE_BOUNDS[1]), 4))
+    return tuple(out)
 
 
-def weight_reads(lg: Any, ms_per_mb: float) -> tuple[float, ...]:
-    """Each unit's read of the weights a request reads whole at ``ms_per_mb`` (``LayerGraph.unit_reread_bytes``:
-    an embedding table's rows are looked up, not read); empty where the slope is 0."""
-    return tuple(ms_per_mb * b / MB for b in lg.unit_reread_bytes) if ms_per_mb > 0 else ()
+def unit_scales(lg: Any, part_scales: Sequence[float]) -> tuple[float, ...]:
+    """Each unit's factor: that of the chain's part (:func:`chain_choices`, as many parts as ``part_scales``)
+    that holds it; empty where every factor is 1 or the chain is not the one ``lg`` is cut into."""
+    chain = chain_choices(lg, 0, len(part_scales))
+    if len(chain) != len(part_scales) or all(g == 1.0 for g in part_scales):
+        return ()
+    return tuple(g for c, g in zip(chain, part_scales, strict=True) for _ in range(c.first, c.last + 1))
 
 
 def cut_joins_ms(pm: Any, chain: Sequence[Any], vcpu: float = 1.0) -> float:
@@ -536,7 +531,7 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _OVERHEAD
     joins = cut_joins_ms(pm, chain)
     with contextlib.suppress(OSError, ValueError):
         if (cached := cached_overhead(json.loads(path.read_text()), joins)) is not None:
-            return replace(cached, read_ms=weight_reads(lg, cached.ms_per_mb))
+            return replace(cached, unit_scales=unit_scales(lg, cached.part_scales))
     plans = [SolverResult(whole, ref, pm.estimate(list(whole), ref), "unsplit"),
              SolverResult(chain, ref, pm.estimate(list(chain), ref), "chain")]
     with _modelled_timer(lg, request, pm, samples=samples, warmup=warmup) as timer:
@@ -545,13 +540,12 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _OVERHEAD
     whole_ms = [float(x["stage0_ms"]) for x in whole_t if "stage0_ms" in x]
     chain_ms = [sum(float(x.get(f"stage{i}_workers_run_ms", 0.0)) for i in range(len(chain))) for x in chain_t]
     overhead, scale = overhead_from(whole_ms, chain_ms, len(chain), joins)
-    runs = [float(np.median(r)) if (r := [float(x[f"stage{i}_workers_run_ms"]) for x in chain_t
-                                          if f"stage{i}_workers_run_ms" in x]) else 0.0 for i in range(len(chain))]
-    plain = pm.compute.with_weight_reads(()) if pm.compute.read_ms else pm.compute  # time shares, no reads moved
+    runs = [[float(x[f"stage{i}_workers_run_ms"]) for x in chain_t if f"stage{i}_workers_run_ms" in x]
+            for i in range(len(chain))]
+    plain = pm.compute.with_unit_scales(()) if pm.compute.unit_scales else pm.compute  # the profile's shares
     times = [plain.stage_time(c.first, c.last, 1.0) for c in chain]
-    reread = lg.unit_reread_bytes
-    slope = weight_read_slope(float(np.median(whole_ms)), runs, [t / sum(times) for t in times],
-                              [sum(reread[c.first:c.last + 1]) / MB for c in chain]) if sum(times) > 0 else 0.0
+    parts = (chain_scales(float(np.median(whole_ms)), runs, [t / sum(times) for t in times], overhead)
+             if sum(times) > 0 else (1.0,) * len(chain))
     # at least none of the run's overhead taken back: a chain's workers billed below the model's figures
     # around their compute say the handling was priced high, not that a part computes less than its units
     excess = max(-overhead, billed_excess(pm, chain, ref, chain_t, billed))
@@ -561,11 +555,11 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _OVERHEAD
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"overhead_ms": round(overhead, 4), "billed_excess_ms": round(excess, 4),
                                     "joins_ms": round(joins, 4), "join_scale": round(scale, 4),
-                                    "ms_per_mb": round(slope, 5), "parts": len(chain), "samples": samples}))
+                                    "part_scales": list(parts), "parts": len(chain), "samples": samples}))
     else:
         log.warning("the whole model's and its parts' timings disagree (quartiles %.2fx apart): the machine looks "
                     "busy; using them for this plan only", spread)
-    return PartOverhead(overhead + excess, scale, ms_per_mb=round(slope, 5), read_ms=weight_reads(lg, round(slope, 5)))
+    return PartOverhead(overhead + excess, scale, part_scales=parts, unit_scales=unit_scales(lg, parts))
 
 
 def billed_excess(pm: Any, chain: Sequence[Any], memory_mb: int, timings: Sequence[Mapping[str, float]],
@@ -810,9 +804,10 @@ def overhead_note(overhead: PartOverhead, compute: Any) -> str:
     out += " (the model cut into a chain of parts, timed against it)"
     if compute.unit_join:
         out += f", its cuts {overhead.join_scale:.0%} of what the profile's pairs of units say they cost"
-    if compute.read_ms:
-        out += (f", and {overhead.ms_per_mb:.3f} ms per MB of the weights it reads beyond their share of the "
-                "whole's time (read from memory on each request)")
+    if compute.unit_scales:
+        moved = [g for g in overhead.part_scales if g != 1.0]
+        out += (f"; {len(moved)} of its {len(overhead.part_scales)} parts took {min(moved):.2f}-{max(moved):.2f}x "
+                "their units' profiled share of the whole, and the units are priced so")
     return out
 
 

@@ -116,7 +116,7 @@ def test_the_planner_prices_every_part_with_the_timed_overhead_where_it_is_above
         pm = _pm(lg)
         _cache(lg, pm, ".whole.json", {"ms": {"1769": 40.0}, "samples": 10})
         _cache(lg, pm, ".parts.json", {"overhead_ms": timed - 0.2, "billed_excess_ms": 0.2, "joins_ms": 0.0,
-                                       "join_scale": 1.0, "ms_per_mb": 0.0, "parts": 4, "samples": 10})
+                                       "join_scale": 1.0, "part_scales": [1.0, 1.0, 1.0, 1.0], "parts": 4, "samples": 10})
         got = part_overhead_ms(lg, request, pm)
         assert got is not None and got.ms == pytest.approx(timed)  # the run's and the billed excess
         chain = list(chain_choices(lg, 1769))
@@ -166,7 +166,7 @@ def test_the_timings_cached_on_one_machine_are_not_taken_on_another_with_another
     pm = _pm(lg)
     here = stage_times_path(lg, pm, "shm", _expected_cpu_limit())
     _cache(lg, pm, ".parts.json", {"overhead_ms": 0.6, "billed_excess_ms": 0.0, "joins_ms": 0.0, "join_scale": 1.0,
-                                   "ms_per_mb": 0.0, "parts": 4, "samples": 10})
+                                   "part_scales": [1.0, 1.0, 1.0, 1.0], "parts": 4, "samples": 10})
     got = part_overhead_ms(lg, PlanRequest(platform="local", transport="shm"), pm)
     assert got is not None and got.ms == pytest.approx(0.6)
     other = {**profile_cache.machine_info(), "cpu": "Intel(R) Xeon(R)", "id": "0123456789abcdef"}
@@ -189,7 +189,7 @@ def test_the_cuts_price_is_what_the_boundaries_between_the_chains_stages_would_h
     assert cut_joins_ms(pm, chain[:2]) == pytest.approx(0.1 * 20)  # the last stage's end is no cut
 
 
-_SAVED = {"overhead_ms": 0.4, "billed_excess_ms": 0.1, "joins_ms": 2.0, "join_scale": 0.5, "ms_per_mb": 0.05}
+_SAVED = {"overhead_ms": 0.4, "billed_excess_ms": 0.1, "joins_ms": 2.0, "join_scale": 0.5, "part_scales": [1.0, 1.2]}
 
 
 @pytest.mark.parametrize(("doc", "joins", "expected"), [
@@ -198,7 +198,7 @@ _SAVED = {"overhead_ms": 0.4, "billed_excess_ms": 0.1, "joins_ms": 2.0, "join_sc
     ({**_SAVED, "joins_ms": 0.0}, 3.0, None),  # timed against no pairs
     ({k: v for k, v in _SAVED.items() if k not in ("joins_ms", "join_scale")}, 0.0, None),  # before cuts were priced
     ({k: v for k, v in _SAVED.items() if k != "billed_excess_ms"}, 2.0, None),  # before the workers' billing
-    ({k: v for k, v in _SAVED.items() if k != "ms_per_mb"}, 2.0, None),  # before the weights' read was fitted
+    ({k: v for k, v in _SAVED.items() if k != "part_scales"}, 2.0, None),  # before the parts' own times were kept
     ({**_SAVED, "overhead_ms": "x"}, 2.0, None),  # unreadable
 ])
 def test_a_saved_overhead_stands_only_against_the_price_of_the_cuts_it_was_timed_beyond(
@@ -229,93 +229,67 @@ def test_the_chain_decides_how_much_of_the_pairs_price_a_cut_pays_and_the_whole_
     assert plain.join_scale == 1.0 and plain.part_overhead_ms == pytest.approx(0.6 - pm.compute.overhead_ms)
 
 
-def _chain(shares: list[float], reread_mb: list[float], *, whole: float, fixed: float, slope: float,
-           noise: list[float] | None = None) -> list[float]:
-    """Each part's run as a chain with a fixed overhead and a read of its weights beyond their share by time."""
-    total = sum(reread_mb)
-    return [whole * f + fixed + slope * (mb - total * f) + (noise[i] if noise else 0.0)
-            for i, (f, mb) in enumerate(zip(shares, reread_mb, strict=True))]
-
 
 _SHARES = [0.05, 0.1, 0.15, 0.1, 0.2, 0.15, 0.15, 0.1]
-_HEAVY_LATE = [0.1, 0.3, 0.3, 1.0, 4.0, 8.0, 20.0, 30.0]  # resnet-like: the late parts hold the weights
 
 
-def test_a_chains_parts_that_read_more_weights_than_their_share_of_time_give_the_slope_of_that_read() -> None:
-    """Each part's time beyond its share of the whole, against its weights beyond their share by time: the
-    slope is what a MB of weights read on each request costs, the intercept each part's fixed overhead."""
-    from serving.calibrate.stages import weight_read_slope
-
-    runs = _chain(_SHARES, _HEAVY_LATE, whole=60.0, fixed=0.7, slope=0.06,
-                  noise=[0.05, -0.04, 0.03, -0.05, 0.04, -0.03, 0.02, -0.02])
-    assert weight_read_slope(60.0, runs, _SHARES, _HEAVY_LATE) == pytest.approx(0.06, abs=0.005)
+def _runs(whole: float, overhead: float, over: list[float], spread: float = 0.1) -> list[list[float]]:
+    """30 rounds of each part of a chain: its share of ``whole``, ``overhead`` and its own ``over``, spread evenly
+    by ``spread`` either way."""
+    return [[whole * f + overhead + d + spread * (k % 3 - 1) for k in range(30)]
+            for f, d in zip(_SHARES, over, strict=True)]
 
 
-@pytest.mark.parametrize("case", ["in proportion", "noise", "negative", "short chain", "no weights"])
-def test_no_weight_read_slope_is_taken_where_the_chain_does_not_show_one(case: str) -> None:
-    """Weights read in proportion to time leave nothing to fit (bert's layers); a slope within its error, or
-    below 0, says nothing; a chain of fewer than 4 parts or a model without weights read whole neither."""
-    from serving.calibrate.stages import weight_read_slope
+def test_a_chain_part_that_runs_over_its_units_share_of_the_whole_gives_them_its_factor() -> None:
+    """A part whose median lies beyond its share and the parts' overhead by more than its error takes the
+    factor of its time over its share; within the error the profile's share stands; the factor is bounded."""
+    from serving.calibrate.stages import SCALE_BOUNDS, chain_scales
 
-    shares, mb = _SHARES, _HEAVY_LATE
-    if case == "in proportion":
-        mb = [64.0 * f for f in _SHARES]
-        runs = _chain(shares, mb, whole=60.0, fixed=0.4, slope=0.06)
-    elif case == "noise":  # 1 ms either way against a read of 0.002 ms per MB
-        runs = _chain(shares, mb, whole=60.0, fixed=0.4, slope=0.002, noise=[1.0, -1.0] * 4)
-    elif case == "negative":
-        runs = _chain(shares, mb, whole=60.0, fixed=0.4, slope=-0.05)
-    elif case == "short chain":
-        shares, mb = [0.3, 0.3, 0.4], [1.0, 2.0, 40.0]
-        runs = _chain(shares, mb, whole=60.0, fixed=0.4, slope=0.06)
-    else:
-        mb = [0.0] * len(shares)
-        runs = _chain(shares, mb, whole=60.0, fixed=0.4, slope=0.0)
-    assert weight_read_slope(60.0, runs, shares, mb) == 0.0
+    over = [0.0, 0.02, -0.03, 0.0, 0.0, 3.0, -2.0, 40.0]  # resnet50's layer4 is parts 5-6 here; 7 is far off
+    got = chain_scales(60.0, _runs(60.0, 0.7, over), _SHARES, 0.7)
+    assert got[:5] == (1.0,) * 5  # within two standard errors of their share (0.1 ms either way over 30 rounds)
+    assert got[5] == pytest.approx((9.0 + 3.0) / 9.0, abs=1e-3)
+    assert got[6] == pytest.approx((9.0 - 2.0) / 9.0, abs=1e-3)
+    assert got[7] == SCALE_BOUNDS[1]
+    # noisier rounds: the same 0.3 ms is no longer told from the part's spread
+    assert chain_scales(60.0, _runs(60.0, 0.7, [0.3] * 8, spread=3.0), _SHARES, 0.7) == (1.0,) * 8
+    assert chain_scales(60.0, _runs(60.0, 0.7, [0.3] * 8, spread=0.1), _SHARES, 0.7)[0] > 1.0
 
 
-def test_a_weight_read_slope_is_bounded_by_the_whole_models_time() -> None:
-    """The reads cannot take more than half the whole model's time, however steep the chain's slope."""
-    from serving.calibrate.stages import SLOPE_MAX_SHARE, weight_read_slope
+def test_each_unit_takes_its_chain_parts_factor_and_the_whole_model_keeps_its_time() -> None:
+    """A unit's time moves by its chain part's factor, every unit's by one factor per thread count that keeps
+    the whole model's time: the same factors again change nothing, other factors replace them, none give the
+    profile's shares back."""
+    from serving.calibrate.stages import unit_scales
 
-    mb = [x * 10 for x in _HEAVY_LATE]  # 637 MB of weights in a model of 60 ms
-    runs = _chain(_SHARES, mb, whole=60.0, fixed=0.4, slope=0.2)
-    assert weight_read_slope(60.0, runs, _SHARES, mb) == pytest.approx(SLOPE_MAX_SHARE * 60.0 / sum(mb))
-
-
-def test_each_units_read_of_its_weights_moves_into_its_time_and_the_whole_model_keeps_its_own() -> None:
-    """A unit's read of its weights is priced in its time, taken from every unit in proportion to its time:
-    the whole model costs what it did at each thread count, a part of heavy weights more than its share;
-    the same reads again change nothing, and no reads give the times back."""
     lg = _lg(4)
+    assert unit_scales(lg, [1.0, 1.5]) == (1.0, 1.0, 1.5, 1.5)  # a chain of two parts of two units
+    assert unit_scales(lg, [1.0, 1.0]) == ()
+    assert unit_scales(lg, [1.0] * 5) == ()  # not a chain this model is cut into
     cm = _pm(lg).compute  # four units of 10 ms at one thread, 6 ms at two
-    reads = (0.0, 0.0, 1.0, 3.0)
-    moved = cm.with_part_overhead(PartOverhead(0.01, ms_per_mb=0.05, read_ms=reads))
-    assert moved.read_ms == reads
+    scales = (1.0, 1.0, 1.5, 1.5)
+    moved = cm.with_part_overhead(PartOverhead(0.01, part_scales=(1.0, 1.5), unit_scales=scales))
+    assert moved.unit_scales == scales
     for t in (1, 2):
         assert moved.model_ms(t) == pytest.approx(cm.model_ms(t))
-    # one thread: the units' 40 ms less the 4 ms of reads, in proportion, and each unit's own read
-    assert [u[1] for u in moved.unit_ms] == pytest.approx([9.0, 9.0, 10.0, 12.0])
-    assert moved.stage_time(3, 3, 1.0) > cm.stage_time(3, 3, 1.0) > moved.stage_time(0, 0, 1.0)
-    assert moved.with_part_overhead(PartOverhead(0.01, ms_per_mb=0.05, read_ms=reads)) is moved
-    back = moved.with_weight_reads(())
-    assert [u[1] for u in back.unit_ms] == pytest.approx([10.0] * 4) and back.read_ms == ()
-    # another slope replaces the first, not on top of it
-    again = moved.with_weight_reads(tuple(2 * x for x in reads))
-    assert [u[1] for u in again.unit_ms] == pytest.approx([8.0, 8.0, 10.0, 14.0])
+    assert [u[1] for u in moved.unit_ms] == pytest.approx([8.0, 8.0, 12.0, 12.0])
+    assert moved.stage_time(2, 3, 1.0) == pytest.approx(1.5 * moved.stage_time(0, 1, 1.0))
+    assert moved.with_part_overhead(PartOverhead(0.01, part_scales=(1.0, 1.5), unit_scales=scales)) is moved
+    assert [u[1] for u in moved.with_unit_scales((0.5, 1.0, 1.0, 1.0)).unit_ms] == pytest.approx(
+        [40 / 3.5 * 0.5, 40 / 3.5, 40 / 3.5, 40 / 3.5])
+    back = moved.with_unit_scales(())
+    assert [u[1] for u in back.unit_ms] == pytest.approx([10.0] * 4) and back.unit_scales == ()
 
 
-def test_a_cached_weight_read_slope_prices_each_unit_by_the_weights_it_reads(
+def test_a_cached_chains_part_factors_price_each_unit_by_its_part(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The slope is kept with the part overhead; each unit's read is its weights read whole at that slope."""
+    """The parts' factors are kept with the part overhead; each unit takes that of the part that holds it."""
     from serving.calibrate.stages import part_overhead_ms
 
     monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path))
     lg = _lg(4)
     pm = _pm(lg)
     _cache(lg, pm, ".parts.json", {"overhead_ms": 0.6, "billed_excess_ms": 0.0, "joins_ms": 0.0, "join_scale": 1.0,
-                                   "ms_per_mb": 0.5, "parts": 4, "samples": 10})
+                                   "part_scales": [1.0, 0.9, 1.2, 1.0], "parts": 4, "samples": 10})
     got = part_overhead_ms(lg, PlanRequest(platform="local", transport="shm"), pm)
-    assert got is not None and got.ms_per_mb == 0.5
-    assert got.read_ms == pytest.approx(tuple(0.5 * b / 2**20 for b in lg.unit_reread_bytes))
-    assert all(x > 0 for x in got.read_ms)
+    assert got is not None and got.part_scales == (1.0, 0.9, 1.2, 1.0) and got.unit_scales == (1.0, 0.9, 1.2, 1.0)

@@ -42,8 +42,8 @@ from partitioner.tail import quartile_ratio, ratio_of_means
 from serving.platform.meter import meter_delta
 
 __all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocation", "cached_whole",
-           "chain_choices", "live_correction_path", "load_live_correction", "load_stage_times", "overhead_from",
-           "part_overhead_ms", "refine_on_target", "save_live_correction", "save_stage_times",
+           "chain_choices", "live_correction_path", "load_live_correction", "load_overhead", "load_stage_times",
+           "overhead_from", "part_overhead_ms", "refine_on_target", "save_live_correction", "save_stage_times",
            "scale_to_function", "share_ratio", "share_samples", "share_sizes", "solve_on_target", "stage_records",
            "stage_times_path", "WholeTiming", "whole_model_ms", "whole_model_timing", "WHOLE_MAX_AGE_S"]
 
@@ -454,14 +454,29 @@ def cut_joins_ms(pm: Any, chain: Sequence[Any], vcpu: float = 1.0) -> float:
     return sum(compute.join_time(c.last, vcpu) for c in chain[:-1])
 
 
+def load_overhead(path: Path, joins_ms: float, *, max_age_s: float = WHOLE_MAX_AGE_S) -> PartOverhead | None:
+    """The part overhead saved at ``path`` (:func:`cached_overhead`), or None where there is none, it cannot be
+    read, or it was written ``max_age_s`` or longer ago (0: none stands): the machine under a VM drifts, and
+    what a part computes beyond its share with it, as the whole model's time does (:data:`WHOLE_MAX_AGE_S`)."""
+    import json
+
+    try:
+        if time.time() - path.stat().st_mtime >= max_age_s:
+            return None
+        return cached_overhead(json.loads(path.read_text()), joins_ms)
+    except (OSError, ValueError):
+        return None
+
+
 def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _OVERHEAD_SAMPLES,
-                     warmup: int = _WHOLE_WARMUP) -> PartOverhead | None:
+                     warmup: int = _WHOLE_WARMUP, max_age_s: float = WHOLE_MAX_AGE_S) -> PartOverhead | None:
     """What each part of a split plan computes beyond its units' share of the whole model, on the local
     platform: the whole model in one function of one vCPU against the model cut into a chain of up to
     :data:`OVERHEAD_PARTS` stages (:func:`chain_choices`), each part on a worker of its own of one vCPU, their
     requests interleaved (:func:`overhead_from`). Cached per model and platform beside the stage times, where
-    the repeats agree. None where the model has one unit, or needs more than one vCPU's memory; ValueError where
-    the platform gives one vCPU for another memory than ``pm``'s facts do (:func:`_sells_cpu_as_modelled`).
+    the repeats agree, for ``max_age_s`` (:func:`load_overhead`). None where the model has one unit, or needs
+    more than one vCPU's memory; ValueError where the platform gives one vCPU for another memory than ``pm``'s
+    facts do (:func:`_sells_cpu_as_modelled`).
 
     The units are profiled in a loop in the planning process, where each run finds the caches as the run
     before left them, and one function that runs the whole model reads each activation where the unit
@@ -488,9 +503,8 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _OVERHEAD
     path = stage_times_path(lg, pm, request.transport, _expected_cpu_limit()).with_suffix(".parts.json")
     chain = chain_choices(lg, ref)
     joins = cut_joins_ms(pm, chain)
-    with contextlib.suppress(OSError, ValueError):
-        if (cached := cached_overhead(json.loads(path.read_text()), joins)) is not None:
-            return cached
+    if (cached := load_overhead(path, joins, max_age_s=max_age_s)) is not None:
+        return cached
     plans = [SolverResult(whole, ref, pm.estimate(list(whole), ref), "unsplit"),
              SolverResult(chain, ref, pm.estimate(list(chain), ref), "chain")]
     with _modelled_timer(lg, request, pm, samples=samples, warmup=warmup) as timer:

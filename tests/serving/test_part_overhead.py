@@ -226,3 +226,25 @@ def test_the_chain_decides_how_much_of_the_pairs_price_a_cut_pays_and_the_whole_
     # no pairs: only the overhead
     plain = pm.compute.with_part_overhead(PartOverhead(0.6, join_scale=0.2))
     assert plain.join_scale == 1.0 and plain.part_overhead_ms == pytest.approx(0.6 - pm.compute.overhead_ms)
+
+
+def test_a_saved_overhead_stands_for_an_hour_then_is_timed_again(tmp_path: Path) -> None:
+    """The machine under a VM drifts, and what a part computes beyond its share with it: a saved overhead is
+    taken while it is younger than the whole model's timing may be, and not after (nor where none may stand)."""
+    import os
+    import time
+
+    from serving.calibrate.stages import WHOLE_MAX_AGE_S, load_overhead
+
+    path = tmp_path / "m.parts.json"
+    assert load_overhead(path, 0.0) is None  # none saved
+    path.write_text(json.dumps({**_SAVED, "joins_ms": 0.0, "join_scale": 1.0}))
+    got = load_overhead(path, 0.0)
+    assert got is not None and got.ms == pytest.approx(0.5)
+    assert load_overhead(path, 0.0, max_age_s=0.0) is None
+    old = time.time() - WHOLE_MAX_AGE_S - 60
+    os.utime(path, (old, old))
+    assert load_overhead(path, 0.0) is None
+    assert load_overhead(path, 0.0, max_age_s=2 * WHOLE_MAX_AGE_S) is not None
+    path.write_text("{not json")
+    assert load_overhead(path, 0.0) is None

@@ -39,6 +39,13 @@ class PartOverhead:
 
     ms: float
     join_scale: float = 1.0
+    # each of the chain's parts' time over its units' profiled share of the whole model (``part_scales``:
+    # serving.calibrate.stages.chain_scales), and so each unit's (``unit_scales``; 1: as the profile shares it).
+    # The profiler runs a unit in a loop, where its weights stay in the caches and it reads its input where the
+    # run before left it; in a function a region of the model can take more or less of the whole than its units'
+    # profiled times say (resnet50's last blocks, which hold most of its weights, ran 2-3 ms over their share)
+    part_scales: tuple[float, ...] = ()
+    unit_scales: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,9 @@ class ComputeModel:
     unit_join: tuple[float, ...] = ()
     # how much of what the pairs say the live chain of parts took (:class:`PartOverhead`), 1: all of it
     join_scale: float = 1.0
+    # per unit, the factor its time was rescaled by from the chain of parts (:class:`PartOverhead`), the whole
+    # model's time unchanged; empty: none
+    unit_scales: tuple[float, ...] = ()
     # stage sums by (kind, first, last[, vcpu]): a planner prices each stage with every split, placement and
     # memory, and a stage of any length would otherwise be summed again for each part of each
     _sums: dict[tuple, float] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -232,7 +242,27 @@ class ComputeModel:
             scales = {t: self.model_ms(t) / after for t in threads if (after := moved.model_ms(t)) > 0}
             out = replace(moved, unit_ms=tuple({k: v * scales.get(k, 1.0) for k, v in u.items()}
                                                for u in self.unit_ms))
+        if timed.unit_scales != self.unit_scales and (not timed.unit_scales
+                                                      or len(timed.unit_scales) == len(self.unit_ms)):
+            out = out.with_unit_scales(timed.unit_scales)
         return out
+
+    def with_unit_scales(self, scales: Sequence[float]) -> ComputeModel:
+        """This model with each unit's time at every thread count times its factor in ``scales`` (those it held
+        before, :attr:`unit_scales`, taken out first), then all of them by one factor per thread count that
+        keeps the units' total there what it was: where a unit's time goes within the whole model, not the
+        whole model's time. Empty ``scales``: the profile's shares back."""
+        n = len(self.unit_ms)
+        new = tuple(float(x) for x in scales) or (1.0,) * n
+        old = self.unit_scales or (1.0,) * n
+        moved = [{k: v / old[i] * new[i] for k, v in u.items()} for i, u in enumerate(self.unit_ms)]
+        threads = {k for u in self.unit_ms for k in u}
+        norm = {}
+        for k in threads:
+            after = sum(u[k] for u in moved if k in u)
+            norm[k] = sum(u[k] for u in self.unit_ms if k in u) / after if after > 0 else 1.0
+        units = tuple({k: v * norm[k] for k, v in u.items()} for u in moved)
+        return replace(self, unit_ms=units, unit_scales=tuple(scales))
 
     def _overhead(self, vcpu: float) -> float:
         """A part's fixed compute at ``vcpu``: the session run's, stretched by a share, and the part's own."""

@@ -45,7 +45,8 @@ __all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocati
            "chain_choices", "live_correction_path", "load_live_correction", "load_overhead", "load_stage_times",
            "overhead_from", "part_overhead_ms", "refine_on_target", "save_live_correction", "save_stage_times",
            "scale_to_function", "share_ratio", "share_samples", "share_sizes", "solve_on_target", "stage_records",
-           "stage_times_path", "WholeTiming", "whole_model_ms", "whole_model_timing", "WHOLE_MAX_AGE_S"]
+           "stage_times_path", "chain_scales", "unit_scales", "WholeTiming", "whole_model_ms",
+           "whole_model_timing", "WHOLE_MAX_AGE_S"]
 
 log = logging.getLogger(__name__)
 
@@ -442,9 +443,49 @@ def cached_overhead(doc: Any, joins_ms: float) -> PartOverhead | None:
     try:
         if abs(float(doc["joins_ms"]) - joins_ms) > _JOINS_TOLERANCE * max(1.0, joins_ms):
             return None
-        return PartOverhead(float(doc["overhead_ms"]) + float(doc["billed_excess_ms"]), float(doc["join_scale"]))
+        return PartOverhead(float(doc["overhead_ms"]) + float(doc["billed_excess_ms"]), float(doc["join_scale"]),
+                            part_scales=tuple(float(x) for x in doc["part_scales"]))
     except (KeyError, TypeError, ValueError):
         return None
+
+
+#: a chain part's time is taken as its units' where it lies this many standard errors of its median from their
+#: share of the whole and the part's overhead (else the profile's share stands), within ``SCALE_BOUNDS`` of it
+SCALE_Z = 2.0
+SCALE_BOUNDS = (0.5, 2.0)
+
+
+def chain_scales(whole_ms: float, runs_ms: Sequence[Sequence[float]], shares: Sequence[float], overhead_ms: float
+                 ) -> tuple[float, ...]:
+    """Each part of a chain's time over its units' share of the whole model: its compute's median over the
+    rounds (``runs_ms``) less each part's overhead (``overhead_ms``, :func:`overhead_from`), over ``whole_ms``
+    times its units' share of the profile's time (``shares``, summing to 1); 1 where the difference lies within
+    :data:`SCALE_Z` standard errors of the median (the rounds' spread over their count), within
+    :data:`SCALE_BOUNDS`. The profiler times each unit in a loop, where its weights stay in the caches and it
+    reads its input where the run before left it; in a function of its own a region of the model can take
+    more or less than its profiled share (resnet50's last blocks, which hold most of its weights, ran 2-3 ms
+    over theirs in every run), and a plan's stage there costs what the chain measured, not what the profile
+    shares out."""
+    out = []
+    for runs, f in zip(runs_ms, shares, strict=True):
+        share = whole_ms * f
+        if not runs or share <= 0:
+            out.append(1.0)
+            continue
+        dev = float(np.median(runs)) - overhead_ms - share
+        se = 1.2533 * float(np.std(runs)) / math.sqrt(len(runs))  # a median's standard error, near-normal rounds
+        g = 1.0 if abs(dev) <= SCALE_Z * se else (share + dev) / share
+        out.append(round(min(max(g, SCALE_BOUNDS[0]), SCALE_BOUNDS[1]), 4))
+    return tuple(out)
+
+
+def unit_scales(lg: Any, part_scales: Sequence[float]) -> tuple[float, ...]:
+    """Each unit's factor: that of the chain's part (:func:`chain_choices`, as many parts as ``part_scales``)
+    that holds it; empty where every factor is 1 or the chain is not the one ``lg`` is cut into."""
+    chain = chain_choices(lg, 0, len(part_scales))
+    if len(chain) != len(part_scales) or all(g == 1.0 for g in part_scales):
+        return ()
+    return tuple(g for c, g in zip(chain, part_scales, strict=True) for _ in range(c.first, c.last + 1))
 
 
 def cut_joins_ms(pm: Any, chain: Sequence[Any], vcpu: float = 1.0) -> float:
@@ -504,7 +545,7 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _OVERHEAD
     chain = chain_choices(lg, ref)
     joins = cut_joins_ms(pm, chain)
     if (cached := load_overhead(path, joins, max_age_s=max_age_s)) is not None:
-        return cached
+        return replace(cached, unit_scales=unit_scales(lg, cached.part_scales))
     plans = [SolverResult(whole, ref, pm.estimate(list(whole), ref), "unsplit"),
              SolverResult(chain, ref, pm.estimate(list(chain), ref), "chain")]
     with _modelled_timer(lg, request, pm, samples=samples, warmup=warmup) as timer:
@@ -513,6 +554,12 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _OVERHEAD
     whole_ms = [float(x["stage0_ms"]) for x in whole_t if "stage0_ms" in x]
     chain_ms = [sum(float(x.get(f"stage{i}_workers_run_ms", 0.0)) for i in range(len(chain))) for x in chain_t]
     overhead, scale = overhead_from(whole_ms, chain_ms, len(chain), joins)
+    runs = [[float(x[f"stage{i}_workers_run_ms"]) for x in chain_t if f"stage{i}_workers_run_ms" in x]
+            for i in range(len(chain))]
+    plain = pm.compute.with_unit_scales(()) if pm.compute.unit_scales else pm.compute  # the profile's shares
+    times = [plain.stage_time(c.first, c.last, 1.0) for c in chain]
+    parts = (chain_scales(float(np.median(whole_ms)), runs, [t / sum(times) for t in times], overhead)
+             if sum(times) > 0 else (1.0,) * len(chain))
     # at least none of the run's overhead taken back: a chain's workers billed below the model's figures
     # around their compute say the handling was priced high, not that a part computes less than its units
     excess = max(-overhead, billed_excess(pm, chain, ref, chain_t, billed))
@@ -522,11 +569,11 @@ def part_overhead_ms(lg: Any, request: Any, pm: Any, *, samples: int = _OVERHEAD
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"overhead_ms": round(overhead, 4), "billed_excess_ms": round(excess, 4),
                                     "joins_ms": round(joins, 4), "join_scale": round(scale, 4),
-                                    "parts": len(chain), "samples": samples}))
+                                    "part_scales": list(parts), "parts": len(chain), "samples": samples}))
     else:
         log.warning("the whole model's and its parts' timings disagree (quartiles %.2fx apart): the machine looks "
                     "busy; using them for this plan only", spread)
-    return PartOverhead(overhead + excess, scale)
+    return PartOverhead(overhead + excess, scale, part_scales=parts, unit_scales=unit_scales(lg, parts))
 
 
 def billed_excess(pm: Any, chain: Sequence[Any], memory_mb: int, timings: Sequence[Mapping[str, float]],
@@ -771,6 +818,10 @@ def overhead_note(overhead: PartOverhead, compute: Any) -> str:
     out += " (the model cut into a chain of parts, timed against it)"
     if compute.unit_join:
         out += f", its cuts {overhead.join_scale:.0%} of what the profile's pairs of units say they cost"
+    if compute.unit_scales:
+        moved = [g for g in overhead.part_scales if g != 1.0]
+        out += (f"; {len(moved)} of its {len(overhead.part_scales)} parts took {min(moved):.2f}-{max(moved):.2f}x "
+                "their units' profiled share of the whole, and the units are priced so")
     return out
 
 

@@ -116,7 +116,7 @@ def test_the_planner_prices_every_part_with_the_timed_overhead_where_it_is_above
         pm = _pm(lg)
         _cache(lg, pm, ".whole.json", {"ms": {"1769": 40.0}, "samples": 10})
         _cache(lg, pm, ".parts.json", {"overhead_ms": timed - 0.2, "billed_excess_ms": 0.2, "joins_ms": 0.0,
-                                       "join_scale": 1.0, "parts": 4, "samples": 10})
+                                       "join_scale": 1.0, "part_scales": [1.0] * 4, "parts": 4, "samples": 10})
         got = part_overhead_ms(lg, request, pm)
         assert got is not None and got.ms == pytest.approx(timed)  # the run's and the billed excess
         chain = list(chain_choices(lg, 1769))
@@ -166,7 +166,7 @@ def test_the_timings_cached_on_one_machine_are_not_taken_on_another_with_another
     pm = _pm(lg)
     here = stage_times_path(lg, pm, "shm", _expected_cpu_limit())
     _cache(lg, pm, ".parts.json", {"overhead_ms": 0.6, "billed_excess_ms": 0.0, "joins_ms": 0.0, "join_scale": 1.0,
-                                   "parts": 4, "samples": 10})
+                                   "part_scales": [1.0, 1.0, 1.0, 1.0], "parts": 4, "samples": 10})
     got = part_overhead_ms(lg, PlanRequest(platform="local", transport="shm"), pm)
     assert got is not None and got.ms == pytest.approx(0.6)
     other = {**profile_cache.machine_info(), "cpu": "Intel(R) Xeon(R)", "id": "0123456789abcdef"}
@@ -189,7 +189,7 @@ def test_the_cuts_price_is_what_the_boundaries_between_the_chains_stages_would_h
     assert cut_joins_ms(pm, chain[:2]) == pytest.approx(0.1 * 20)  # the last stage's end is no cut
 
 
-_SAVED = {"overhead_ms": 0.4, "billed_excess_ms": 0.1, "joins_ms": 2.0, "join_scale": 0.5}
+_SAVED = {"overhead_ms": 0.4, "billed_excess_ms": 0.1, "joins_ms": 2.0, "join_scale": 0.5, "part_scales": [1.0, 1.2]}
 
 
 @pytest.mark.parametrize(("doc", "joins", "expected"), [
@@ -198,6 +198,7 @@ _SAVED = {"overhead_ms": 0.4, "billed_excess_ms": 0.1, "joins_ms": 2.0, "join_sc
     ({**_SAVED, "joins_ms": 0.0}, 3.0, None),  # timed against no pairs
     ({k: v for k, v in _SAVED.items() if k not in ("joins_ms", "join_scale")}, 0.0, None),  # before cuts were priced
     ({k: v for k, v in _SAVED.items() if k != "billed_excess_ms"}, 2.0, None),  # before the workers' billing
+    ({k: v for k, v in _SAVED.items() if k != "part_scales"}, 2.0, None),  # before the parts' own times were kept
     ({**_SAVED, "overhead_ms": "x"}, 2.0, None),  # unreadable
 ])
 def test_a_saved_overhead_stands_only_against_the_price_of_the_cuts_it_was_timed_beyond(
@@ -248,3 +249,69 @@ def test_a_saved_overhead_stands_for_an_hour_then_is_timed_again(tmp_path: Path)
     assert load_overhead(path, 0.0, max_age_s=2 * WHOLE_MAX_AGE_S) is not None
     path.write_text("{not json")
     assert load_overhead(path, 0.0) is None
+
+
+
+_SHARES = [0.05, 0.1, 0.15, 0.1, 0.2, 0.15, 0.15, 0.1]
+
+
+def _runs(whole: float, overhead: float, over: list[float], spread: float = 0.1) -> list[list[float]]:
+    """30 rounds of each part of a chain: its share of ``whole``, ``overhead`` and its own ``over``, spread evenly
+    by ``spread`` either way."""
+    return [[whole * f + overhead + d + spread * (k % 3 - 1) for k in range(30)]
+            for f, d in zip(_SHARES, over, strict=True)]
+
+
+def test_a_chain_part_that_runs_over_its_units_share_of_the_whole_gives_them_its_factor() -> None:
+    """A part whose median lies beyond its share and the parts' overhead by more than its error takes the
+    factor of its time over its share; within the error the profile's share stands; the factor is bounded."""
+    from serving.calibrate.stages import SCALE_BOUNDS, chain_scales
+
+    over = [0.0, 0.02, -0.03, 0.0, 0.0, 3.0, -2.0, 40.0]  # resnet50's layer4 is parts 5-6 here; 7 is far off
+    got = chain_scales(60.0, _runs(60.0, 0.7, over), _SHARES, 0.7)
+    assert got[:5] == (1.0,) * 5  # within two standard errors of their share (0.1 ms either way over 30 rounds)
+    assert got[5] == pytest.approx((9.0 + 3.0) / 9.0, abs=1e-3)
+    assert got[6] == pytest.approx((9.0 - 2.0) / 9.0, abs=1e-3)
+    assert got[7] == SCALE_BOUNDS[1]
+    # noisier rounds: the same 0.3 ms is no longer told from the part's spread
+    assert chain_scales(60.0, _runs(60.0, 0.7, [0.3] * 8, spread=3.0), _SHARES, 0.7) == (1.0,) * 8
+    assert chain_scales(60.0, _runs(60.0, 0.7, [0.3] * 8, spread=0.1), _SHARES, 0.7)[0] > 1.0
+
+
+def test_each_unit_takes_its_chain_parts_factor_and_the_whole_model_keeps_its_time() -> None:
+    """A unit's time moves by its chain part's factor, every unit's by one factor per thread count that keeps
+    the whole model's time: the same factors again change nothing, other factors replace them, none give the
+    profile's shares back."""
+    from serving.calibrate.stages import unit_scales
+
+    lg = _lg(4)
+    assert unit_scales(lg, [1.0, 1.5]) == (1.0, 1.0, 1.5, 1.5)  # a chain of two parts of two units
+    assert unit_scales(lg, [1.0, 1.0]) == ()
+    assert unit_scales(lg, [1.0] * 5) == ()  # not a chain this model is cut into
+    cm = _pm(lg).compute  # four units of 10 ms at one thread, 6 ms at two
+    scales = (1.0, 1.0, 1.5, 1.5)
+    moved = cm.with_part_overhead(PartOverhead(0.01, part_scales=(1.0, 1.5), unit_scales=scales))
+    assert moved.unit_scales == scales
+    for t in (1, 2):
+        assert moved.model_ms(t) == pytest.approx(cm.model_ms(t))
+    assert [u[1] for u in moved.unit_ms] == pytest.approx([8.0, 8.0, 12.0, 12.0])
+    assert moved.stage_time(2, 3, 1.0) == pytest.approx(1.5 * moved.stage_time(0, 1, 1.0))
+    assert moved.with_part_overhead(PartOverhead(0.01, part_scales=(1.0, 1.5), unit_scales=scales)) is moved
+    assert [u[1] for u in moved.with_unit_scales((0.5, 1.0, 1.0, 1.0)).unit_ms] == pytest.approx(
+        [40 / 3.5 * 0.5, 40 / 3.5, 40 / 3.5, 40 / 3.5])
+    back = moved.with_unit_scales(())
+    assert [u[1] for u in back.unit_ms] == pytest.approx([10.0] * 4) and back.unit_scales == ()
+
+
+def test_a_cached_chains_part_factors_price_each_unit_by_its_part(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parts' factors are kept with the part overhead; each unit takes that of the part that holds it."""
+    from serving.calibrate.stages import part_overhead_ms
+
+    monkeypatch.setenv("FLATPACK_CACHE_DIR", str(tmp_path))
+    lg = _lg(4)
+    pm = _pm(lg)
+    _cache(lg, pm, ".parts.json", {"overhead_ms": 0.6, "billed_excess_ms": 0.0, "joins_ms": 0.0, "join_scale": 1.0,
+                                   "part_scales": [1.0, 0.9, 1.2, 1.0], "parts": 4, "samples": 10})
+    got = part_overhead_ms(lg, PlanRequest(platform="local", transport="shm"), pm)
+    assert got is not None and got.part_scales == (1.0, 0.9, 1.2, 1.0) and got.unit_scales == (1.0, 0.9, 1.2, 1.0)

@@ -42,11 +42,11 @@ from partitioner.tail import quartile_ratio, ratio_of_means
 from serving.platform.meter import meter_delta
 
 __all__ = ["OVERHEAD_PARTS", "StageTimer", "billed_excess", "billed_per_invocation", "cached_whole",
-           "chain_choices", "live_correction_path", "load_live_correction", "load_overhead", "load_stage_times",
-           "overhead_from", "part_overhead_ms", "refine_on_target", "save_live_correction", "save_stage_times",
-           "scale_to_function", "share_ratio", "share_samples", "share_sizes", "solve_on_target", "stage_records",
-           "stage_times_path", "chain_scales", "unit_scales", "WholeTiming", "whole_model_ms",
-           "whole_model_timing", "WHOLE_MAX_AGE_S"]
+           "chain_choices", "chain_scales", "live_correction_path", "load_live_correction", "load_overhead",
+           "load_stage_times", "overhead_from", "part_overhead_ms", "refine_on_target", "save_live_correction",
+           "save_stage_times", "scale_to_function", "share_ratio", "share_samples", "share_sizes", "solve_on_target",
+           "stage_records", "stage_times_path", "unit_scales", "WholeTiming", "whole_model_ms", "whole_model_timing",
+           "WHOLE_MAX_AGE_S"]
 
 log = logging.getLogger(__name__)
 
@@ -495,6 +495,11 @@ def cut_joins_ms(pm: Any, chain: Sequence[Any], vcpu: float = 1.0) -> float:
     return sum(compute.join_time(c.last, vcpu) for c in chain[:-1])
 
 
+def _saved_before(path: Path, max_age_s: float) -> bool:
+    """Whether the file at ``path`` was written ``max_age_s`` or longer ago (OSError where there is none)."""
+    return time.time() - path.stat().st_mtime >= max_age_s
+
+
 def load_overhead(path: Path, joins_ms: float, *, max_age_s: float = WHOLE_MAX_AGE_S) -> PartOverhead | None:
     """The part overhead saved at ``path`` (:func:`cached_overhead`), or None where there is none, it cannot be
     read, or it was written ``max_age_s`` or longer ago (0: none stands): the machine under a VM drifts, and
@@ -502,7 +507,7 @@ def load_overhead(path: Path, joins_ms: float, *, max_age_s: float = WHOLE_MAX_A
     import json
 
     try:
-        if time.time() - path.stat().st_mtime >= max_age_s:
+        if _saved_before(path, max_age_s):
             return None
         return cached_overhead(json.loads(path.read_text()), joins_ms)
     except (OSError, ValueError):
@@ -614,7 +619,7 @@ def cached_whole(path: Path, min_samples: int = 0, *, max_age_s: float | None = 
     import json
 
     try:
-        if max_age_s is not None and time.time() - path.stat().st_mtime >= max_age_s:
+        if max_age_s is not None and _saved_before(path, max_age_s):
             return {}, 0, {}
         doc = json.loads(path.read_text())
         samples = int(doc.get("samples", 0))

@@ -251,7 +251,6 @@ def test_a_saved_overhead_stands_for_an_hour_then_is_timed_again(tmp_path: Path)
     assert load_overhead(path, 0.0) is None
 
 
-
 _SHARES = [0.05, 0.1, 0.15, 0.1, 0.2, 0.15, 0.15, 0.1]
 
 

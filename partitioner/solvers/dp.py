@@ -461,7 +461,7 @@ class _Catalogue:
 
 
 def slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl: int = 400, nb: int = 16,
-           ) -> SolverResult:
+           polish: bool = True) -> SolverResult:
     """The cheapest plan whose (mean or percentile) latency is at most ``slo_ms``, over master sizes.
 
     Master sizes are tried in the order of their :func:`cost_floors`, up to the first above the best plan
@@ -475,6 +475,11 @@ def slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl:
     the SLO is that size's candidate, and the scan stops where the DP cost (a lower bound: the floor only
     raises a plan's billed time) reaches the best candidate's whole cost. A size none of whose plans meets
     the SLO yields none, and the search goes on to the next size.
+
+    ``polish``: then lower each function's memory off the grid where that is cheaper (:func:`shrink_memory`);
+    False: the cheapest plan on the space's sizes, the optimum :func:`~partitioner.solvers.bruteforce.bruteforce`
+    checks it against (polishing is a local step from one plan, so two plans alike on the grid may polish
+    apart).
     """
     t0 = time.perf_counter()
     pm = space.pm
@@ -518,7 +523,8 @@ def slo_dp(space: SearchSpace, slo_ms: float, master_memories: list[int], *, nl:
                              "counted", proven=False)  # only the DP's cheapest plan per latency step were checked
         raise Infeasible(f"no plan meets the {slo_ms:g} ms SLO")
     _, master_mb, choices = best
-    choices, master_mb = shrink_memory(space, choices, master_mb, slo_ms, masters)
+    if polish:
+        choices, master_mb = shrink_memory(space, choices, master_mb, slo_ms, masters)
     tried_note = f"{tried} of {len(masters)} master sizes searched (the rest cannot be cheaper)"
     est = pm.estimate(choices, master_mb)
     points = tuple((lat + fixed, c) for lat, c in _pareto(frontier, delta))

@@ -25,12 +25,17 @@ __all__ = ["mopar_cmd"]
                    "plan's mean request is known within 2 % (relative standard error): MC is a mean of billed "
                    "times, and on a shared host the odd request that waits out a busy moment moves a short "
                    "run's mean.")
+@click.option("--epochs", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Run the rounds in this many epochs, each on fresh instances (new processes) of every function, "
+                   "and any rounds added for precision in one more each: two processes of one function differ "
+                   "in speed by a few per cent that stays with the process, so each plan's MC is a mean over "
+                   "several.")
 @click.option("--quick", is_flag=True, help="A tiny run: vgg16/w8@64 (unless --model is given), 5 rounds (a fast "
               "model more, as --rounds says).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also save the JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int | None, quick: bool, out: Path | None,
-              as_json: bool) -> None:
+def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int | None, epochs: int, quick: bool,
+              out: Path | None, as_json: bool) -> None:
     """MOPAR's plan against Unsplit and Uniform slicing, live on the local platform with each function's CPU
     emulated as --platform sells it: billed GB-s per request (MC), memory utilisation and p50, with the MC the
     plan predicted."""
@@ -50,10 +55,10 @@ def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int | None, quick:
     specs = tuple(_spec(m) for m in models) or (QUICK_MODELS if quick else default_models(platform))
     n = min(rounds, 5) if quick else rounds
     with status("bench mopar") as say:
-        result, cpu = rows(specs, rounds=n, say=say, platform=platform)
+        result, cpu = rows(specs, rounds=n, say=say, platform=platform, epochs=epochs)
     doc = {"page": "mopar" if platform == "local" else f"mopar-{platform}", "platform": platform,
            "cpu_model": cpu.get("cpu_model", "follows_memory"), "cpu_limit": cpu.get("cpu_limit"),
-           "cpu": cpu, "machine": machine(), "rounds": n, "rows": [r.to_json() for r in result],
+           "cpu": cpu, "machine": machine(), "rounds": n, "epochs": epochs, "rows": [r.to_json() for r in result],
            "targets": [t.to_json() for t in targets(result, per_function=per_function)]}
     if emit(doc, out=out, as_json=as_json):
         return

@@ -13,13 +13,13 @@ memory *allocated* is its configured size. Following MOPAR:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from serving.platform.meter import meter_delta
 
-__all__ = ["UsageSummary", "meter_delta", "usage_summary"]
+__all__ = ["UsageSummary", "add_deltas", "meter_delta", "usage_summary"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,27 @@ class UsageSummary:
         out = asdict(self)
         out["functions"] = {k: dict(v) for k, v in self.functions.items()}
         return out
+
+
+def add_deltas(deltas: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Meter deltas of consecutive stretches (:func:`meter_delta`, one per stretch) as one: the counters and
+    errors by type summed, each function's memory and peak resident memory as of the last stretch it ran in."""
+    out: dict[str, dict[str, Any]] = {}
+    for delta in deltas:
+        for name, row in delta.items():
+            acc = out.get(name)
+            if acc is None:
+                out[name] = {**row, "errors_by_type": dict(row.get("errors_by_type") or {})}
+                continue
+            for k, v in row.items():
+                if k == "errors_by_type":
+                    for kind, n in (v or {}).items():
+                        acc[k][kind] = acc[k].get(kind, 0) + n
+                elif k in ("memory_mb", "max_rss_mb"):
+                    acc[k] = max(acc[k], v) if k == "max_rss_mb" else v
+                else:
+                    acc[k] = acc.get(k, 0) + v
+    return out
 
 
 def usage_summary(delta: Mapping[str, Mapping[str, Any]], requests: int) -> UsageSummary:

@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -49,7 +49,7 @@ class ProbeTarget:
 
     @property
     def timings(self) -> list[dict[str, float]]:
-        return list(self.inner.timings)
+        return cast(list[dict[str, float]], self.inner.timings)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
         return self.inner.infer(self._inputs)

@@ -67,6 +67,9 @@ class MoparRow:
     errors: int
     cpu_model: str = "follows_memory"
     rounds: int = 0  # the model's measured rounds (:func:`rounds_for`)
+    # the epochs the rounds ran in, each on fresh instances (new processes) of every function: each side of the
+    # comparison is a mean over that many processes (bench.suite.deployments.interleaved)
+    epochs: int = 1
     compute: str = ""  # where the prediction's unit times come from (scaled to the reference timed beside)
     # the platform's count over the measured rounds: a function that failed (killed for memory, say) and was
     # retried answers the client, so ``errors`` does not show it, but its cold start is in the latency
@@ -189,6 +192,12 @@ MAX_ROUNDS_FACTOR = 10
 #: that meets a busy moment of the host is stretched by the share, and a few of them move a mean of 20 by more
 #: than the 10 % the model is held to
 MC_PRECISION = 0.02
+
+
+#: the epochs a model's rounds run in, each on fresh instances: two processes of one function, deployed alike
+#: and timed in the same rounds, billed 3-6 % apart at one vCPU and up to 12 % apart below it, the gap staying
+#: with the process and reshuffled by a restart; one process per side let that decide a row's error
+EPOCHS = 3
 
 
 def rounds_for(pm: Any, unsplit: tuple[Sequence[Any], int], rounds: int) -> int:
@@ -402,12 +411,13 @@ def _calibrated_local(say: Callable[[str], None]) -> str:
     return str(ensure_local_calibration())
 
 
-def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None], platform: str = "local"
-         ) -> tuple[list[MoparRow], dict]:
+def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None], platform: str = "local",
+         epochs: int = EPOCHS) -> tuple[list[MoparRow], dict]:
     """The live rows, and the platform's CPU description (``cpu_limit``, ``cpu_model``, cores). ``platform``:
     the profile the local platform emulates (``local``: Lambda's CPU model; ``openfaas``: CPU per function);
     the plans are made on its facts on this host (:func:`bench.suite.planning.emulated_facts`), from this
-    machine's calibrated local profile."""
+    machine's calibrated local profile. ``epochs``: the rounds run in that many epochs (and any further rounds
+    in one more each), each on fresh instances of every function deployed (:data:`EPOCHS`)."""
     from bench.load.inputs import InputPool
     from bench.load.targets import InProcessTarget
     from bench.suite.comparison import bad, p50
@@ -473,7 +483,9 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 burst = 2 if pm.cpu.per_function else 1
                 samples, usage, _ = interleaved(targets, pool, n, burst=burst, precision=MC_PRECISION,
                                                 max_rounds=MAX_ROUNDS_FACTOR * max(n, rounds),
-                                                watched=[k for k in targets if k not in probes])
+                                                watched=[k for k in targets if k not in probes],
+                                                epochs=epochs, restart=st.restart)
+                ran_epochs = st.restarts + 1
                 if (ran := len(next(iter(samples.values())))) > n:
                     n = ran
                     say(f"{name}: {n} rounds, until every plan's mean is known within {MC_PRECISION:.0%}")
@@ -506,7 +518,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                     errors=bad(samples[k]), cpu_model=cpu_model, compute=compute,
                     function_errors=usage[k].function_errors, cold_starts=usage[k].cold_starts,
                     function_error_types=error_types(usage[k].functions),
-                    billed=billed_per_function(usage[k].functions, n, fns), rounds=n,
+                    billed=billed_per_function(usage[k].functions, n, fns), rounds=n, epochs=ran_epochs,
                     predicted_billed=predicted_billed(mc_pm, ch, mb), **reference))
             say(f"{name}: MC mopar {out[-3].mc_gb_s:.5f} vs unsplit {out[-2].mc_gb_s:.5f} GB-s")
     return out, cpu

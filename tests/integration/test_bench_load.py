@@ -218,6 +218,56 @@ def test_an_interleaved_comparison_runs_more_rounds_until_every_mean_is_as_certa
     assert len(samples["a"]) == 2 and usage["a"].invocations == 2 * INVOCATIONS_PER_REQUEST
 
 
+def test_an_interleaved_comparison_in_epochs_runs_each_on_fresh_processes_and_meters_only_their_rounds(
+        platform, bundles) -> None:
+    """Rounds in two epochs: the second on new instances of every function (new pids, the same deployment and
+    names), its warm-up neither metered nor timed, the usage and timings those of the measured rounds of both."""
+    from bench.suite.deployments import deployments, interleaved
+
+    def pids(t) -> set[int]:
+        return {int(i["pid"]) for name in t.deployment.names.values()
+                for i in platform.client.function(name)["instances"] if i["alive"]}
+
+    pool = InputPool.from_bundle(bundles.conv_channel, 3)
+    seen: list[set[int]] = []
+    with deployments(platform) as st:
+        t = st.deploy(bundles.conv_channel, "epochs", keep_timings=True, transport="shm",
+                      shm_dir=platform.config.shm_dir)
+
+        def restart() -> None:
+            seen.append(pids(t))
+            st.restart()
+
+        before = platform.client.meter()["functions"]
+        samples, usage, _ = interleaved({"a": t}, pool, 5, warmup=1, epochs=2, restart=restart)
+        after = platform.client.meter()["functions"]
+        seen.append(pids(t))
+        assert st.restarts == 1
+    assert [s.index for s in samples["a"]] == [0, 1, 2, 0, 1] and all(s.correct for s in samples["a"])
+    assert len(seen[0]) == len(seen[1]) == INVOCATIONS_PER_REQUEST and not seen[0] & seen[1]
+    # both epochs' cold starts and warm-up rounds went to the meter; the usage is the five measured requests'
+    sent = sum(after[k]["invocations"] - before.get(k, {}).get("invocations", 0) for k in after)
+    assert sent == (2 * 1 + 5) * INVOCATIONS_PER_REQUEST
+    assert usage["a"].invocations == 5 * INVOCATIONS_PER_REQUEST and usage["a"].cold_starts == 0
+    assert usage["a"].billed_gb_s > 0 and len(t.timings) == 5
+
+
+def test_meter_deltas_of_consecutive_stretches_add_up_to_one() -> None:
+    from bench.load.usage import add_deltas
+
+    a = {"f": {"invocations": 2, "errors": 1, "cold_starts": 1, "billed_ms": 10.0, "billed_gb_s": 0.1,
+               "errors_by_type": {"Timeout": 1}, "memory_mb": 128, "max_rss_mb": 90.0}}
+    b = {"f": {"invocations": 3, "errors": 1, "cold_starts": 0, "billed_ms": 5.0, "billed_gb_s": 0.05,
+               "errors_by_type": {"OOM": 1}, "memory_mb": 128, "max_rss_mb": 80.0},
+         "g": {"invocations": 1, "errors": 0, "cold_starts": 0, "billed_ms": 1.0, "billed_gb_s": 0.01,
+               "errors_by_type": {}, "memory_mb": 256, "max_rss_mb": 10.0}}
+    out = add_deltas([a, b])
+    assert out["f"]["invocations"] == 5 and out["f"]["errors"] == 2 and out["f"]["cold_starts"] == 1
+    assert out["f"]["billed_ms"] == 15.0 and out["f"]["errors_by_type"] == {"Timeout": 1, "OOM": 1}
+    assert out["f"]["max_rss_mb"] == 90.0 and out["f"]["memory_mb"] == 128 and out["g"] == b["g"]
+    assert a["f"]["errors_by_type"] == {"Timeout": 1}  # the stretches' own rows are left as they were
+
+
 def test_a_means_uncertainty_is_its_standard_error_over_it_from_the_requests_that_answered() -> None:
     from bench.suite.deployments import mean_uncertainty
 

@@ -48,7 +48,8 @@ class UsageSummary:
 
 def add_deltas(deltas: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
     """Meter deltas of consecutive stretches (:func:`meter_delta`, one per stretch) as one: the counters and
-    errors by type summed, each function's memory and peak resident memory as of the last stretch it ran in."""
+    errors by type summed, each function's memory as of the last stretch it ran in and its highest peak
+    resident memory."""
     out: dict[str, dict[str, Any]] = {}
     for delta in deltas:
         for name, row in delta.items():
@@ -60,8 +61,10 @@ def add_deltas(deltas: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, d
                 if k == "errors_by_type":
                     for kind, n in (v or {}).items():
                         acc[k][kind] = acc[k].get(kind, 0) + n
-                elif k in ("memory_mb", "max_rss_mb"):
-                    acc[k] = max(acc[k], v) if k == "max_rss_mb" else v
+                elif k == "max_rss_mb":
+                    acc[k] = max(acc[k], v)
+                elif k == "memory_mb":
+                    acc[k] = v
                 else:
                     acc[k] = acc.get(k, 0) + v
     return out

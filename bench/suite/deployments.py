@@ -109,10 +109,9 @@ def interleaved(targets: Mapping[str, Target], pool: InputPool, rounds: int, *, 
         for k, n in marks.items():  # the timings kept are the measured requests', in order
             del cast(Any, targets[k]).timings[n:]
 
-    def epoch(n: int, fresh: bool, first: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
+    def epoch(n: int, fresh: bool) -> dict[str, dict[str, dict[str, Any]]]:
         if fresh and restart is not None:
             restart()
-        if fresh or first:
             warm()
         before = {k: t.usage() for k, t in targets.items()}
         for k, v in alternate(targets, pool, rounds=n).items():
@@ -121,8 +120,9 @@ def interleaved(targets: Mapping[str, Target], pool: InputPool, rounds: int, *, 
 
     samples: dict[str, list[Sample]] = {}
     parts = max(1, epochs if restart is not None else 1)
+    warm()
     t0 = time.perf_counter()
-    deltas = [epoch(n, i > 0, i == 0) for i, n in enumerate(_split(rounds, parts)) if n > 0]
+    deltas = [epoch(n, i > 0) for i, n in enumerate(_split(rounds, parts)) if n > 0]
     done, cap = rounds, max(rounds, max_rounds or rounds)
     names = list(watched) if watched is not None else list(samples)
     while precision > 0 and done < cap and max(mean_uncertainty(samples[k]) for k in names) > precision:

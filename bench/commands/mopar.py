@@ -30,11 +30,15 @@ __all__ = ["mopar_cmd"]
                    "and any rounds added for precision in one more each: two processes of one function differ "
                    "in speed by a few per cent that stays with the process, so each plan's MC is a mean over "
                    "several.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Each round sends its requests to the plans, the reference and the probes in an order drawn "
+                   "afresh from a generator seeded with this (recorded in the JSON): no deployment always follows "
+                   "the same one, whose leftovers (caches, a process back from idle) it would then always meet.")
 @click.option("--quick", is_flag=True, help="A tiny run: vgg16/w8@64 (unless --model is given), 5 rounds (a fast "
               "model more, as --rounds says).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also save the JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int | None, epochs: int, quick: bool,
+def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int | None, epochs: int, seed: int, quick: bool,
               out: Path | None, as_json: bool) -> None:
     """MOPAR's plan against Unsplit and Uniform slicing, live on the local platform with each function's CPU
     emulated as --platform sells it: billed GB-s per request (MC), memory utilisation and p50, with the MC the
@@ -55,10 +59,11 @@ def mopar_cmd(models: tuple[str, ...], platform: str, rounds: int | None, epochs
     specs = tuple(_spec(m) for m in models) or (QUICK_MODELS if quick else default_models(platform))
     n = min(rounds, 5) if quick else rounds
     with status("bench mopar") as say:
-        result, cpu = rows(specs, rounds=n, say=say, platform=platform, epochs=epochs)
+        result, cpu = rows(specs, rounds=n, say=say, platform=platform, epochs=epochs, seed=seed)
     doc = {"page": "mopar" if platform == "local" else f"mopar-{platform}", "platform": platform,
            "cpu_model": cpu.get("cpu_model", "follows_memory"), "cpu_limit": cpu.get("cpu_limit"),
-           "cpu": cpu, "machine": machine(), "rounds": n, "epochs": epochs, "rows": [r.to_json() for r in result],
+           "cpu": cpu, "machine": machine(), "rounds": n, "epochs": epochs, "seed": seed,
+           "rows": [r.to_json() for r in result],
            "targets": [t.to_json() for t in targets(result, per_function=per_function)]}
     if emit(doc, out=out, as_json=as_json):
         return

@@ -6,6 +6,7 @@ its sample, never dropped.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -98,16 +99,25 @@ def open_loop(target: Target, pool: InputPool, arrivals: Sequence[float], *, max
 
 
 def alternate(targets: Mapping[str, Target], pool: InputPool, *, rounds: int, block: int = 1,
+              order: random.Random | None = None,
               progress: Callable[[int], None] | None = None) -> dict[str, list[Sample]]:
     """Interleaved sequential requests for a same-run comparison: in each round every target gets
-    ``block`` requests, one at a time, in an order rotated every round (so neither arm always goes first
-    after the other). Arm k's request j uses the same input as every other arm's request j."""
+    ``block`` requests, one at a time. Arm k's request j uses the same input as every other arm's request j.
+
+    The order within a round is rotated every round (neither arm always goes first), or with ``order``
+    drawn afresh from it every round. A rotation keeps the arms' cyclic order, so each arm follows the same
+    one in all but one round of every cycle: on a small host a request runs in what its predecessor left
+    behind (caches, a process just back from idle), and two identical deployments can then bill apart by
+    more than a model's error. A random order gives every arm every predecessor alike."""
     names = list(targets)
     out: dict[str, list[Sample]] = {n: [] for n in names}
     t0 = time.perf_counter()
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for name in order:
+        if order is not None:
+            this = order.sample(names, len(names))
+        else:
+            this = names[r % len(names):] + names[: r % len(names)]
+        for name in this:
             for b in range(block):
                 i = r * block + b
                 out[name].append(_one(targets[name], pool, i, 0, time.perf_counter() - t0, t0, name))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -77,7 +78,7 @@ def deployments(pp: Any) -> Iterator[Deployments]:
 
 def interleaved(targets: Mapping[str, Target], pool: InputPool, rounds: int, *, warmup: int = 3, burst: int = 1,
                 precision: float = 0.0, max_rounds: int | None = None, watched: Sequence[str] | None = None,
-                epochs: int = 1, restart: Callable[[], None] | None = None,
+                epochs: int = 1, restart: Callable[[], None] | None = None, seed: int | None = None,
                 ) -> tuple[dict[str, list[Sample]], dict[str, UsageSummary], float]:
     """Warm every target up, then ``rounds`` interleaved rounds; samples, meter usage per target, wall s.
 
@@ -98,14 +99,20 @@ def interleaved(targets: Mapping[str, Target], pool: InputPool, rounds: int, *, 
     ``epochs`` > 1 with ``restart`` (:meth:`Deployments.restart`): the first ``rounds`` run in that many epochs,
     and each further step in one more, every epoch after the first on fresh instances (``restart()``, then the
     warm-up again, its requests neither metered nor timed): each side of the comparison is then the mean over
-    several processes, not one process's few per cent of luck."""
+    several processes, not one process's few per cent of luck.
+
+    ``seed``: every round (warm-up and measured) sends its requests in an order drawn afresh from a generator
+    seeded with it (:func:`bench.load.generators.alternate`), so that no target always follows the same one;
+    ``None``: the order rotates every round."""
+    order = random.Random(seed) if seed is not None else None
+
     def warm() -> None:
         marks = {k: len(cast(Any, t).timings) for k, t in targets.items()
                  if isinstance(getattr(t, "timings", None), list)}
         if burst > 1:
             for target in targets.values():
                 closed_loop(target, pool, clients=burst, requests=2)
-        alternate(targets, pool, rounds=warmup)
+        alternate(targets, pool, rounds=warmup, order=order)
         for k, n in marks.items():  # the timings kept are the measured requests', in order
             del cast(Any, targets[k]).timings[n:]
 
@@ -114,7 +121,7 @@ def interleaved(targets: Mapping[str, Target], pool: InputPool, rounds: int, *, 
             restart()
             warm()
         before = {k: t.usage() for k, t in targets.items()}
-        for k, v in alternate(targets, pool, rounds=n).items():
+        for k, v in alternate(targets, pool, rounds=n, order=order).items():
             samples.setdefault(k, []).extend(v)
         return {k: meter_delta(before[k], t.usage()) for k, t in targets.items()}
 

@@ -70,6 +70,8 @@ class MoparRow:
     # the epochs the rounds ran in, each on fresh instances (new processes) of every function: each side of the
     # comparison is a mean over that many processes (bench.suite.deployments.interleaved)
     epochs: int = 1
+    # the seed of the rounds' order, drawn afresh every round (bench.load.generators.alternate); None: rotated
+    order_seed: int | None = None
     compute: str = ""  # where the prediction's unit times come from (scaled to the reference timed beside)
     # the platform's count over the measured rounds: a function that failed (killed for memory, say) and was
     # retried answers the client, so ``errors`` does not show it, but its cold start is in the latency
@@ -198,6 +200,10 @@ MC_PRECISION = 0.02
 #: and timed in the same rounds, billed 3-6 % apart at one vCPU and up to 12 % apart below it, the gap staying
 #: with the process and reshuffled by a restart; one process per side let that decide a row's error
 EPOCHS = 3
+
+#: the seed of the rounds' order, drawn afresh every round: rotated, the order kept each deployment after the
+#: same one in nearly every round, and lstm-2's MOPAR plan billed 9 % more than its identical twin the reference
+ORDER_SEED = 0
 
 
 def rounds_for(pm: Any, unsplit: tuple[Sequence[Any], int], rounds: int) -> int:
@@ -412,12 +418,13 @@ def _calibrated_local(say: Callable[[str], None]) -> str:
 
 
 def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None], platform: str = "local",
-         epochs: int = EPOCHS) -> tuple[list[MoparRow], dict]:
+         epochs: int = EPOCHS, seed: int | None = ORDER_SEED) -> tuple[list[MoparRow], dict]:
     """The live rows, and the platform's CPU description (``cpu_limit``, ``cpu_model``, cores). ``platform``:
     the profile the local platform emulates (``local``: Lambda's CPU model; ``openfaas``: CPU per function);
     the plans are made on its facts on this host (:func:`bench.suite.planning.emulated_facts`), from this
     machine's calibrated local profile. ``epochs``: the rounds run in that many epochs (and any further rounds
-    in one more each), each on fresh instances of every function deployed (:data:`EPOCHS`)."""
+    in one more each), each on fresh instances of every function deployed (:data:`EPOCHS`). ``seed``: each
+    round sends its requests in an order drawn from a generator seeded with it (:data:`ORDER_SEED`)."""
     from bench.load.inputs import InputPool
     from bench.load.targets import InProcessTarget
     from bench.suite.comparison import bad, p50
@@ -484,7 +491,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 samples, usage, _ = interleaved(targets, pool, n, burst=burst, precision=MC_PRECISION,
                                                 max_rounds=MAX_ROUNDS_FACTOR * max(n, rounds),
                                                 watched=[k for k in targets if k not in probes],
-                                                epochs=epochs, restart=st.restart)
+                                                epochs=epochs, restart=st.restart, seed=seed)
                 ran_epochs = st.restarts + 1
                 if (ran := len(next(iter(samples.values())))) > n:
                     n = ran
@@ -519,6 +526,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                     function_errors=usage[k].function_errors, cold_starts=usage[k].cold_starts,
                     function_error_types=error_types(usage[k].functions),
                     billed=billed_per_function(usage[k].functions, n, fns), rounds=n, epochs=ran_epochs,
+                    order_seed=seed,
                     predicted_billed=predicted_billed(mc_pm, ch, mb), **reference))
             say(f"{name}: MC mopar {out[-3].mc_gb_s:.5f} vs unsplit {out[-2].mc_gb_s:.5f} GB-s")
     return out, cpu

@@ -123,6 +123,23 @@ def test_alternate_interleaves_and_uses_the_same_inputs(conv) -> None:
     assert firsts == ["a", "b", "a"]
 
 
+def test_alternate_draws_each_rounds_order_from_its_seed(conv) -> None:
+    import random
+
+    target, bundle = conv
+    pool = InputPool.from_bundle(bundle, 3)
+    names = ["a", "b", "c"]
+    out = alternate(dict.fromkeys(names, target), pool, rounds=12, order=random.Random(7))
+    assert all([s.index for s in out[n]] == list(range(12)) for n in names)
+    sent = [sorted(names, key=lambda n: out[n][r].due_s) for r in range(12)]
+    # the order is reproducible from the seed: each round is the generator's next draw
+    rng = random.Random(7)
+    assert sent == [rng.sample(names, 3) for _ in range(12)]
+    # unlike a rotation (which keeps "a" after "c" in every round it is not first), "a" follows both others
+    before_a = {r[r.index("a") - 1] for r in sent if r[0] != "a"}
+    assert before_a == {"b", "c"}
+
+
 def test_an_interleaved_comparisons_concurrent_warm_up_is_sent_and_not_measured(conv, platform) -> None:
     from bench.suite.deployments import interleaved
 

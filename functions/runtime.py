@@ -60,7 +60,8 @@ class FunctionRuntime:
             raise InitError(
                 f"function {config.function!r} is not in the plan (it has {[f.name for f in self.plan.functions]})"
             )
-        self.sessions = make_session_cache(config.backend, intra_op_threads=config.intra_op_threads)
+        self.sessions = make_session_cache(config.backend, intra_op_threads=config.intra_op_threads,
+                                           memory_mb=config.memory_mb or None)
         self.transports = TransportSet.from_config(config)
         self.worker = Worker(self.plan, config.bundle_dir, config.function, self.sessions)
         self._invoker = invoker

@@ -221,6 +221,85 @@ def rounds_for(pm: Any, unsplit: tuple[Sequence[Any], int], rounds: int) -> int:
 REFERENCE = "reference"
 IN_PROCESS_NOTE = "the reference: the whole model in this process at one thread (no function of one vCPU holds it)"
 
+#: where the reference runs in this process, the model is also run there cut into its regions (the units that
+#: hold embedding lookups, and the runs of units between them), timed in the same rounds: the reference's
+#: time over the unit profile's is the lookups' (rows read cold between other functions' requests, warm in a
+#: profile's loop), and on the units after them it priced a DLRM's 128 MB MLP worker 42-58 % over its bill
+REGIONS = "regions"
+
+
+def lookup_regions(lg: Any) -> list[tuple[int, int]]:
+    """``lg``'s units in regions (first, last): each run of units that hold embedding lookups an embedding split
+    can cut, and each run between them; [] where no unit holds such lookups."""
+    import itertools
+
+    from partitioner.errors import NotSplittable
+    from partitioner.parts import CutStage
+
+    def lookup(u: int) -> bool:
+        try:
+            CutStage(lg, u, u).embedding()
+        except NotSplittable:
+            return False
+        return True
+
+    flags = [lookup(u) for u in range(len(lg.units))]
+    if not any(flags):
+        return []
+    out, u = [], 0
+    for _, run in itertools.groupby(flags):
+        n = len(list(run))
+        out.append((u, u + n - 1))
+        u += n
+    return out
+
+
+def region_target(lg: Any, regions: Sequence[tuple[int, int]], work: Path) -> Any:
+    """The model cut whole into ``regions``, each saved with its weights as external data, as an in-process
+    chain timed part by part (:class:`bench.load.targets.InProcessChainTarget`)."""
+    import onnx
+
+    from bench.load.targets import InProcessChainTarget
+    from partitioner.parts import CutStage
+    from partitioner.spec import Split
+
+    work.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for k, (first, last) in enumerate(regions):
+        model = CutStage(lg, first, last).cut(Split("none", (1,))).whole
+        assert model is not None  # a whole cut always has its model
+        path = work / f"region{k}.onnx"
+        onnx.save(model, path, save_as_external_data=True, location=path.name + ".data")
+        paths.append(path)
+    return InProcessChainTarget(paths, name=REGIONS)
+
+
+def region_scales(cm: Any, chain: Any, regions: Sequence[tuple[int, int]], rounds: int,
+                  ) -> tuple[Any, str] | None:
+    """``cm`` with each region's share of the whole model's time as ``chain`` (:func:`region_target`) ran it in
+    the measured rounds: each region's units scaled by its median part time, less a session run's (the
+    chain's one-node session, timed in the same rounds), over their profiled time; the units' total kept
+    (:meth:`ComputeModel.with_unit_scales`, on top of any scales the model held); and a note. None where the
+    chain timed nothing."""
+    times = [t for t in (chain.timings if chain is not None else [])[-rounds:] if "stage0_ms" in t]
+    if not times:
+        return None
+    n = len(cm.unit_ms)
+    scales = list(cm.unit_scales or (1.0,) * n)
+    noop = [t["noop_ms"] for t in times if "noop_ms" in t]
+    run = statistics.median(noop) if noop else cm.overhead_ms
+    notes = []
+    for k, (first, last) in enumerate(regions):
+        live = max(statistics.median(t[f"part{k}_ms"] for t in times) - run, 1e-3)
+        profiled = sum(cm.unit_ms[u].get(1, 0.0) for u in range(first, last + 1))
+        if profiled <= 0:
+            return None
+        for u in range(first, last + 1):
+            scales[u] *= live / profiled
+        notes.append(f"units {first}-{last} x{live / profiled:.2f}")
+    notes.append(f"a session run {run:.3f} ms")
+    return cm.with_unit_scales(scales), "each region's share as its part ran in the rounds (" + ", ".join(notes) + ")"
+
 
 def _reference_mb(pm: Any, unsplit: tuple[Sequence[Any], int]) -> int | None:
     """The memory of the reference, the unsplit plan (its choices and memory) in a function of one vCPU (one
@@ -257,7 +336,8 @@ def request_tail(samples: Mapping[str, Sequence[Any]]) -> float:
 REFERENCE_SCALE_BOUNDS = (0.2, 10.0)
 
 
-def _scaled(pm: Any, ref: Any, rounds: int, tail: float = 1.0) -> tuple[Any, Any, str]:
+def _scaled(pm: Any, ref: Any, rounds: int, tail: float = 1.0, *, chain: Any = None,
+            regions: Sequence[tuple[int, int]] = ()) -> tuple[Any, Any, str]:
     """``pm`` with its one-thread unit times scaled to the reference's compute (its handler's median stage
     time over the measured rounds), as ``bench perfmodel`` and ``bench lo`` scale theirs: the unit profile is
     taken in this process at another moment, and on a shared host the machine's speed drifts by more than the
@@ -276,7 +356,11 @@ def _scaled(pm: Any, ref: Any, rounds: int, tail: float = 1.0) -> tuple[Any, Any
     takes the tail at every size (``tail``: measured over the plans of one vCPU and the reference only, the
     requests a one-vCPU time is taken from). When the slow-down was a ratio of medians, the tail put the
     128-512 MB rows 10-26 % high on one machine; on a 2-core Xeon whose requests ran in one of two speeds at
-    every size alike, the median's model priced the rows below one vCPU 6-11 % low."""
+    every size alike, the median's model priced the rows below one vCPU 6-11 % low.
+
+    ``chain`` (:func:`region_target` of ``regions``, timed in the rounds): the units' shares of the whole are
+    first set to the regions' as it ran them (:func:`region_scales`), so that the reference's scale lands on
+    the region whose time it is."""
     from partitioner.perfmodel import PerfModel
     from partitioner.planner import scale_to_whole
 
@@ -284,11 +368,16 @@ def _scaled(pm: Any, ref: Any, rounds: int, tail: float = 1.0) -> tuple[Any, Any
     if median is None:
         return pm, pm, "measured profile, unscaled (no reference timed)"
 
+    shared = region_scales(pm.compute, chain, regions, rounds) if regions else None
+    base = shared[0] if shared is not None else pm.compute
+
     def at(whole_ms: float) -> tuple[Any, str]:
-        cm, note = scale_to_whole(pm.compute, {1: whole_ms}, bounds=REFERENCE_SCALE_BOUNDS)
+        cm, note = scale_to_whole(base, {1: whole_ms}, bounds=REFERENCE_SCALE_BOUNDS)
         return PerfModel(pm.lg, pm.platform, cm, transport=pm.transport, cpu=pm.cpu), note
 
     p50_pm, note = at(median)
+    if shared is not None:
+        note = f"{shared[1]}, {note}"
     mc_pm, _ = at(median * tail)
     return p50_pm, mc_pm, f"measured profile, {note}; for MC x{tail:.2f} more, the requests' mean over median"
 
@@ -466,6 +555,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                        if k not in same}
             pool = InputPool.from_bundle(bundles["unsplit"], 4)
             ref_mb = _reference_mb(pm, plans["unsplit"])
+            regions: list[tuple[int, int]] = []  # the in-process reference's regions, timed beside it
             say(f"{name}: deploying the plans and a reference beside them")
             with deployments(pp) as st:
                 targets: dict[str, Any] = {k: st.deploy(b, k) for k, b in bundles.items()}
@@ -474,6 +564,10 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                     targets[REFERENCE] = st.deploy(whole, REFERENCE, keep_timings=True)
                 else:  # no function of one vCPU holds it: the whole model in this process, one thread
                     targets[REFERENCE] = st.add(InProcessTarget(model_path(spec), name=REFERENCE))
+                    regions = lookup_regions(lg)
+                    if regions:
+                        say(f"{name}: cutting it into its regions ({len(regions)}) to time beside the reference")
+                        targets[REGIONS] = st.add(region_target(lg, regions, work / f"{REGIONS}-{slug}"))
                 twins = _share_twin_sizes(pm) if ref_mb is not None else []
                 for mb in twins:
                     b = _export(lg, plans["unsplit"][0], mb, work / f"{SHARE_TWIN}{mb}-{slug}", platform)
@@ -490,7 +584,7 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
                 burst = 2 if pm.cpu.per_function else 1
                 samples, usage, _ = interleaved(targets, pool, n, burst=burst, precision=MC_PRECISION,
                                                 max_rounds=MAX_ROUNDS_FACTOR * max(n, rounds),
-                                                watched=[k for k in targets if k not in probes],
+                                                watched=[k for k in targets if k not in probes and k != REGIONS],
                                                 epochs=epochs, restart=st.restart, seed=seed)
                 ran_epochs = st.restarts + 1
                 if (ran := len(next(iter(samples.values())))) > n:
@@ -507,7 +601,8 @@ def rows(specs: Sequence[ModelSpec], *, rounds: int, say: Callable[[str], None],
             if dispatch is not None:
                 pm.use_platform(dispatch.facts(pm.platform))
                 share = dispatch.note(calibrated) + share
-            pm, mc_pm, compute = _scaled(pm, targets.get(REFERENCE), n, request_tail(samples_tail))
+            pm, mc_pm, compute = _scaled(pm, targets.get(REFERENCE), n, request_tail(samples_tail),
+                                         chain=targets.get(REGIONS), regions=regions)
             if ref_mb is None:
                 compute += f"; {IN_PROCESS_NOTE}"
             compute += share

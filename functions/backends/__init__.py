@@ -75,13 +75,14 @@ def backend_memory_mb(backend: str, plan_mb: int, part_bytes: int, *, step_mb: i
     return int(-(-(plan_mb + extra) // step_mb) * step_mb)
 
 
-def make_session_cache(backend: str = DEFAULT_BACKEND, *, intra_op_threads: int = 0
+def make_session_cache(backend: str = DEFAULT_BACKEND, *, intra_op_threads: int = 0, memory_mb: float | None = None
                        ) -> SessionCache | MXNetSessionCache:
-    """The session cache of ``backend`` (its library is imported when the first part is loaded)."""
+    """The session cache of ``backend`` (its library is imported when the first part is loaded); ``memory_mb``:
+    the function's memory size, which onnxruntime's warm-up stays under when it maps the weights in."""
     if check_backend(backend) == "mxnet":
         from functions.backends.mxnet import MXNetSessionCache
 
         return MXNetSessionCache(intra_op_threads=intra_op_threads)
     from functions.session import SessionCache
 
-    return SessionCache(intra_op_threads=intra_op_threads)
+    return SessionCache(intra_op_threads=intra_op_threads, memory_mb=memory_mb)
